@@ -1,0 +1,44 @@
+"""mldebug: debugging toolkit for distributed PyTorch jobs.
+
+Everything heavy (torch, transformers) is imported lazily: ``import mldebug`` and the
+``mldebug`` CLI start without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from mldebug._version import __version__
+
+# public name -> module that defines it; resolved on first attribute access
+_LAZY: dict[str, str] = {
+    "printflock": "mldebug.printing",
+    "rank_print": "mldebug.printing",
+    "install_excepthook": "mldebug.printing",
+    "ForkedPdb": "mldebug.pdb",
+    "breakpoint": "mldebug.pdb",
+    "Finding": "mldebug.findings",
+    "Severity": "mldebug.findings",
+    "identity": "mldebug.dist",
+    "DebugUnderflowOverflow": "mldebug.numerics",
+    "detect_overflow": "mldebug.numerics",
+    "tensor_info": "mldebug.numerics",
+    "patch_tensor_repr": "mldebug.numerics",
+    "lovely": "mldebug.numerics",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mldebug' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,151 @@
+"""Rank-aware printing: whole lines from many processes, never interleaved.
+
+``printflock`` serialises output across processes with ``fcntl.flock`` on a shared lock
+file, so a line (or a multi-line block) from one rank is never split by another rank's
+output. ``rank_print`` adds a ``[host:rank]`` prefix to every line, and
+``install_excepthook`` makes an uncaught traceback print whole, prefixed, under the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import os
+import re
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Iterator
+from types import TracebackType
+from typing import IO, Any
+
+from mldebug.dist import Identity, identity
+
+DEFAULT_FORMAT = "[{host}:{rank}]"
+
+_lock_fd: int | None = None
+_lock_path: str | None = None
+_thread_lock = threading.Lock()
+
+
+def lock_path() -> str:
+    """The lock file every process on this host shares (override: MLDEBUG_PRINT_LOCK)."""
+    return os.environ.get("MLDEBUG_PRINT_LOCK") or os.path.join(
+        tempfile.gettempdir(), f"mldebug-print-{os.getuid()}.lock"
+    )
+
+
+def _fd() -> int:
+    # One descriptor per process: flock locks belong to the open file description, so a
+    # descriptor inherited over fork would be shared, and would not exclude the parent.
+    global _lock_fd, _lock_path
+    path = lock_path()
+    if _lock_fd is None or _lock_path != path or _lock_pid != os.getpid():
+        _reset(path)
+    assert _lock_fd is not None
+    return _lock_fd
+
+
+_lock_pid = -1
+
+
+def _reset(path: str) -> None:
+    global _lock_fd, _lock_path, _lock_pid
+    _lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    _lock_path = path
+    _lock_pid = os.getpid()
+
+
+@contextlib.contextmanager
+def output_lock() -> Iterator[None]:
+    """Hold the cross-process print lock (and a thread lock) for the duration."""
+    with _thread_lock:
+        fd = _fd()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _write_locked(text: str, file: IO[str] | None) -> None:
+    out = file if file is not None else sys.stdout
+    with output_lock():
+        out.write(text)
+        out.flush()
+
+
+def printflock(*args: Any, sep: str = " ", end: str = "\n", file: IO[str] | None = None,
+               flush: bool = True) -> None:
+    """A drop-in ``print`` whose output is written whole while holding a cross-process lock."""
+    buf = io.StringIO()
+    print(*args, sep=sep, end=end, file=buf)
+    _write_locked(buf.getvalue(), file)
+
+
+def _numeric(host: str) -> str:
+    digits = re.sub(r"[^0-9]", "", host)
+    return digits or host
+
+
+def make_prefix(fmt: str = DEFAULT_FORMAT, *, numeric_host: bool = False,
+                ident: Identity | None = None) -> str:
+    """Render a prefix such as ``[node3:17]``.
+
+    ``fmt`` may use {host}, {rank}, {local_rank}, {world_size}, {pid}. Unknown values print
+    as '-'. ``numeric_host`` keeps only the digits of the host name (``hostname -s | tr -dc 0-9``).
+    """
+    ident = ident or identity()
+    host = _numeric(ident.host) if numeric_host else ident.host
+
+    def show(v: int | None) -> str:
+        return "-" if v is None else str(v)
+
+    return fmt.format(
+        host=host,
+        rank=show(ident.rank),
+        local_rank=show(ident.local_rank),
+        world_size=show(ident.world_size),
+        pid=os.getpid(),
+    )
+
+
+def prefix_lines(text: str, prefix: str) -> str:
+    """Put ``prefix`` and a space in front of every line of ``text`` (keeps a final newline)."""
+    if not text:
+        return text
+    lines = text.split("\n")
+    trailing = lines[-1] == ""
+    if trailing:
+        lines = lines[:-1]
+    out = "\n".join(f"{prefix} {line}" for line in lines)
+    return out + ("\n" if trailing else "")
+
+
+def rank_print(*args: Any, sep: str = " ", end: str = "\n", file: IO[str] | None = None,
+               fmt: str = DEFAULT_FORMAT, numeric_host: bool = False) -> None:
+    """``printflock`` with a ``[host:rank]`` prefix on every line."""
+    buf = io.StringIO()
+    print(*args, sep=sep, end=end, file=buf)
+    _write_locked(prefix_lines(buf.getvalue(), make_prefix(fmt, numeric_host=numeric_host)), file)
+
+
+def install_excepthook(fmt: str = DEFAULT_FORMAT, *, numeric_host: bool = False,
+                       file: IO[str] | None = None) -> None:
+    """Print uncaught exceptions (main thread and threads) whole, prefixed, under the lock."""
+
+    def _emit(exc_type: type[BaseException], exc: BaseException,
+              tb: TracebackType | None) -> None:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        prefix = make_prefix(fmt, numeric_host=numeric_host)
+        _write_locked(prefix_lines(text, prefix), file if file is not None else sys.stderr)
+
+    def _thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        _emit(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
+
+    sys.excepthook = _emit
+    threading.excepthook = _thread_hook

@@ -1,0 +1,56 @@
+"""Output helpers shared by every command: a console that honours NO_COLOR, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def console(file: IO[str] | None = None, *, stderr: bool = False) -> Console:
+    """A rich console; colour off when NO_COLOR is set or output is not a terminal."""
+    from rich.console import Console
+
+    no_color = "NO_COLOR" in os.environ
+    return Console(
+        file=file,
+        stderr=stderr,
+        no_color=no_color,
+        highlight=False,
+        soft_wrap=False,
+        width=None if (file or sys.stdout).isatty() else 120,
+    )
+
+
+def print_json(data: Any, file: IO[str] | None = None) -> None:
+    """Write one JSON document (indented, stable key order as built) and a newline."""
+    out = file or sys.stdout
+    json.dump(data, out, indent=2, default=_default)
+    out.write("\n")
+    out.flush()
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def fold_ints(values: Any) -> str:
+    """Fold integers into ranges: [0,1,2,3,5,7,8] -> '0-3,5,7-8'."""
+    nums = sorted(set(int(v) for v in values))
+    parts: list[str] = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(parts)
