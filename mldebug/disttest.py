@@ -13,6 +13,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from mldebug.dist import identity
 from mldebug.printing import printflock
@@ -60,7 +61,7 @@ def run_worker(opts: Options) -> int:
 
     step = "init_process_group"
     try:
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if backend == "nccl":
             kwargs["device_id"] = device
         dist.init_process_group(
