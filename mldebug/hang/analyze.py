@@ -155,12 +155,42 @@ def _frames_for(p: Process) -> list[Frame]:
     return mt.frames if mt else []
 
 
+def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
+    """Split ranks with identical stacks by the loop state of their innermost user frame.
+
+    Only locals that tell ranks apart for a reason count: values equal to the rank or local
+    rank (``rank``, ``local_rank``...) and values every member shares are ignored. What is
+    left (``step=1`` vs ``step=0``) is the book's "code loops" case made visible.
+    """
+    per_proc = {id(p): dict(locals_key(_frames_for(p))) for p in members}
+    names = set().union(*(d.keys() for d in per_proc.values())) if per_proc else set()
+    telling = []
+    for name in sorted(names):
+        values = [per_proc[id(p)].get(name) for p in members]
+        if len(set(values)) <= 1:
+            continue
+        if all(v is not None and v in (str(p.rank), str(p.local_rank))
+               for v, p in zip(values, members, strict=True)):
+            continue
+        telling.append(name)
+    out: dict[tuple, list[Process]] = defaultdict(list)
+    for p in members:
+        d = per_proc[id(p)]
+        out[tuple((n, d.get(n, "?")) for n in telling)].append(p)
+    return out
+
+
 def group_processes(processes: Sequence[Process], all_threads: bool = False) -> list[Group]:
-    buckets: dict[tuple, list[Process]] = defaultdict(list)
+    by_code: dict[tuple, list[Process]] = defaultdict(list)
     for p in processes:
-        frames = _frames_for(p)
-        key = (process_signature(p, all_threads), locals_key(frames))
-        buckets[key].append(p)
+        by_code[process_signature(p, all_threads)].append(p)
+    buckets: dict[tuple, list[Process]] = {}
+    for sig, members in by_code.items():
+        if len(members) > 1 and any(f.locals for f in _frames_for(members[0])):
+            for lkey, sub in _split_by_locals(members).items():
+                buckets[(sig, lkey)] = sub
+        else:
+            buckets[(sig, ())] = members
     groups = []
     for (_, lkey), members in buckets.items():
         frames = _frames_for(members[0])
@@ -195,8 +225,11 @@ def missing_ranks(processes: Sequence[Process]) -> tuple[int | None, list[int], 
     lws = _most_common(p.local_world_size for p in processes)
     by_node: dict[int, str] = {}
     for p in processes:
-        if p.node_rank is not None:
-            by_node.setdefault(p.node_rank, p.host)
+        node = p.node_rank
+        if node is None and lws and p.rank is not None:
+            node = p.rank // lws  # launchers place ranks on nodes in blocks of local size
+        if node is not None:
+            by_node.setdefault(node, p.host)
     spans: dict[str, tuple[int, int]] = {}
     for p in processes:
         if p.rank is None:
@@ -219,6 +252,18 @@ def _ranks_text(g: Group) -> str:
     if g.ranks and len(g.ranks) == len(g.pids):
         return ("rank " if len(g.ranks) == 1 else "ranks ") + fold_ints(g.ranks)
     return ", ".join(proc_label(h, pid) for h, pid in g.pids[:8]) + (" ..." if len(g.pids) > 8 else "")
+
+
+def _place_ranks(groups: Sequence[Group], idx: Sequence[int]) -> str:
+    ranks = sorted(r for i in idx for r in groups[i].ranks)
+    pids = [hp for i in idx for hp in groups[i].pids]
+    if ranks and len(ranks) == len(pids):
+        return ("rank " if len(ranks) == 1 else "ranks ") + fold_ints(ranks)
+    return ", ".join(proc_label(h, pid) for h, pid in pids[:8]) + (" ..." if len(pids) > 8 else "")
+
+
+def _verb(groups: Sequence[Group], idx: Sequence[int]) -> str:
+    return "wait" if sum(len(groups[i].pids) for i in idx) > 1 else "waits"
 
 
 def _place(g: Group) -> str:
@@ -290,40 +335,59 @@ def analyze(collection: Collection, *, all_threads: bool = False) -> Report:
         _apply_watch(procs, groups, all_threads)
     by_key = {(p.host, p.pid): p for p in procs}
     reason_for: dict[int, str] = {}
-    in_coll = [i for i, g in enumerate(groups) if g.collective]
-    out_coll = [i for i, g in enumerate(groups) if not g.collective]
+    # A "place" is where a rank is, for the verdict: the collective and the user call site.
+    # Groups whose stacks differ only inside torch (rank 0 hosting the store during init,
+    # say) are in the same place.
+    place_of: dict[tuple, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        place_of[(g.collective, g.where, g.locals_key)].append(i)
+    places = sorted(place_of.values(), key=lambda idx: -sum(len(groups[i].pids) for i in idx))
+    in_coll = [idx for idx in places if groups[idx[0]].collective]
+    out_coll = [idx for idx in places if not groups[idx[0]].collective]
     kind = "suspects"
-    if len(groups) == 1:
-        g = groups[0]
+    verdict = ""
+    if len(places) == 1:
+        g = groups[places[0][0]]
         kind = "same-place"
-        verdict = (f"All {len(g.pids)} ranks are in the same place: {_place(g)}. "
+        verdict = (f"All {len(procs)} ranks are in the same place: {_place(g)}. "
                    "No odd one out in the Python stacks.")
-        if g.collective:
+        if g.collective and not missing:
             hints.append("every rank waits in the same collective: the cause is likely below "
-                         "Python (NCCL, network, a GPU) - run 'mldebug env' on the nodes and "
-                         "'mldebug fr trigger' + 'mldebug fr analyze' for the flight recorder")
+                         "Python (NCCL, network, a GPU) or ranks in different iterations of a "
+                         "loop - try --locals, 'mldebug env' on the nodes, and 'mldebug fr "
+                         "trigger' + 'mldebug fr analyze' for the flight recorder")
     elif in_coll and out_coll:
-        waiting = [groups[i] for i in in_coll]
-        wait_desc = "; ".join(f"{_ranks_text(w)} wait {_place(w)}" for w in waiting[:3])
-        for i in out_coll:
-            reason_for[i] = (f"not in any collective (at {groups[i].where}) while {wait_desc}")
-        verdict = ""
+        wait_desc = "; ".join(
+            f"{_place_ranks(groups, idx)} {_verb(groups, idx)} {_place(groups[idx[0]])}"
+            for idx in in_coll[:3])
+        for idx in out_coll:
+            for i in idx:
+                reason_for[i] = f"not in any collective (at {groups[i].where}) while {wait_desc}"
+    elif missing and not out_coll:
+        kind = "same-place"  # ranks wait in different collectives, but some never arrived
+        verdict = ("The ranks present wait in collectives: "
+                   + "; ".join(f"{_place_ranks(groups, idx)} {_place(groups[idx[0]])}"
+                               for idx in places[:4]) + ".")
     else:
-        sizes = sorted((len(g.pids) for g in groups), reverse=True)
+        sizes = [sum(len(groups[i].pids) for i in idx) for idx in places]
         if sizes[0] == sizes[1]:
             kind = "ambiguous"
             verdict = ("No majority: the ranks split into equal groups in different places - "
-                       + "; ".join(f"{_ranks_text(g)} {_place(g)}" for g in groups[:4])
-                       + ". One of them issued a call the others did not.")
+                       + "; ".join(f"{_place_ranks(groups, idx)} {_place(groups[idx[0]])}"
+                                   for idx in places[:4])
+                       + ". One side issued a call the other did not.")
             hints.append("the flight recorder shows which collective each rank issued last: "
                          "'mldebug fr trigger' then 'mldebug fr analyze'")
         else:
-            ref = groups[0]
-            for i, g in enumerate(groups[1:], 1):
-                reason_for[i] = (f"{_place(g)} while the majority ({_ranks_text(ref)}) "
-                                 f"{'wait' if ref.collective else 'are'} {_place(ref)}"
-                                 + _loop_note(g, ref))
-            verdict = ""
+            ref_idx = places[0]
+            ref = groups[ref_idx[0]]
+            ref_txt = _place_ranks(groups, ref_idx)
+            for idx in places[1:]:
+                for i in idx:
+                    g = groups[i]
+                    reason_for[i] = (f"{_place(g)} while the majority ({ref_txt}) "
+                                     f"{'wait' if ref.collective else 'are'} {_place(ref)}"
+                                     + _loop_note(g, ref))
     suspects = _suspects_from(groups, by_key, reason_for)
     if collection.watch is not None:
         moving = [s for s in suspects if _state_of(groups, s) == "moving"]
@@ -333,7 +397,7 @@ def analyze(collection: Collection, *, all_threads: bool = False) -> Report:
         if all(g.state == "moving" for g in groups):
             hints.append(f"every rank's stack changed within {collection.watch:g}s: the job is "
                          "making progress (slow, not hung)")
-    if not verdict:
+    if not verdict and suspects:
         names = ", ".join(s_label(s) for s in suspects[:8]) + (" ..." if len(suspects) > 8 else "")
         first = suspects[0]
         verdict = f"Suspect{'s' if len(suspects) > 1 else ''}: {names} - {first.reason}."

@@ -24,11 +24,7 @@ def _ranks(g: Group) -> str:
 
 def _frame_line(f: Frame) -> tuple[str, str]:
     kind = frame_kind(f)
-    text = f"    {f.location}"
-    if f.locals and kind == "user":
-        shown = ", ".join(f"{k}={v}" for k, v in f.locals[:6])
-        text += f"    [{shown}]"
-    return text, _FRAME_STYLE[kind]
+    return f"    {f.location}", _FRAME_STYLE[kind]
 
 
 def render(report: Report, console: Console, *, max_frames: int = 30) -> None:
