@@ -27,7 +27,7 @@ def sync_params(t: torch.Tensor, start: int, world: int) -> None:
 def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+    os.write(1, f"rank {rank} pid {os.getpid()} ready\n".encode())  # one write: never interleaved
     start = 1 if rank == 0 else 0  # the bug: rank 0 resumed one step ahead
     sync_params(torch.ones(4), start, world)
     dist.destroy_process_group()

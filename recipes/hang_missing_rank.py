@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 def main() -> None:
     rank = int(os.environ["RANK"])
-    print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+    os.write(1, f"rank {rank} pid {os.getpid()} ready\n".encode())  # one write: never interleaved
     if rank == int(os.environ.get("SLOW_RANK", "3")):
         time.sleep(3600)  # killed here by the test
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))

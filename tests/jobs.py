@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -35,12 +36,7 @@ class Job:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def rank_pids(self) -> dict[int, int]:
-        out = {}
-        for line in self.text().splitlines():
-            parts = line.split()
-            if len(parts) >= 5 and parts[0] == "rank" and parts[4] == "ready":
-                out[int(parts[1])] = int(parts[3])
-        return out
+        return {int(r): int(p) for r, p in re.findall(r"rank (\d+) pid (\d+) ready", self.text())}
 
     def wait_ready(self, timeout: float = 120.0, settle: float = 2.0) -> dict[int, int]:
         deadline = time.monotonic() + timeout

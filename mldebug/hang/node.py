@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
@@ -87,7 +88,9 @@ def _ancestors(pid: int, procs: dict[int, dict[str, Any]]) -> list[int]:
 
 def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
                pattern: str | None = None, uid: int | None = None,
-               host: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               host: str | None = None,
+               environ: Callable[[int], dict[str, str]] = read_environ,
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Select the rank processes; returns (targets, errors).
 
     Default: Python processes whose environment carries a rank (torchrun, deepspeed,
@@ -117,7 +120,7 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         if rx is not None and not rx.search(" ".join(info["cmdline"])):
             continue
         try:
-            env = read_environ(p)
+            env = environ(p)
         except OSError:
             env = {}
         ident = identity_from_env(env, host)
@@ -134,7 +137,7 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
                 ai, pi = cands[a]["identity"], info["identity"]
                 same = (ai["launcher"], ai["rank"], ai["run_id"]) == (
                     pi["launcher"], pi["rank"], pi["run_id"])
-                if same:
+                if same and pi["rank"] is not None:
                     drop.add(p)  # a child that inherited its parent's rank (DataLoader worker)
                 elif pi["rank"] is not None:
                     drop.add(a)  # a launcher above real workers
