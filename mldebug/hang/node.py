@@ -17,8 +17,8 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
