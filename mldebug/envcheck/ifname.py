@@ -2,7 +2,8 @@
 
 From NCCL's ``parseStringList``/``matchIfList`` (src/misc/utils.cc) and ``ncclFindInterfaces``
 (src/misc/socket.cc): a leading ``^`` excludes, a following ``=`` makes the names exact
-(otherwise each entry is a prefix), entries are comma separated, ``name:port`` restricts a
+(otherwise each entry is a prefix), one more leading ``^``/``=`` is skipped by
+``parseStringList`` (so ``==eth0`` still means exactly eth0), entries are comma separated, ``name:port`` restricts a
 port (used by NCCL_IB_HCA), an empty list matches everything, and NCCL_SOCKET_IFNAME is only
 honoured when longer than one character (a one-character value is silently ignored and NCCL
 auto-detects instead). Pure functions; no I/O.
@@ -41,6 +42,8 @@ def parse(value: str) -> IfSpec:
         s = s[1:]
     exact = s.startswith("=")
     if exact:
+        s = s[1:]
+    if s[:1] in ("^", "="):  # parseStringList skips one more leading '^' or '='
         s = s[1:]
     entries: list[tuple[str, int]] = []
     for item in s.split(","):

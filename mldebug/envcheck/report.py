@@ -162,7 +162,7 @@ def render(report: EnvReport, console: Console) -> None:
         table.add_column(style="cyan", no_wrap=True)
         table.add_column(overflow="fold")
         for k, v in fact_lines(report.nodes[0]):
-            table.add_row(k, v)
+            table.add_row(k, Text(v))
         console.print(table)
     elif report.nodes:
         same = [(k, v) for k, v in fact_lines(report.nodes[0])
