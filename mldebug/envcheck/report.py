@@ -38,7 +38,8 @@ class EnvReport:
             "findings": findings_to_json(self.findings),
             "differences": [r.to_dict() for r in self.differences],
             "unreachable": self.unreachable,
-            "nodes": [n.raw | {"host": n.host} for n in self.nodes],
+            "nodes": [{**n.raw, "host": n.host, "hostname": n.raw.get("host")}
+                      for n in self.nodes],
         }
 
 
