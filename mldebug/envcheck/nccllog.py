@@ -35,7 +35,7 @@ LINE = re.compile(
     r"(?:[\d.]+ )?(?:(?P<src>\S+:\d+)(?: \([^)]*\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL) ?"
     r"(?P<msg>.*)$")
 VERSION = re.compile(r"^NCCL version (?P<v>\S+)")
-NET = re.compile(r"^NET/(?P<plugin>[\w.-]+)\s*: Using (?P<rest>.*)$")
+NET = re.compile(r"^NET/(?!Plugin\b)(?P<plugin>[\w.-]+)\s*: Using (?P<rest>.*)$")
 BOOTSTRAP = re.compile(r"^Bootstrap\s*: Using (?P<rest>.*)$")
 USING_NETWORK = re.compile(r"^Using network (?P<name>\S+)")
 ENVSET = re.compile(r"^(?P<var>[A-Z][A-Z0-9_]+) set by environment to (?P<value>.*)$")

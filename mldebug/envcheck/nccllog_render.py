@@ -27,11 +27,11 @@ def render(report: NcclLogReport, console: Console) -> None:
             t.add_column(col)
         for p in report.processes:
             net = p.nets[0] if p.nets else None
-            t.add_row(
-                "?" if p.rank is None else str(p.rank), p.key,
-                fold_ints(p.devices) if p.devices else "", p.version or "",
-                p.transport or "", " ".join(net.items) if net else "",
-                ",".join(p.bootstrap), str(len(p.warns)) if p.warns else "")
+            cells = ["?" if p.rank is None else str(p.rank), p.key,
+                     fold_ints(p.devices) if p.devices else "", p.version or "",
+                     p.transport or "", " ".join(net.items) if net else "",
+                     ",".join(p.bootstrap), str(len(p.warns)) if p.warns else ""]
+            t.add_row(*(Text(c) for c in cells))  # Text: '[0]mlx5_0' is not rich markup
         console.print(t)
     if report.comms:
         console.print()
