@@ -162,3 +162,35 @@ def test_preset_prints_exports():
     r = run_cli("env", "--preset", "nccl", env=clean_env())
     assert r.returncode == 0
     assert "export NCCL_DEBUG=INFO" in r.stdout and "# " in r.stdout
+
+
+FAKE_NVML = '''
+"""Stand-in for nvidia-ml-py (no GPU on the test machine): two L4s without P2P, as in the book."""
+NVML_P2P_CAPS_INDEX_READ = 0
+class _Mem:  total = 24 * 2**30
+class _Pci:  busId = b"00000000:01:00.0"
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 2
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetName(h): return b"NVIDIA L4"
+def nvmlDeviceGetMemoryInfo(h): return _Mem()
+def nvmlDeviceGetPciInfo(h): return _Pci()
+def nvmlDeviceGetP2PStatus(a, b, cap): return 1  # NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
+def nvmlSystemGetDriverVersion(): return "550.54.15"
+def nvmlSystemGetCudaDriverVersion(): return 12040
+'''
+
+
+def test_gpu_facts_from_nvml_drive_the_gpu_checks(tmp_path):
+    (tmp_path / "pynvml.py").write_text(FAKE_NVML)
+    rc, doc = env_json(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}", LOCAL_WORLD_SIZE="4")
+    gpus = doc["nodes"][0]["gpus"]
+    assert [d["name"] for d in gpus["devices"]] == ["NVIDIA L4", "NVIDIA L4"]
+    assert gpus["p2p"] == [["X", "CNS"], ["CNS", "X"]] and gpus["driver"] == "550.54.15"
+    found = by_code(doc)
+    assert "GPU0-GPU1: CNS" in found["gpu-p2p-unsupported"]["detail"]
+    assert "LOCAL_WORLD_SIZE=4 but only 2 GPU(s)" in found["world-more-ranks-than-gpus"]["title"]
+    cpu_torch = not doc["nodes"][0]["torch"].get("cuda") and not doc["nodes"][0]["torch"].get("hip")
+    assert ("torch-cpu-build-on-gpu-node" in found) is cpu_torch
+    assert rc == 1

@@ -53,9 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.preset:
-        from mldebug.envcheck.presets import render
+        from mldebug.envcheck import presets
 
-        print(render(args.preset), end="")
+        print(presets.render(args.preset), end="")
         return 0
     ports = list(args.check_port or [])
     for spec in ports:

@@ -217,7 +217,7 @@ def _flags(name, sysdir):
 
 
 def _ipv6_by_name():
-    found = {}
+    found = {}  # type: dict
     text = _read("/proc/net/if_inet6", "") or ""
     for line in text.splitlines():
         parts = line.split()
@@ -291,7 +291,7 @@ def _int_or_none(text):
 
 def ib_devices():
     base = "/sys/class/infiniband"
-    out = []
+    out = []  # type: list
     try:
         devs = sorted(os.listdir(base))
     except OSError:
@@ -317,12 +317,13 @@ def ib_devices():
 
 # ---------------------------------------------------------------- limits, ptrace, cores
 def limits_facts():
+    shm = shm_free = None  # type: object
     try:
         st = os.statvfs("/dev/shm")
         shm = st.f_frsize * st.f_blocks
         shm_free = st.f_frsize * st.f_bavail
     except OSError:
-        shm = shm_free = None
+        pass
     memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     core = resource.getrlimit(resource.RLIMIT_CORE)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -296,7 +296,7 @@ def check_debug_settings(facts: NodeFacts) -> list[Finding]:
         if value is not None and is_on(value):
             out.append(_f(facts, Severity.WARNING, "debug-setting-on",
                           f"{name}={value} is a debugging setting that slows production runs",
-                          f"It makes {why}.", f"unset {name} once you are done debugging."))
+                          f"Effect: {why}.", f"unset {name} once you are done debugging."))
     return out
 
 
