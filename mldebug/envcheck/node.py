@@ -48,8 +48,9 @@ if spec is None or not spec.origin:
 tdir = os.path.dirname(spec.origin)
 out["installed"] = True
 out["path"] = tdir
-with open(os.path.join(tdir, "version.py")) as f:
-    tree = ast.parse(f.read())
+vpath = os.path.join(tdir, "version.py")
+with open(vpath) as f:
+    tree = ast.parse(f.read(), vpath)
 names = {"__version__": "version", "cuda": "cuda", "hip": "hip", "git_version": "git_version",
          "debug": "debug"}
 for node in tree.body:
@@ -81,6 +82,7 @@ if libs:
     except OSError as e:
         out["nccl_error"] = str(e)[:200]
 if sys.argv[1] == "import":
+    print("TORCHSTATIC " + json.dumps(out), flush=True)  # kept if the import hangs
     t1 = time.time()
     import torch
     out["import_s"] = round(time.time() - t1, 2)
@@ -141,18 +143,25 @@ def finish_torch_probe(proc, started, timeout):
             os.killpg(proc.pid, 9)
         except OSError:
             proc.kill()
-        proc.communicate()
-        return {"status": "timeout", "timeout_s": timeout,
-                "error": "the torch probe did not finish within %gs" % timeout}
+        out, _ = proc.communicate()
+        doc = {}  # type: dict
+        for line in out.splitlines():
+            if line.startswith("TORCHSTATIC "):
+                doc = json.loads(line[len("TORCHSTATIC "):])
+        doc.update({"status": "timeout", "timeout_s": timeout,
+                    "error": "the torch probe did not finish within %gs" % timeout})
+        return doc
     for line in out.splitlines():
         if line.startswith("TORCHPROBE "):
             doc = json.loads(line[len("TORCHPROBE "):])
             doc["status"] = "ok" if doc.get("installed") else "missing"
             return doc
-    tail = [ln for ln in err.strip().splitlines() if ln.strip()][-3:]
-    return {"status": "error", "returncode": proc.returncode,
-            "error": " | ".join(tail) or "the probe printed nothing (exit code %s)"
-            % proc.returncode}
+    lines = [ln.strip() for ln in err.strip().splitlines() if ln.strip()]
+    where = [ln for ln in lines if ln.startswith("File ")]
+    error = lines[-1] if lines else "the probe printed nothing (exit code %s)" % proc.returncode
+    if where:
+        error += " (" + where[-1] + ")"
+    return {"status": "error", "returncode": proc.returncode, "error": error}
 
 
 # ---------------------------------------------------------------- system

@@ -33,8 +33,6 @@ PRESETS: dict[str, tuple[str, list[Setting]]] = {
         Setting("TORCH_FR_DUMP_TEMP_FILE", "/tmp/nccl_trace_rank_",
                 "dump path prefix; each rank appends its rank number "
                 "(torch<2.9: TORCH_NCCL_DEBUG_INFO_TEMP_FILE); read with 'mldebug fr analyze'"),
-        Setting("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
-                "let the watchdog abort the communicator instead of hanging forever"),
     ]),
     "nccl": ("see what NCCL chose: versions, transports, interfaces, errors", [
         Setting("NCCL_DEBUG", "INFO", "print NCCL's setup and every warning"),

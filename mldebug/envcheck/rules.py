@@ -474,7 +474,8 @@ def check_torch(facts: NodeFacts) -> list[Finding]:
     py = facts.python.get("executable", "python")
     if status == "timeout":
         return [_f(facts, Severity.WARNING, "torch-probe-timeout",
-                   f"inspecting torch did not finish within {t.get('timeout_s')}s",
+                   f"inspecting torch{' ' + str(t['version']) if t.get('version') else ''} "
+                   f"did not finish within {t.get('timeout_s')}s",
                    "The torch install is slow to load (network file system, cold cache) or "
                    "hangs at import; torch facts are missing from this report.",
                    f"time it: {py} -c 'import torch'; raise --torch-timeout if it is only slow.")]
