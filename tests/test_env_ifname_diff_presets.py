@@ -62,6 +62,18 @@ def test_diff_reports_env_and_version_differences_with_odd_nodes():
     assert by_key["nccl socket ifaces"].values == {"node0": "eth0", "node1": "eth0", "node2": "none"}
 
 
+def test_diff_of_ib_hca_selection():
+    from envfacts import ib
+
+    hcas = ib("mlx5_0", "mlx5_1")
+    nodes = [make({"NCCL_IB_HCA": "=mlx5_0"}, host="a", ib_devices=hcas),
+             make({"NCCL_IB_HCA": "=mlx5_0"}, host="b", ib_devices=hcas),
+             make({"NCCL_IB_HCA": "=mlx5_0"}, host="c", ib_devices=ib("mlx5_1"))]
+    rows, findings = diff(nodes)
+    row = {r.key: r for r in rows}["nccl ib ports"]
+    assert row.values == {"a": "mlx5_0:1", "b": "mlx5_0:1", "c": "none"} and row.odd == ["c"]
+
+
 def test_diff_of_identical_nodes_is_empty():
     rows, findings = diff([make(host="a"), make(host="b")])
     assert rows == [] and findings == []

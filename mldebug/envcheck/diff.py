@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mldebug.envcheck.facts import NodeFacts
+from mldebug.envcheck import ifname
 from mldebug.envcheck.rules import socket_selection
 from mldebug.findings import Finding, Severity
 
@@ -61,12 +62,21 @@ FIELDS: dict[str, tuple[Callable[[NodeFacts], str], Severity, str]] = {
                            "nodes"),
     "ib devices": (lambda f: ",".join(f.ib_devices) or "none", Severity.WARNING,
                    "nodes have different InfiniBand HCAs"),
+    "nccl ib ports": (lambda f: _ib_selection(f), Severity.WARNING,
+                      "NCCL_IB_HCA selects different HCA ports on different nodes"),
     "/dev/shm": (lambda f: _fmt_bytes(f.limits.get("shm_bytes")), Severity.WARNING,
                  "/dev/shm sizes differ"),
     "memlock": (lambda f: "unlimited" if f.limits.get("memlock_soft") is None
                 else str(f.limits.get("memlock_soft")), Severity.HINT,
                 "locked-memory limits differ"),
 }
+
+
+def _ib_selection(f: NodeFacts) -> str:
+    ports = [(p.device, p.port) for p in f.ib_ports]
+    value = f.env.get("NCCL_IB_HCA")
+    chosen = ifname.select_ports(ifname.parse(value), ports) if value else ports
+    return ",".join(f"{d}:{p}" for d, p in chosen) or "none"
 
 
 def _odd(values: dict[str, str]) -> list[str]:
@@ -112,6 +122,8 @@ def diff(nodes: Sequence[NodeFacts]) -> tuple[list[DiffRow], list[Finding]]:
 def _fix_for(key: str) -> str:
     if key in ("torch", "nccl", "torch.cuda", "python"):
         return "install the same environment on every node (one container image or a shared venv)."
+    if key == "nccl ib ports":
+        return "set NCCL_IB_HCA so that it selects the same HCA ports everywhere."
     if key == "nccl socket ifaces":
         return "set NCCL_SOCKET_IFNAME to a value that selects the same interfaces everywhere."
     if key == "driver":

@@ -33,6 +33,13 @@ class IbPort:
     link_layer: str = ""
 
 
+def _port(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 @dataclass
 class NodeFacts:
     host: str
@@ -59,7 +66,7 @@ class NodeFacts:
             for i in d.get("interfaces", [])
         ]
         ports = [
-            IbPort(dev["name"], int(p.get("port", 1)), str(p.get("state", "")),
+            IbPort(dev["name"], _port(p.get("port")), str(p.get("state", "")),
                    str(p.get("link_layer", "")))
             for dev in d.get("ib_devices", []) for p in dev.get("ports", [])
         ]
