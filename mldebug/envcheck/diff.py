@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mldebug.envcheck.facts import NodeFacts
 from mldebug.envcheck import ifname
+from mldebug.envcheck.facts import NodeFacts
 from mldebug.envcheck.rules import socket_selection
 from mldebug.findings import Finding, Severity
 
