@@ -238,3 +238,8 @@ def test_p2p_matrix_not_ok():
     p2p = [["X", "CNS"], ["CNS", "X"]]
     f = codes(make(gpus={"devices": [{"name": "NVIDIA L4"}] * 2, "p2p": p2p}))["gpu-p2p-unsupported"]
     assert "GPU0-GPU1: CNS" in f.detail
+
+
+def test_facts_that_could_not_be_gathered_are_reported():
+    f = codes(make(errors={"interfaces": "PermissionError: /sys/class/net"}))["collect-error"]
+    assert "interfaces" in f.title and "PermissionError" in f.detail

@@ -501,28 +501,39 @@ def check_port(spec, timeout):
 
 
 # ---------------------------------------------------------------- main
+def _safe(errors, name, fn, *args):
+    """One broken fact source (odd /sys, exotic kernel) must not cost the whole report."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - reported in the document
+        errors[name] = "%s: %s" % (type(e).__name__, e)
+        return None
+
+
 def collect(torch_timeout=10.0, ports=(), resolve_timeout=3.0, torch_import=False):
     started = time.time()
     probe = start_torch_probe("import" if torch_import else "static")
+    errors = {}  # type: dict
     env = env_facts()
     facts = {
         "schema": 1,
         "host": socket.gethostname().split(".")[0],
-        "os": os_facts(),
+        "os": _safe(errors, "os", os_facts) or {},
         "python": python_facts(),
         "env": env,
-        "interfaces": interfaces(),
-        "ib_devices": ib_devices(),
-        "limits": limits_facts(),
-        "ptrace": ptrace_facts(),
-        "core": core_facts(),
-        "py_spy": py_spy_facts(),
-        "gpus": gpu_facts(),
+        "interfaces": _safe(errors, "interfaces", interfaces) or [],
+        "ib_devices": _safe(errors, "ib_devices", ib_devices) or [],
+        "limits": _safe(errors, "limits", limits_facts) or {},
+        "ptrace": _safe(errors, "ptrace", ptrace_facts) or {},
+        "core": _safe(errors, "core", core_facts) or {},
+        "py_spy": _safe(errors, "py_spy", py_spy_facts) or {},
+        "gpus": _safe(errors, "gpus", gpu_facts) or {},
         "master_addr": resolve(env["MASTER_ADDR"], resolve_timeout) if env.get("MASTER_ADDR")
         else None,
         "ports": [check_port(p, resolve_timeout) for p in ports],
     }
     facts["torch"] = finish_torch_probe(probe, started, torch_timeout)
+    facts["errors"] = errors
     facts["collect_s"] = round(time.time() - started, 2)
     return facts
 

@@ -525,7 +525,18 @@ def check_gpus(facts: NodeFacts) -> list[Finding]:
     return []
 
 
+def check_collection(facts: NodeFacts) -> list[Finding]:
+    errors = facts.raw.get("errors") or {}
+    if not errors:
+        return []
+    return [_f(facts, Severity.WARNING, "collect-error",
+               f"some facts could not be gathered: {', '.join(sorted(errors))}",
+               "\n".join(f"{k}: {v}" for k, v in sorted(errors.items())),
+               "the checks that need them were skipped; please report this with the detail.")]
+
+
 RULES: list[Callable[[NodeFacts], list[Finding]]] = [
+    check_collection,
     check_deprecated, check_nccl_debug, check_socket_ifname, check_ib_hca,
     check_debug_settings, check_limits, check_ptrace, check_core, check_rendezvous,
     check_world, check_torch, check_gpus,
