@@ -82,7 +82,7 @@ def fit_size(w: int, h: int, limit: int) -> tuple[int, int]:
     return max(1, round(w * scale)), max(1, round(h * scale))
 
 
-def load_source(source: str) -> Any:
+def load_source(source: str, cache_dir: str | None = None) -> Any:
     """A DatasetDict from a data file, a directory of data files, or a save_to_disk directory."""
     import datasets
 
@@ -95,7 +95,7 @@ def load_source(source: str) -> Any:
         if p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
             ds = datasets.load_from_disk(str(p))
         elif p.is_dir():
-            ds = datasets.load_dataset(str(p))
+            ds = datasets.load_dataset(str(p), cache_dir=cache_dir)
         else:
             builder = FILE_BUILDERS.get(p.suffix.lower())
             if builder is None:
@@ -104,7 +104,8 @@ def load_source(source: str) -> Any:
             if builder == "arrow":
                 ds = datasets.Dataset.from_file(str(p))
             else:
-                ds = datasets.load_dataset(builder, data_files={"train": str(p)})
+                ds = datasets.load_dataset(builder, data_files={"train": str(p)},
+                                          cache_dir=cache_dir)
     except UsageError:
         raise
     except Exception as e:  # datasets raises many types for unreadable data
@@ -141,7 +142,16 @@ def make_tiny_dataset(source: str, out: Path, n: int, *, fmt: str = "jsonl",
     if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out} already exists and is not empty.",
                          "Pass --force to replace it, or another --out.")
-    dd = load_source(source)
+    cache = tempfile.TemporaryDirectory(prefix="mldebug-tiny-ds-")  # keep copies out of ~/.cache
+    try:
+        return _make(source, out, n, fmt, image_size, seed, select, by, command, cache.name)
+    finally:
+        cache.cleanup()
+
+
+def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, select: str,
+          by: str | None, command: str, cache_dir: str) -> DatasetReport:
+    dd = load_source(source, cache_dir)
     notes: list[str] = []
     first = next(iter(dd.values()))
     imgs = image_columns(first.features)
@@ -174,7 +184,7 @@ def make_tiny_dataset(source: str, out: Path, n: int, *, fmt: str = "jsonl",
         report = DatasetReport(source, str(out), fmt, select + (f" --by {by}" if by else ""),
                                splits, list(first.column_names), imgs, files, notes, command)
         _write_card(tmp, report, seed)
-        _validate(tmp, splits, imgs, image_size)
+        _validate(tmp, splits, imgs, image_size, cache_dir)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.replace(tmp, out)
@@ -204,11 +214,12 @@ def _shrink_images(row: dict[str, Any], cols: list[str], limit: int) -> dict[str
     return row
 
 
-def _validate(d: Path, splits: dict[str, dict[str, int]], imgs: list[str], limit: int) -> None:
+def _validate(d: Path, splits: dict[str, dict[str, int]], imgs: list[str], limit: int,
+              cache_dir: str) -> None:
     import datasets
 
     try:
-        loaded = datasets.load_dataset(str(d))
+        loaded = datasets.load_dataset(str(d), cache_dir=cache_dir)
     except Exception as e:
         raise MldebugError(f"the tiny dataset does not load with load_dataset: {type(e).__name__}: {e}",
                            "Report this with the source dataset.") from e
