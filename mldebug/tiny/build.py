@@ -74,10 +74,19 @@ def pick_auto_class(model_type: str, architectures: list[str] | None = None) -> 
         for auto_name, mapping_name in _AUTO_ORDER:
             if arch in getattr(modeling_auto, mapping_name).values():
                 return auto_name, getattr(transformers, auto_name)
+        if isinstance(getattr(transformers, arch, None), type):
+            return arch, getattr(transformers, arch)  # e.g. a classification head
     for auto_name, mapping_name in _AUTO_ORDER:
         if model_type in getattr(modeling_auto, mapping_name):
             return auto_name, getattr(transformers, auto_name)
     return "AutoModel", transformers.AutoModel
+
+
+def from_config(cls: Any, config: Any) -> Any:
+    """Random-init a model: Auto classes have from_config, model classes _from_config."""
+    if hasattr(cls, "from_config"):
+        return cls.from_config(config)
+    return cls._from_config(config)
 
 
 def count_params_meta(config: Any, auto_cls: Any) -> int:
@@ -85,7 +94,7 @@ def count_params_meta(config: Any, auto_cls: Any) -> int:
     import torch
 
     with torch.device("meta"):
-        model = auto_cls.from_config(config)
+        model = from_config(auto_cls, config)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -122,7 +131,7 @@ def build_and_validate(config: Any, auto_name: str, auto_cls: Any, dtype: str, o
     import torch
 
     torch.manual_seed(seed)
-    model = auto_cls.from_config(config)
+    model = from_config(auto_cls, config)
     model.to(getattr(torch, DTYPES[dtype]))
     model.eval()
     inputs = sample_inputs(model, config, auto_name, vocab_limit)
