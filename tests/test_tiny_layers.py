@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from mldebug.cli import main
 
 pytest.importorskip("transformers")

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from mldebug.cli import main
 
 pytest.importorskip("transformers")

@@ -173,3 +173,15 @@ def test_dataset_selection_and_image_fit():
         choose_indices(labels, 100, 2, "stratified", 0)
     assert fit_size(200, 100, 32) == (32, 16)
     assert fit_size(20, 10, 32) == (20, 10)
+
+
+def test_config_token_ids_survive_tokenizer_shrinking() -> None:
+    from mldebug.tiny.tokenizer import shrink_tokenizer_json
+
+    vocab = {f"word{i}": i for i in range(26)} | {"<img>": 40}
+    tj = {"model": {"type": "WordLevel", "vocab": vocab, "unk_token": "word0"}, "added_tokens": []}
+    new, old_to_new = shrink_tokenizer_json(tj, 10, keep_ids={40, 99})
+    assert old_to_new[40] == 8  # kept, renumbered densely after the 8 lowest ids
+    assert len(new["model"]["vocab"]) == 9  # one slot left free for id 99, absent from the tokenizer
+    m = token_id_map({40, 99}, 10, fixed=old_to_new)
+    assert m[40] == 8 and m[99] == 9

@@ -67,7 +67,7 @@ def render(r: Any) -> None:
     t = Table(title=f"make-tiny-dataset {r.source} -> {r.out}", title_justify="left")
     for col in ("split", "source rows", "kept", "file"):
         t.add_column(col)
-    for (split, c), f in zip(r.splits.items(), r.files):
+    for (split, c), f in zip(r.splits.items(), r.files, strict=True):
         t.add_row(split, str(c["before"]), str(c["after"]), f)
     con.print(t)
     con.print(f"selection: {r.select}; columns: {', '.join(r.columns)}")

@@ -236,7 +236,7 @@ def _validate(d: Path, splits: dict[str, dict[str, int]], imgs: list[str], limit
 
 def _write_card(d: Path, r: DatasetReport, seed: int) -> None:
     yaml = ["---", "configs:", "- config_name: default", "  data_files:"]
-    for split, f in zip(r.splits, r.files):
+    for split, f in zip(r.splits, r.files, strict=True):
         yaml += [f"  - split: {split}", f"    path: {f}"]
     lines = [*yaml, "---", "", "# Tiny dataset", "",
              f"{sum(s['after'] for s in r.splits.values())} records from `{r.source}` for "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import UsageError
-from mldebug.tiny.shrink import Change, ShrinkSpec, shrink_config
+from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids, shrink_config
 
 BYTES_PER = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 
@@ -113,7 +113,9 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
         if tokenizer:
             from mldebug.tiny.tokenizer import make_tokenizer
 
-            tok = make_tokenizer(src.directory, spec.vocab, tmp)
+            config_ids: set[int] = set()
+            collect_token_ids(src.config, config_ids)
+            tok = make_tokenizer(src.directory, spec.vocab, tmp, config_ids)
             tok_info = {"kind": tok.kind, "vocab_before": tok.source_vocab_size,
                         "vocab_after": tok.vocab_size}
             notes += tok.notes
@@ -126,7 +128,7 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
         params_before = count_params_meta(make_config(src.config), auto_cls)
         bytes_before, estimated = _source_bytes(src.directory, params_before, src.config)
         built = build_and_validate(cfg, auto_name, auto_cls, dtype, tmp,
-                                   vocab_limit=tok_info["vocab_after"] if tok_info else spec.vocab)
+                                   vocab_limit=tok.vocab_size if tok_info else spec.vocab)
         report = TinyReport(
             source=source, model_type=src.model_type, out=str(out),
             model_class=type(built.model).__name__, params_before=params_before,

@@ -125,10 +125,12 @@ def choose_kept(total: int, forced: set[int], n: int) -> list[int]:
     return sorted(kept)
 
 
-def trim(data: bytes, n: int) -> tuple[bytes, list[int]]:
+def trim(data: bytes, n: int, keep_ids: set[int] | frozenset[int] = frozenset()) -> tuple[bytes, list[int]]:
     """A model with at most ``n`` pieces (old ids in ``kept`` order) and the kept old ids."""
     pieces = read_pieces(data)
-    kept = choose_kept(len(pieces), forced_ids(pieces), n)
+    forced = forced_ids(pieces) | {i for i in keep_ids if 0 <= i < len(pieces)}
+    reserve = len({i for i in keep_ids if not 0 <= i < len(pieces)})
+    kept = choose_kept(len(pieces), forced, max(1, n - reserve))
     keep_set = set(kept)
     out = bytearray()
     idx = 0

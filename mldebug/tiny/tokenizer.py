@@ -28,7 +28,7 @@ class TokenizerResult:
     kind: str  # "shrunk-json" | "shrunk-spm" | "trained"
     vocab_size: int  # tokens in the new tokenizer
     source_vocab_size: int | None
-    id_map: dict[int, int] = field(default_factory=dict)  # old special id -> new id
+    id_map: dict[int, int] = field(default_factory=dict)  # old id -> new id, kept tokens
     role_ids: dict[str, int] = field(default_factory=dict)  # bos/eos/pad/unk -> new id
     notes: list[str] = field(default_factory=list)
 
@@ -44,7 +44,7 @@ def bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
+    return dict(zip(bs, [chr(c) for c in cs], strict=True))
 
 
 def _walk(obj: Any) -> Iterator[dict[str, Any]]:
@@ -93,8 +93,12 @@ def forced_tokens(tj: dict[str, Any]) -> set[str]:
     return keep
 
 
-def shrink_tokenizer_json(tj: dict[str, Any], n: int) -> tuple[dict[str, Any], dict[int, int]]:
-    """A tokenizer.json with at most ``n`` tokens, and old id -> new id for every kept token."""
+def shrink_tokenizer_json(tj: dict[str, Any], n: int, keep_ids: set[int] | frozenset[int] = frozenset(),
+                          ) -> tuple[dict[str, Any], dict[int, int]]:
+    """A tokenizer.json with at most ``n`` tokens, and old id -> new id for every kept token.
+
+    ``keep_ids`` are ids the model config refers to (special/image tokens): they survive too.
+    """
     tj = copy.deepcopy(tj)
     model = tj["model"]
     kind = model.get("type")
@@ -105,9 +109,11 @@ def shrink_tokenizer_json(tj: dict[str, Any], n: int) -> tuple[dict[str, Any], d
     by_id = {i: tok for tok, i in items}
     added = {t["id"]: t["content"] for t in tj.get("added_tokens") or []}
     forced_tok = forced_tokens(tj)
-    forced = {i for tok, i in items if tok in forced_tok} | set(added)
     all_ids = sorted(set(by_id) | set(added))
-    kept = _choose(all_ids, forced, n)
+    forced = {i for tok, i in items if tok in forced_tok} | set(added) | (set(keep_ids) & set(all_ids))
+    # config ids the tokenizer lacks (an image token, say) need free slots of their own
+    reserve = len(set(keep_ids) - set(all_ids))
+    kept = _choose(all_ids, forced, max(1, n - reserve))
     old_to_new = {old: new for new, old in enumerate(kept)}
     if kind == "Unigram":
         model["vocab"] = [model["vocab"][i] if i in by_id else [added[i], 0.0] for i in kept]
@@ -147,7 +153,7 @@ def _merge_kept(m: Any, vocab: dict[str, int]) -> bool:
 def _remap_post_processor(pp: Any, tok_to_new: dict[str, int]) -> None:
     for d in _walk(pp):
         if "ids" in d and "tokens" in d:
-            d["ids"] = [tok_to_new.get(t, i) for t, i in zip(d["tokens"], d["ids"])]
+            d["ids"] = [tok_to_new.get(t, i) for t, i in zip(d["tokens"], d["ids"], strict=False)]
         for key in ("sep", "cls"):
             v = d.get(key)
             if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str):
@@ -185,7 +191,7 @@ def spm_to_tokenizer_json(model_bytes: bytes) -> dict[str, Any]:
                                byte_fallback=byte_fallback)
     tok = Tokenizer(model)
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    dec = [decoders.Metaspace(replacement="\u2581", prepend_scheme="always")]
+    dec: list[Any] = [decoders.Metaspace(replacement="\u2581", prepend_scheme="always")]
     if byte_fallback:
         dec = [decoders.ByteFallback(), *dec]
     tok.decoder = decoders.Sequence(dec)
@@ -228,7 +234,8 @@ def _token_lookup(tj: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path) -> TokenizerResult:
+def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path,
+                   keep_ids: set[int] | frozenset[int] = frozenset()) -> TokenizerResult:
     """Write a tokenizer of at most ``n`` tokens into ``out_dir`` and validate it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_cfg: dict[str, Any] = {}
@@ -242,14 +249,14 @@ def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path) -> TokenizerR
     if tj_path and tj_path.is_file():
         src = json.loads(tj_path.read_text())
         src_size = len(_token_lookup(src))
-        new, old_to_new = shrink_tokenizer_json(src, n)
+        new, old_to_new = shrink_tokenizer_json(src, n, keep_ids)
         kind = "shrunk-json"
         if spm_path:
             notes.append(f"{spm_path.name} not copied: tokenizer.json is the tokenizer now")
     elif spm_path:
         data = spm_path.read_bytes()
         src_size = len(spm.read_pieces(data))
-        trimmed, kept = spm.trim(data, n)
+        trimmed, kept = spm.trim(data, n, keep_ids)
         (out_dir / spm_path.name).write_bytes(trimmed)
         _check_spm(out_dir / spm_path.name, n)
         new = spm_to_tokenizer_json(trimmed)
@@ -281,8 +288,7 @@ def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path) -> TokenizerR
     size = len(_token_lookup(new))
     validate_tokenizer(out_dir, n)
     roles = _special_roles(tok_cfg, new, old_to_new)
-    special_old = {old: new_i for old, new_i in old_to_new.items() if old != new_i}
-    return TokenizerResult(kind, size, src_size, special_old, roles, notes)
+    return TokenizerResult(kind, size, src_size, old_to_new, roles, notes)
 
 
 def _check_spm(path: Path, n: int) -> None:
@@ -308,7 +314,7 @@ def validate_tokenizer(out_dir: Path, n: int) -> None:
     if not ids or max(ids) >= n:
         raise MldebugError(f"the shrunk tokenizer produced ids outside the vocab of {n}.",
                            "Report this with the source model.")
-    back = tok.decode(ids, skip_special_tokens=True)
+    back = str(tok.decode(ids, skip_special_tokens=True))
     if "".join(back.split()).lower() != "".join(SAMPLE_TEXT.split()).lower():
         raise MldebugError("the shrunk tokenizer does not round-trip text: "
                            f"{SAMPLE_TEXT!r} came back as {back!r}.",
