@@ -50,6 +50,7 @@ def test_make_tiny_architecture(model_type: str, tmp_path: Path) -> None:
     size = sum(p.stat().st_size for p in out.iterdir())
     assert size < 1_000_000, f"{model_type}: {size} bytes on disk"
     assert (model_type in GENERATES) == (report.generated is not None)
+    assert report.image_checked == (MATRIX[model_type] == "AutoModelForImageTextToText")
     # independent of make-tiny: load what a user would load, and run it
     config = transformers.AutoConfig.from_pretrained(out)
     assert check_constraints(config.to_dict()) == []

@@ -137,5 +137,6 @@ def render(r: Any) -> None:
     con.print(c)
     for n in r.notes:
         con.print(f"note: {n}")
-    con.print(f"validated: forward{' + generate' if r.generated else ''} + reload match "
+    image = " (with an image)" if r.image_checked else ""
+    con.print(f"validated: forward{image}{' + generate' if r.generated else ''} + reload match "
               f"({r.model_class}). Rebuild: {r.out}/make_tiny.sh")

@@ -32,6 +32,7 @@ class Built:
     auto_class: str
     params: int
     generated: list[int] | None
+    image_checked: bool = False
 
 
 def config_class(model_type: str) -> Any:
@@ -117,6 +118,35 @@ def sample_inputs(model: Any, config: Any, auto_name: str, vocab_limit: int) -> 
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
+def image_inputs(model: Any, config: Any, text_ids: Any) -> dict[str, Any] | None:
+    """Inputs with one image (pixel_values + as many image tokens as the tower yields)."""
+    import torch
+
+    vision = getattr(config, "vision_config", None)
+    token = getattr(config, "image_token_id", None)
+    if token is None:
+        token = getattr(config, "image_token_index", None)
+    size = getattr(vision, "image_size", None)
+    if vision is None or token is None or not isinstance(size, int) \
+            or not hasattr(model, "get_image_features"):
+        return None
+    g = torch.Generator().manual_seed(1)
+    channels = int(getattr(vision, "num_channels", 3))
+    dtype = next(model.parameters()).dtype
+    pixels = torch.randn(1, channels, size, size, generator=g).to(dtype)
+    with torch.no_grad():
+        feats = model.get_image_features(pixel_values=pixels)
+    f = getattr(feats, "pooler_output", None)
+    if f is None:
+        f = feats
+    if isinstance(f, (list, tuple)):
+        n = sum(int(x.shape[0]) for x in f)
+    else:
+        n = int(f.shape[0] * f.shape[1]) if f.dim() == 3 else int(f.shape[0])
+    ids = torch.cat([text_ids[:, :1], torch.full((1, n), int(token)), text_ids[:, 1:]], dim=1)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pixels}
+
+
 def _logits(out: Any) -> Any:
     for name in ("logits", "last_hidden_state", "prediction_logits"):
         v = getattr(out, name, None)
@@ -135,8 +165,11 @@ def build_and_validate(config: Any, auto_name: str, auto_cls: Any, dtype: str, o
     model.to(getattr(torch, DTYPES[dtype]))
     model.eval()
     inputs = sample_inputs(model, config, auto_name, vocab_limit)
+    text_ids = inputs.get("input_ids")
     what = f"{config.model_type} ({type(model).__name__})"
     try:
+        if auto_name == "AutoModelForImageTextToText":
+            inputs = image_inputs(model, config, text_ids) or inputs
         with torch.no_grad():
             ref = _logits(model(**inputs)).float()
     except Exception as e:  # transformers raises many types from deep inside forward
@@ -151,7 +184,7 @@ def build_and_validate(config: Any, auto_name: str, auto_cls: Any, dtype: str, o
             and model.can_generate():
         try:
             with torch.no_grad():
-                gen = model.generate(inputs["input_ids"], max_new_tokens=3, do_sample=False,
+                gen = model.generate(text_ids, max_new_tokens=3, do_sample=False,
                                      min_new_tokens=3)
             generated = [int(x) for x in gen[0].tolist()]
         except Exception as e:
@@ -171,7 +204,7 @@ def build_and_validate(config: Any, auto_name: str, auto_cls: Any, dtype: str, o
         raise MldebugError(f"the reloaded tiny {what} gives different outputs than the one built.",
                            "Some weights were not saved or not tied back; report it with the command line.")
     params = sum(p.numel() for p in model.parameters())
-    return Built(model, config, auto_name, params, generated)
+    return Built(model, config, auto_name, params, generated, "pixel_values" in inputs)
 
 
 def dir_size(path: Path, patterns: tuple[str, ...] = ("*.safetensors", "*.bin", "*.pt", "*.gguf")) -> int:

@@ -35,6 +35,7 @@ class TinyReport:
     notes: list[str] = field(default_factory=list)
     tokenizer: dict[str, Any] | None = None
     generated: list[int] | None = None
+    image_checked: bool = False
     command: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
             params_after=built.params, bytes_before=bytes_before,
             bytes_before_estimated=estimated, bytes_after=dir_size(tmp),
             changes=result.changes, notes=notes, tokenizer=tok_info,
-            generated=built.generated, command=command)
+            generated=built.generated, image_checked=built.image_checked, command=command)
         write_card(tmp, report)
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
