@@ -185,3 +185,52 @@ def test_config_token_ids_survive_tokenizer_shrinking() -> None:
     assert len(new["model"]["vocab"]) == 9  # one slot left free for id 99, absent from the tokenizer
     m = token_id_map({40, 99}, 10, fixed=old_to_new)
     assert m[40] == 8 and m[99] == 9
+
+
+def test_sparse_step_becomes_explicit_dense_layers() -> None:
+    # qwen2_moe-style: every 2nd layer is sparse, layer 1 forced dense via mlp_only_layers
+    d = {"model_type": "qwen2_moe", "num_hidden_layers": 8, "hidden_size": 64,
+         "num_attention_heads": 4, "num_experts": 8, "num_experts_per_tok": 2,
+         "decoder_sparse_step": 2, "mlp_only_layers": [1]}
+    c = shrink_config(d, ShrinkSpec(layers=3, explicit=frozenset({"layers"}))).config
+    # kinds: layer 0 dense (step), 1 dense (mlp_only), 3 sparse -> kept [0, 1, 3]
+    assert c["num_hidden_layers"] == 3 and c["decoder_sparse_step"] == 1
+    assert c["mlp_only_layers"] == [0, 1]
+
+
+def test_architecture_specific_derived_sizes() -> None:
+    # deepseek multi-head latent attention: every head dim and the latent ranks follow
+    ds = {"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+          "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+          "head_dim": 64, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+          "kv_lora_rank": 512, "q_lora_rank": 1536, "n_routed_experts": 256,
+          "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "first_k_dense_replace": 3,
+          "rope_parameters": {"rope_type": "default"}}
+    c = shrink_config(ds, ShrinkSpec()).config
+    assert c["qk_rope_head_dim"] == c["qk_nope_head_dim"] == c["v_head_dim"] == 4
+    assert c["kv_lora_rank"] == c["q_lora_rank"] == 16
+    assert (c["n_group"], c["topk_group"], c["n_routed_experts"]) == (1, 1, 4)
+    assert c["num_hidden_layers"] == 2 and c["first_k_dense_replace"] == 1  # one dense, one MoE
+    # gptj: partial rotary given in dims, kept even and within head_dim
+    gj = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "rotary_dim": 64}
+    c = shrink_config(gj, ShrinkSpec()).config
+    assert c["rotary_dim"] <= c["n_embd"] // c["n_head"] and c["rotary_dim"] % 2 == 0
+    # mamba2: ssm heads x head_dim == expand x hidden, groups divide heads
+    m2 = {"model_type": "mamba2", "hidden_size": 4096, "num_heads": 128, "head_dim": 64,
+          "expand": 2, "n_groups": 8, "num_hidden_layers": 64}
+    c = shrink_config(m2, ShrinkSpec()).config
+    assert c["num_heads"] * c["head_dim"] == c["expand"] * c["hidden_size"]
+    assert c["num_heads"] % c["n_groups"] == 0
+    # per-layer flag lists (smollm3 no_rope_layers) and per-layer sizes (gemma3n)
+    sm = llama_like(num_hidden_layers=6, no_rope_layers=[1, 1, 1, 0, 1, 1],
+                    intermediate_size=[9000] * 6)
+    c = shrink_config(sm, ShrinkSpec()).config
+    assert c["no_rope_layers"] == [1, 0] and c["intermediate_size"] == [32, 32]
+
+
+def test_multimodal_rope_sections_sum_to_half_head_dim() -> None:
+    d = llama_like(rope_parameters={"rope_type": "default", "mrope_section": [16, 24, 24]})
+    c = shrink_config(d, ShrinkSpec()).config
+    hd = c["hidden_size"] // c["num_attention_heads"]
+    sec = c["rope_parameters"]["mrope_section"]
+    assert sum(sec) == hd // 2 and min(sec) >= 1

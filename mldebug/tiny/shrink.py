@@ -127,19 +127,25 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
+PER_LAYER_NAMES = ("block_types", "attn_type_list", "layers_block_type", "hybrid_override_pattern")
+
+
 def per_layer_lists(d: Mapping[str, Any], n_layers: int) -> list[str]:
     """Keys holding one value per layer (``layer_types``, ``mlp_layer_types``, ...)."""
+    index_lists = set(index_lists_of(d, n_layers))
     return [k for k, v in d.items()
-            if isinstance(v, list) and len(v) == n_layers and n_layers > 1
-            and k not in TOKEN_ID_LISTS and not k.endswith("token_ids")
-            and not k.endswith(INDEX_LIST_SUFFIX) and k != "architectures"]
+            if isinstance(v, (list, str)) and len(v) == n_layers and n_layers > 1
+            and ("layer" in k or "pattern" in k or k in PER_LAYER_NAMES or role_of(k) is not None)
+            and (isinstance(v, list) or k in PER_LAYER_NAMES)
+            and not _is_token_key(k) and k not in index_lists]
 
 
 def index_lists_of(d: Mapping[str, Any], n_layers: int) -> list[str]:
     """Keys holding lists of layer indices (``mlp_only_layers``, ...)."""
     return [k for k, v in d.items()
             if k.endswith(INDEX_LIST_SUFFIX) and isinstance(v, list)
-            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n_layers for x in v)]
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n_layers for x in v)
+            and all(a < b for a, b in zip(v, v[1:], strict=False))]
 
 
 def select_layers(signatures: list[tuple[Any, ...]], n: int) -> list[int]:
@@ -160,8 +166,11 @@ def reindex_layers(d: dict[str, Any], kept: list[int], n_layers: int) -> list[Ch
     changes: list[Change] = []
     per_layer = per_layer_lists(d, n_layers)
     index_lists = index_lists_of(d, n_layers)
+    old_mlp_only = set(d.get("mlp_only_layers") or [])
     for k in per_layer:
-        new = [d[k][i] for i in kept]
+        new: Any = [d[k][i] for i in kept]
+        if isinstance(d[k], str):
+            new = "".join(new)
         changes.append(Change(k, _summ(d[k]), new, f"kept layers {kept}"))
         d[k] = new
     for k in index_lists:
@@ -185,7 +194,7 @@ def reindex_layers(d: dict[str, Any], kept: list[int], n_layers: int) -> list[Ch
             d["max_window_layers"] = new_w
     step = d.get("decoder_sparse_step")
     if isinstance(step, int) and step > 1 and isinstance(d.get("mlp_only_layers"), list):
-        dense = [pos for pos, i in enumerate(kept) if (i + 1) % step != 0 or i in set(d["mlp_only_layers"])]
+        dense = [pos for pos, i in enumerate(kept) if (i + 1) % step != 0 or i in old_mlp_only]
         changes.append(Change("decoder_sparse_step", step, 1, "sparse layers moved to mlp_only_layers"))
         d["decoder_sparse_step"] = 1
         d["mlp_only_layers"] = dense
@@ -224,6 +233,7 @@ def _pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
                 explicit: bool) -> int:
     """Heads that divide hidden and give an even rotary width; the user's value or an error."""
     rot = _partial_rotary(d) if _uses_rope(d) else 0.0
+    min_hd = 2 * len(_mrope_section(d) or [])  # each multimodal rope section needs >= 1 pair
     candidates = [want] if explicit else [h for h in range(min(want, src_heads), 0, -1)]
     for h in candidates:
         if h < 1 or hidden % h:
@@ -231,7 +241,14 @@ def _pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
         hd = hidden // h
         if rot and int(hd * rot) % 2:
             continue
+        if hd < min_hd:
+            continue
         return h
+    if min_hd and hidden % want == 0 and hidden // want < min_hd:
+        raise UsageError(
+            f"constraint violated: multimodal rotary sections {_mrope_section(d)} need head_dim "
+            f">= {min_hd}, but hidden {hidden} / heads {want} = {hidden // want}.",
+            f"Pass fewer --heads or a larger --hidden (head_dim >= {min_hd}).")
     if hidden % want:
         raise UsageError(
             f"constraint violated: hidden size {hidden} must be a multiple of the number of "
@@ -243,6 +260,24 @@ def _pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
         f"constraint violated: rotary embeddings need an even rotary width, but head_dim "
         f"{hd} x partial_rotary_factor {rot:g} = {hd * rot:g}.",
         f"Pass a --hidden/--heads pair whose head_dim x {rot:g} is even (e.g. --heads {max(1, want // 2)}).")
+
+
+def _mrope_section(d: Mapping[str, Any]) -> list[int] | None:
+    rope = d.get("rope_parameters")
+    if isinstance(rope, Mapping) and isinstance(rope.get("mrope_section"), list):
+        return list(rope["mrope_section"])
+    return None
+
+
+def scale_sections(sections: list[int], total: int) -> list[int]:
+    """Proportional integer sections summing to ``total``, each at least 1."""
+    s = sum(sections) or 1
+    out = [max(1, sec * total // s) for sec in sections]
+    while sum(out) > total:
+        i = max(range(len(out)), key=lambda j: out[j])
+        out[i] -= 1
+    out[0] += total - sum(out)
+    return out
 
 
 def _divisor_near(n: int, want: int) -> int:
@@ -320,12 +355,36 @@ def shrink_level(d: dict[str, Any], spec: ShrinkSpec, path: str, changes: list[C
                 setv(k, head_dim, "hidden / heads")
                 if d.get("query_pre_attn_scalar") == old_hd:
                     setv("query_pre_attn_scalar", head_dim, "follows head_dim")
+        if isinstance(d.get("qk_rope_head_dim"), int):  # multi-head latent attention (deepseek)
+            for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "head_dim"):
+                if isinstance(d.get(k), int):
+                    setv(k, head_dim, "latent attention head dims")
+            for k in ("kv_lora_rank", "q_lora_rank"):
+                if isinstance(d.get(k), int):
+                    setv(k, min(d[k], hidden), "latent rank <= hidden")
+        if isinstance(d.get("rotary_dim"), int) and d["rotary_dim"] > 0:
+            src_hd = (hid[1] // src_heads) if hid else head_dim
+            rd = head_dim * d["rotary_dim"] // max(1, src_hd)
+            setv("rotary_dim", rd if rd >= 2 and rd % 2 == 0 else head_dim, "rotary part of head_dim")
+        if isinstance(d.get("expand"), int) and isinstance(d.get("head_dim"), int) \
+                and "n_groups" in d:  # mamba2: heads x head_dim == expand x hidden
+            setv("head_dim", hidden * d["expand"] // heads, "expand x hidden / heads")
+            if isinstance(d.get("n_groups"), int):
+                setv("n_groups", math.gcd(d["n_groups"], heads), "groups divide heads")
+        sections = _mrope_section(d)
+        if sections and sum(sections) != head_dim // 2:
+            new_rope = dict(d["rope_parameters"])
+            new_rope["mrope_section"] = scale_sections(sections, head_dim // 2)
+            setv("rope_parameters", new_rope, "rotary sections sum to head_dim/2")
     if hid and hidden:
         for k in ROLES["hidden"]:
             if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
                 setv(k, hidden, "hidden")
     for k in ROLES["intermediate"]:
         v = d.get(k)
+        if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+            setv(k, [min(x, spec.intermediate) for x in v], "intermediate (per layer)")
+            continue
         if isinstance(v, int) and v > 0 or (v is None and k in d and k in SET_WHEN_NONE):
             target = spec.intermediate if "intermediate" in ex else min(v or spec.intermediate,
                                                                          spec.intermediate)
