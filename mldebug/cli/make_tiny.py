@@ -124,7 +124,9 @@ def render(r: Any) -> None:
     t.add_column("tiny", justify="right")
     t.add_row("parameters", human_count(r.params_before), human_count(r.params_after))
     est = " (est.)" if r.bytes_before_estimated else ""
-    t.add_row("weights on disk", human_bytes(r.bytes_before) + est, human_bytes(r.bytes_after))
+    before = "?" if r.params_before is None and r.bytes_before_estimated else \
+        human_bytes(r.bytes_before) + est
+    t.add_row("weights on disk", before, human_bytes(r.bytes_after))
     if r.tokenizer:
         t.add_row("tokenizer vocab", str(r.tokenizer["vocab_before"] or "-"),
                   f"{r.tokenizer['vocab_after']} ({r.tokenizer['kind']})")

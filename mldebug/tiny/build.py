@@ -161,7 +161,13 @@ def build_and_validate(config: Any, auto_name: str, auto_cls: Any, dtype: str, o
     import torch
 
     torch.manual_seed(seed)
-    model = from_config(auto_cls, config)
+    what = f"{config.model_type} ({getattr(auto_cls, '__name__', auto_cls)})"
+    try:
+        model = from_config(auto_cls, config)
+    except Exception as e:  # transformers raises many types from model constructors
+        raise MldebugError(f"the tiny {what} could not be built: {type(e).__name__}: {e}",
+                           "A size the config does not check was broken, or this transformers "
+                           "cannot build the type at all; try --set key=value.") from e
     model.to(getattr(torch, DTYPES[dtype]))
     model.eval()
     inputs = sample_inputs(model, config, auto_name, vocab_limit)
