@@ -182,3 +182,23 @@ def test_no_tokenizer_in_source_trains_one(tmp_path: Path) -> None:
     r = make_tokenizer(None, 300, tmp_path)
     assert r.kind == "trained" and r.vocab_size <= 300
     assert set(r.role_ids) == {"bos", "eos", "pad", "unk"}
+
+
+def test_unigram_tokenizer_json_shrinks(spm_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from mldebug.tiny.tokenizer import shrink_tokenizer_json, spm_to_tokenizer_json
+
+    src = spm_to_tokenizer_json((spm_dir / "spiece.model").read_bytes())
+    assert src["model"]["type"] == "Unigram"
+    new, old_to_new = shrink_tokenizer_json(src, 400)
+    small = Tokenizer.from_str(json.dumps(new))
+    assert small.get_vocab_size() <= 400
+    assert new["model"]["vocab"][new["model"]["unk_id"]][0] == "<unk>"
+    for text in TEXTS:
+        ids = small.encode(text).ids
+        assert max(ids) < 400 and small.decode(ids) == text
+    for t in new["added_tokens"]:  # added tokens point at their own piece after renumbering
+        assert new["model"]["vocab"][t["id"]][0] == t["content"]
+    assert all(t["id"] in old_to_new for t in src["added_tokens"])
+    assert {t["content"] for t in new["added_tokens"]} == {t["content"] for t in src["added_tokens"]}
