@@ -1,0 +1,76 @@
+"""mldebug make-tiny-dataset: N records of a local dataset as plain data files."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+HELP = "make a tiny dataset (first/random/stratified N records) as plain jsonl/parquet files"
+DESCRIPTION = """\
+SOURCE: a jsonl/json/csv/parquet/arrow file, a directory of such files, or a datasets
+save_to_disk directory. Keeps N records per split (the first N, a random N, or N covering every
+value of --by FIELD), shrinks images to fit --image-size keeping the ratio, and writes plain
+data files that datasets.load_dataset(DIR) loads with no script, plus a README card with the
+command that rebuilt it. Nothing is downloaded.
+
+Example: mldebug make-tiny-dataset train.jsonl --out tiny-train -n 100 --select random"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SOURCE", help="data file, data directory or save_to_disk dir")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    p.add_argument("-n", type=int, required=True, metavar="N", help="records to keep per split")
+    p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl",
+                   help="output format (default: jsonl; parquet when there are images)")
+    p.add_argument("--image-size", type=int, default=32, metavar="PX",
+                   help="shrink images to fit PX x PX, keeping the ratio (default: 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed for --select random/stratified")
+    p.add_argument("--select", choices=("first", "random", "stratified"), default="first",
+                   help="which records (default: first)")
+    p.add_argument("--by", metavar="FIELD", help="column whose every value --select stratified covers")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def rebuild_command(args: argparse.Namespace) -> str:
+    parts = ["mldebug", "make-tiny-dataset", args.source, "--out", args.out, "-n", str(args.n),
+             "--format", args.format, "--image-size", str(args.image_size), "--seed",
+             str(args.seed), "--select", args.select]
+    if args.by:
+        parts += ["--by", args.by]
+    return shlex.join([*parts, "--force"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from mldebug.tiny.dataset import make_tiny_dataset
+
+    report = make_tiny_dataset(args.source, Path(args.out), args.n, fmt=args.format,
+                               image_size=args.image_size, seed=args.seed, select=args.select,
+                               by=args.by, force=args.force, command=rebuild_command(args))
+    if args.json:
+        from mldebug.render import print_json
+
+        print_json(report.to_dict())
+    else:
+        render(report)
+    return 0
+
+
+def render(r: Any) -> None:
+    from rich.table import Table
+
+    from mldebug.render import console
+
+    con = console()
+    t = Table(title=f"make-tiny-dataset {r.source} -> {r.out}", title_justify="left")
+    for col in ("split", "source rows", "kept", "file"):
+        t.add_column(col)
+    for (split, c), f in zip(r.splits.items(), r.files, strict=True):
+        t.add_row(split, str(c["before"]), str(c["after"]), f)
+    con.print(t)
+    con.print(f"selection: {r.select}; columns: {', '.join(r.columns)}")
+    for n in r.notes:
+        con.print(f"note: {n}")
+    con.print("validated: datasets.load_dataset(DIR) loads it")

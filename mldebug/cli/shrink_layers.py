@@ -1,0 +1,79 @@
+"""mldebug shrink-layers: keep N layers of a local checkpoint (config edit, or sliced weights)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from mldebug.errors import UsageError
+
+HELP = "cut a local model's layer stack to N layers (one of each block type kept)"
+DESCRIPTION = """\
+For a local clone of a real model: edit config.json (num_hidden_layers and the per-layer lists
+such as layer_types, mlp_only_layers, in lockstep) so loading keeps N layers, at least one of
+each distinct block type. --in-place edits config.json (a backup is kept as config.json.orig);
+--out DIR writes a new directory whose safetensors hold only the kept layers, renumbered,
+read tensor by tensor so the rest of the checkpoint never enters memory. Reports the load time
+before and after (skip with --no-measure).
+
+Example: mldebug shrink-layers ./Qwen3-30B-A3B --layers 2 --out ./Qwen3-30B-A3B-2layers"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dir", metavar="MODEL_DIR", help="local model directory (config.json + weights)")
+    p.add_argument("--layers", type=int, required=True, metavar="N", help="layers to keep")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", metavar="DIR", help="write a new directory with sliced weights")
+    where.add_argument("--in-place", action="store_true", help="edit MODEL_DIR/config.json only")
+    p.add_argument("--no-measure", action="store_true", help="do not time loading before/after")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mldebug.tiny.layers import shrink_layers
+
+    model_dir = Path(args.model_dir).expanduser()
+    if not model_dir.is_dir():
+        raise UsageError(f"{model_dir} is not a directory.",
+                         "Pass a local model directory (git clone of the model repository).")
+    out = Path(args.out).expanduser() if args.out else None
+    if out is not None and out.resolve() == model_dir.resolve():
+        raise UsageError("--out is MODEL_DIR.", "Use --in-place to edit it, or pass another --out.")
+    report = shrink_layers(model_dir, args.layers, out=out, in_place=args.in_place,
+                           measure=not args.no_measure, force=args.force)
+    if args.json:
+        from mldebug.render import print_json
+
+        print_json(report.to_dict())
+    else:
+        render(report)
+    return 0
+
+
+def render(r: Any) -> None:
+    from rich.table import Table
+
+    from mldebug.render import console
+
+    con = console()
+    t = Table(title=f"shrink-layers {r.model_dir} -> {r.out}", title_justify="left")
+    for col in ("field", "before", "after", "why"):
+        t.add_column(col)
+    for c in r.changes:
+        t.add_row(c.path, json.dumps(c.before), json.dumps(c.after), c.why)
+    con.print(t)
+    for lv in r.levels:
+        con.print(f"{lv.path or 'model'}: kept source layers {lv.kept} of {lv.n_before}")
+    if r.slice_stats:
+        s = r.slice_stats
+        con.print(f"weights: {s['tensors_after']} of {s['tensors_before']} tensors kept "
+                  f"({len(s['dropped'])} dropped), {s['bytes_after'] / 2**20:.1f} MiB written")
+    if r.load_s_before is not None and r.load_s_after is not None:
+        ratio = r.load_s_before / r.load_s_after if r.load_s_after else float("inf")
+        con.print(f"load time: {r.load_s_before:.2f} s before, {r.load_s_after:.2f} s after "
+                  f"({ratio:.1f}x faster)")
+    for n in r.notes:
+        con.print(f"note: {n}")

@@ -1,0 +1,212 @@
+"""make-tiny end to end: source -> tokenizer -> shrunk config -> validated model -> DIR.
+
+Everything is written into a temporary sibling of ``--out`` and renamed into place only after
+the model passed validation, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mldebug.errors import UsageError
+from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids, shrink_config
+
+BYTES_PER = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
+
+
+@dataclass
+class TinyReport:
+    source: str
+    model_type: str
+    out: str
+    model_class: str
+    params_before: int | None
+    params_after: int
+    bytes_before: int
+    bytes_before_estimated: bool
+    bytes_after: int
+    changes: list[Change]
+    notes: list[str] = field(default_factory=list)
+    tokenizer: dict[str, Any] | None = None
+    generated: list[int] | None = None
+    image_checked: bool = False
+    command: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["changes"] = [c.to_dict() for c in self.changes]
+        return d
+
+
+def role_pins(config: dict[str, Any], roles: dict[str, int]) -> dict[int, int]:
+    """Old special ids -> ids of the same role in a freshly trained tokenizer."""
+    pins: dict[int, int] = {}
+
+    def walk(d: dict[str, Any]) -> None:
+        for key, role in (("eos_token_id", "eos"), ("bos_token_id", "bos"),
+                          ("pad_token_id", "pad"), ("decoder_start_token_id", "pad")):
+            v = d.get(key)
+            ids = v if isinstance(v, list) else [v]
+            for old in ids:
+                if isinstance(old, int) and not isinstance(old, bool) and role in roles:
+                    pins.setdefault(old, roles[role])
+        for v in d.values():
+            if isinstance(v, dict) and "model_type" in v:
+                walk(v)
+    walk(config)
+    return pins
+
+
+def _source_bytes(src_dir: Path | None, params: int, config: dict[str, Any]) -> tuple[int, bool]:
+    from mldebug.tiny.build import dir_size
+
+    if src_dir:
+        size = dir_size(src_dir)
+        if size:
+            return size, False
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").replace("torch.", "")
+    return params * BYTES_PER.get(dtype, 4), True
+
+
+def _fill_decoder_start(config: dict[str, Any], changes: list[Change]) -> None:
+    """Encoder-decoders generate from decoder_start_token_id; default it to the pad id (T5)."""
+    if config.get("is_encoder_decoder") and config.get("decoder_start_token_id") is None \
+            and config.get("bos_token_id") is None and isinstance(config.get("pad_token_id"), int):
+        config["decoder_start_token_id"] = config["pad_token_id"]
+        changes.append(Change("decoder_start_token_id", None, config["pad_token_id"],
+                              "encoder-decoder generation starts from the pad id"))
+
+
+def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
+              tokenizer: bool = True, force: bool = False, command: str = "") -> TinyReport:
+    from mldebug.tiny.build import (
+        build_and_validate,
+        count_params_meta,
+        dir_size,
+        make_config,
+        offline,
+        pick_auto_class,
+    )
+    from mldebug.tiny.source import resolve
+
+    offline()
+    _quiet()
+    out = out.expanduser()
+    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out} already exists and is not empty.",
+                         "Pass --force to replace it, or another --out.")
+    src = resolve(source)
+    if src.directory and out.resolve() == src.directory.resolve():
+        raise UsageError("--out is the source directory.", "Pass another --out.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        notes: list[str] = []
+        tok_info = None
+        pins: dict[int, int] = {}
+        if tokenizer:
+            from mldebug.tiny.tokenizer import make_tokenizer
+
+            config_ids: set[int] = set()
+            collect_token_ids(src.config, config_ids)
+            tok = make_tokenizer(src.directory, spec.vocab, tmp, config_ids)
+            tok_info = {"kind": tok.kind, "vocab_before": tok.source_vocab_size,
+                        "vocab_after": tok.vocab_size}
+            notes += tok.notes
+            pins = role_pins(src.config, tok.role_ids) if tok.kind == "trained" else tok.id_map
+        result = shrink_config(src.config, spec, pins)
+        notes += result.notes
+        _fill_decoder_start(result.config, result.changes)
+        cfg = make_config(result.config)
+        auto_name, auto_cls = pick_auto_class(src.model_type, src.config.get("architectures"))
+        try:
+            params_before: int | None = count_params_meta(make_config(src.config), auto_cls)
+        except Exception as e:  # a source config this transformers cannot build
+            params_before = None
+            notes.append(f"the full-size source does not build in this transformers "
+                         f"({type(e).__name__}: {e}); its size is unknown")
+        bytes_before, estimated = _source_bytes(src.directory, params_before or 0, src.config)
+        built = build_and_validate(cfg, auto_name, auto_cls, dtype, tmp,
+                                   vocab_limit=tok.vocab_size if tok_info else spec.vocab)
+        report = TinyReport(
+            source=source, model_type=src.model_type, out=str(out),
+            model_class=type(built.model).__name__, params_before=params_before,
+            params_after=built.params, bytes_before=bytes_before,
+            bytes_before_estimated=estimated, bytes_after=dir_size(tmp),
+            changes=result.changes, notes=notes, tokenizer=tok_info,
+            generated=built.generated, image_checked=built.image_checked, command=command)
+        write_card(tmp, report)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(tmp, out)
+        return report
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _quiet() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def human_count(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(n)
+
+
+def write_card(d: Path, r: TinyReport) -> None:
+    """README.md (what this is and how it was made) and make_tiny.sh (the rebuild command)."""
+    est = " (estimated from parameters)" if r.bytes_before_estimated else ""
+    lines = [
+        f"# Tiny random {r.model_type}",
+        "",
+        f"Random weights, for debugging and tests only: it produces garbage. Built by "
+        f"`mldebug make-tiny` from `{r.source}` ({r.model_class}).",
+        "",
+        "| | source | tiny |",
+        "| --- | --- | --- |",
+        f"| parameters | {human_count(r.params_before)} | {human_count(r.params_after)} |",
+        f"| weights on disk | {human_bytes(r.bytes_before)}{est} | {human_bytes(r.bytes_after)} |",
+    ]
+    if r.tokenizer:
+        lines.append(f"| tokenizer vocab | {r.tokenizer['vocab_before'] or '-'} | "
+                     f"{r.tokenizer['vocab_after']} ({r.tokenizer['kind']}) |")
+    lines += ["", "## Changed fields", "", "| field | before | after | why |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| `{c.path}` | {json.dumps(c.before)} | {json.dumps(c.after)} | {c.why} |"
+              for c in r.changes]
+    if r.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
+    lines += ["", "## Rebuild", "", "```bash", r.command, "```", ""]
+    (d / "README.md").write_text("\n".join(lines))
+    (d / "make_tiny.sh").write_text(
+        "#!/bin/sh\n# Rebuilds this directory (offline; needs mldebug[tiny]).\n"
+        "export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1\n" + r.command + "\n")
+    (d / "make_tiny.sh").chmod(0o755)
+    (d / "make_tiny_report.json").write_text(json.dumps(r.to_dict(), indent=2, default=str))
