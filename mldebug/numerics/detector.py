@@ -151,7 +151,7 @@ class _Pass:
         for idx in groups.values():
             both = torch.stack([torch.stack([self.mins[i].float(), self.maxs[i].float()])
                                 for i in idx]).tolist()
-            for i, (lo, hi) in zip(idx, both):
+            for i, (lo, hi) in zip(idx, both, strict=True):
                 mins[i], maxs[i] = lo, hi
         frames = sorted(self.frames, key=lambda f: f.order) if self.phase == "backward" \
             else self.frames
@@ -415,7 +415,7 @@ class DebugUnderflowOverflow:
         logger.log(level, "%s", text.rstrip("\n"))
         if not self.print_report:
             return
-        from mldebug.printing import printflock, prefix_lines
+        from mldebug.printing import prefix_lines, printflock
 
         prefix = "" if prefixed else self._prefix()
         printflock(prefix_lines(text, prefix) if prefix else text, end="",

@@ -43,7 +43,7 @@ def detect_overflow(var: Any, ctx: str, *, file: IO[str] | None = None) -> bool:
     host = torch.stack(flags).tolist()
     out = file if file is not None else sys.stdout
     detected = False
-    for (name, _), (nan, inf) in zip(leaves, host):
+    for (name, _), (nan, inf) in zip(leaves, host, strict=True):
         if nan:
             print(f"{name} has nans", file=out)
         if inf:
@@ -168,7 +168,7 @@ def unpatch_tensor_repr() -> None:
     """Undo ``patch_tensor_repr``."""
     global _ORIG_REPR
     if _ORIG_REPR is not None:
-        torch.Tensor.__repr__ = _ORIG_REPR  # type: ignore[method-assign]
+        torch.Tensor.__repr__ = _ORIG_REPR  # type: ignore[method-assign,assignment]
         _ORIG_REPR = None
 
 
