@@ -326,7 +326,10 @@ class DebugUnderflowOverflow:
         frame = self._bwd_frame(key, name, cls)
         frame.entries.append(self._bwd.entry(ctx, grad))
         self._bwd.touch(frame)
-        if self.sync_every_module:
+        # A gradient arriving at a module (grad_output) is the same tensor as the one its
+        # consumer produced (grad_input), and its hook fires first: check on the produced
+        # side, so the consumer's frame holds the bad value when the culprit is picked.
+        if self.sync_every_module and not ctx.startswith("grad_output"):
             self._check(self._bwd)
 
     def _param_grad_hook(self, module: nn.Module, name: str, cls: str, ctx: str,
@@ -387,8 +390,7 @@ class DebugUnderflowOverflow:
         frames = rec.to_frames()
         report = build_report(frames, phase=rec.phase, batch_number=rec.batch_number,
                               max_frames=self.max_frames_to_save, prefix=self._prefix(),
-                              headroom=headroom_warnings(frames, self.headroom)
-                              if self.headroom > 0 else ())
+                              headroom_fraction=self.headroom)
         if report is None:  # pragma: no cover - flags and frames disagree
             return
         self.report = report

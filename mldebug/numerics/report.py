@@ -171,10 +171,11 @@ def describe_culprit(frame: Frame) -> str:
 
 def build_report(frames: Sequence[Frame], *, phase: Phase, batch_number: int,
                  max_frames: int, prefix: str = "",
-                 headroom: Sequence[HeadroomWarning] = ()) -> OverflowReport | None:
+                 headroom_fraction: float = 0.0) -> OverflowReport | None:
     """Find the first bad frame of a pass and keep the ``max_frames`` frames ending with it.
 
-    Returns None when every frame is finite.
+    ``headroom_fraction`` > 0 also lists the finite values in those frames that were already
+    above that fraction of their dtype's max. Returns None when every frame is finite.
     """
     pick = first_nonfinite_forward if phase == "forward" else first_nonfinite_backward
     i = pick(frames)
@@ -182,15 +183,16 @@ def build_report(frames: Sequence[Frame], *, phase: Phase, batch_number: int,
         return None
     start = max(0, i + 1 - max_frames)
     first = frames[i]
+    kept = list(frames[start:i + 1])
     return OverflowReport(
         batch_number=batch_number,
         phase=phase,
-        frames=list(frames[start:i + 1]),
+        frames=kept,
         first=first,
         culprit=describe_culprit(first),
         prefix=prefix,
         more_frames=len(frames) - i - 1,
-        headroom=list(headroom),
+        headroom=headroom_warnings(kept, headroom_fraction) if headroom_fraction > 0 else [],
     )
 
 
@@ -223,6 +225,9 @@ def render_report(report: OverflowReport) -> str:
     lines.append(report.culprit)
     if report.more_frames:
         lines.append(f"({report.more_frames} later {which} frames of this batch not shown)")
+    for w in report.headroom:
+        lines.append(f"headroom: {w.ctx} of {w.module or '<root>'} ({w.cls}) reached "
+                     f"{fmt_value(w.abs_max).strip()} = {w.fraction:.0%} of {w.dtype} max")
     text = "\n".join(lines) + "\n"
     if report.prefix:
         text = "\n".join(f"{report.prefix} {ln}" for ln in text.split("\n")[:-1]) + "\n"
