@@ -304,3 +304,24 @@ def test_lovely_says_how_to_install_when_missing() -> None:
         assert "n=" in repr(torch.rand(4))
         lovely(False)
         assert lt is not None
+
+
+def test_inference_mode_and_in_place_changes_are_seen() -> None:
+    model = Seq()
+    with DebugUnderflowOverflow(model, print_report=False) as debug, torch.inference_mode():
+        model(torch.ones(2, 4))
+        assert debug.report is None
+        with pytest.raises(OverflowDetected):
+            model(torch.full((2, 4), float("nan")))
+    assert debug.report is not None and debug.report.first.module == "a"
+
+    # a tensor changed in place after a module recorded it is measured again
+    def poison(mod: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        out.mul_(float("inf"))
+
+    model = Seq()
+    model.register_forward_hook(poison)  # runs before the detector's hook on the root
+    with DebugUnderflowOverflow(model, print_report=False) as debug:
+        with pytest.raises(OverflowDetected):
+            model(torch.ones(2, 4))
+    assert debug.report is not None and debug.report.first.module == ""

@@ -88,7 +88,9 @@ class _Pass:
         self.has_limits = False
         self.frames: list[_RawFrame] = []
         self.by_key: dict[Any, _RawFrame] = {}
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, str]] = {}
+        # id -> (weakref, version, slot, dtype): a tensor seen twice in a pass (one module's
+        # output is the next one's input) is reduced once, unless it was changed in place
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int, str]] = {}
         self._order = itertools.count()
 
     def entry(self, ctx: str, value: Any) -> _RawEntry:
@@ -100,8 +102,10 @@ class _Pass:
         if kind != "tensor":
             return _RawEntry(ctx, kind)
         seen = self._seen.get(id(value))
-        if seen is not None and seen[0]() is value:
-            return _RawEntry(ctx, "tensor", seen[1], seen[2])
+        # inference tensors keep no version counter: never reuse their results
+        version = -1 if value.is_inference() else value._version
+        if seen is not None and seen[0]() is value and seen[1] == version >= 0:
+            return _RawEntry(ctx, "tensor", seen[2], seen[3])
         lo, hi = _tensors.abs_min_max(value)
         slot = len(self.maxs)
         self.mins.append(lo)
@@ -110,10 +114,8 @@ class _Pass:
         limit = DTYPE_MAX.get(dtype, math.inf)
         self.limits.append(limit)
         self.has_limits = self.has_limits or limit != math.inf
-        try:
-            self._seen[id(value)] = (weakref.ref(value), slot, dtype)
-        except TypeError:  # pragma: no cover - tensors without weakref support
-            pass
+        if version >= 0:
+            self._seen[id(value)] = (weakref.ref(value), version, slot, dtype)
         return _RawEntry(ctx, "tensor", slot, dtype)
 
     def touch(self, frame: _RawFrame) -> None:
@@ -372,7 +374,7 @@ class DebugUnderflowOverflow:
             others = ", ".join(map(str, stopped_by))
             msg = (f"DebugUnderflowOverflow: rank(s) {others} detected inf/nan during "
                    f"batch_number={rec.batch_number} ({rec.phase}); all_ranks_stop=True stops "
-                   "this rank too. See that rank's report above.")
+                   "this rank too (the report is in that rank's output).")
             self._emit(msg + "\n", logging.ERROR)
             self._active = False
             raise OverflowDetected(msg)
