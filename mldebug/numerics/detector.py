@@ -56,11 +56,25 @@ class OverflowDetected(ValueError):
         self.report = report
 
 
-def _compiling() -> bool:
-    return bool(torch.compiler.is_compiling())
+_compiling = torch.compiler.is_compiling
 
 
-@dataclass
+_PLAIN = (torch.Tensor, nn.Parameter)
+_INPUT_NAMES = tuple(f"input[{i}]" for i in range(16))
+_FAST_DTYPES = frozenset(["torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"])
+_DTYPES: dict[torch.dtype, tuple[str, float]] = {}
+
+
+def _dtype_info(dtype: torch.dtype) -> tuple[str, float]:
+    """(name, largest finite value worth a headroom warning or inf), cached per dtype."""
+    info = _DTYPES.get(dtype)
+    if info is None:
+        name = str(dtype)
+        info = _DTYPES[dtype] = (name, DTYPE_MAX.get(name, math.inf))
+    return info
+
+
+@dataclass(slots=True)
 class _RawEntry:
     ctx: str
     kind: str
@@ -68,7 +82,7 @@ class _RawEntry:
     dtype: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class _RawFrame:
     module: str
     cls: str
@@ -98,22 +112,27 @@ class _Pass:
             return _RawEntry(ctx, "none")
         if not isinstance(value, torch.Tensor):
             return _RawEntry(ctx, "not a tensor")
-        kind = _tensors.classify(value)
-        if kind != "tensor":
-            return _RawEntry(ctx, kind)
+        if type(value) not in _PLAIN or value.is_meta or not value.numel():
+            kind = _tensors.classify(value)
+            if kind != "tensor":
+                return _RawEntry(ctx, kind)
         seen = self._seen.get(id(value))
         # inference tensors keep no version counter: never reuse their results
         version = -1 if value.is_inference() else value._version
         if seen is not None and seen[0]() is value and seen[1] == version >= 0:
             return _RawEntry(ctx, "tensor", seen[2], seen[3])
-        lo, hi = _tensors.abs_min_max(value)
+        dtype, limit = _dtype_info(value.dtype)
+        if dtype in _FAST_DTYPES and type(value) in _PLAIN:
+            r = torch.aminmax(value.detach().abs())
+            lo, hi = r.min, r.max
+        else:
+            lo, hi = _tensors.abs_min_max(value)
         slot = len(self.maxs)
         self.mins.append(lo)
         self.maxs.append(hi)
-        dtype = str(value.dtype)
-        limit = DTYPE_MAX.get(dtype, math.inf)
         self.limits.append(limit)
-        self.has_limits = self.has_limits or limit != math.inf
+        if limit != math.inf:
+            self.has_limits = True
         if version >= 0:
             self._seen[id(value)] = (weakref.ref(value), version, slot, dtype)
         return _RawEntry(ctx, "tensor", slot, dtype)
@@ -130,7 +149,7 @@ class _Pass:
             groups.setdefault(t.device, []).append(i)
         parts = []
         for device, idx in groups.items():
-            mx = torch.stack([self.maxs[i].float() for i in idx])
+            mx = torch.stack([self.maxs[i] for i in idx]).float()  # stack promotes dtypes
             bad = (~torch.isfinite(mx)).any()
             if self.has_limits and fraction > 0:
                 lim = torch.tensor([self.limits[i] * fraction for i in idx], device=device)
@@ -151,8 +170,9 @@ class _Pass:
         for i, t in enumerate(self.maxs):
             groups.setdefault(t.device, []).append(i)
         for idx in groups.values():
-            both = torch.stack([torch.stack([self.mins[i].float(), self.maxs[i].float()])
-                                for i in idx]).tolist()
+            lows = torch.stack([self.mins[i] for i in idx]).double()
+            highs = torch.stack([self.maxs[i] for i in idx]).double()
+            both = torch.stack([lows, highs], dim=1).tolist()
             for i, (lo, hi) in zip(idx, both, strict=True):
                 mins[i], maxs[i] = lo, hi
         frames = sorted(self.frames, key=lambda f: f.order) if self.phase == "backward" \
@@ -218,6 +238,7 @@ class DebugUnderflowOverflow:
         self._bwd_callback_queued = False
         self._calls = itertools.count()
         self._last_call: dict[nn.Module, Any] = {}
+        self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
         self._register()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -260,6 +281,7 @@ class DebugUnderflowOverflow:
         if _compiling() or not self._active:
             return
         self._fwd = _Pass("forward", self.batch_number)
+        self._grad_targets.clear()
 
     def _forward_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if _compiling() or not self._active:
@@ -268,13 +290,19 @@ class DebugUnderflowOverflow:
         name = self._names.get(module, "?")
         cls = type(module).__name__
         frame = _RawFrame(name, cls)
-        for pname, p in module.named_parameters(recurse=False):
-            frame.entries.append(rec.entry(pname, p))
-        inputs = list(_tensors.iter_leaves(args, "input"))
-        if len(inputs) == 1 and inputs[0][0] == "input[0]" and not isinstance(args, tuple):
-            inputs = [("input", inputs[0][1])]
-        inputs += list(_tensors.iter_leaves(kwargs, "input", keep_scalars=False))
-        outputs = list(_tensors.iter_leaves(output, "output"))
+        for pname, p in module._parameters.items():  # named_parameters() is slow per call
+            if p is not None:
+                frame.entries.append(rec.entry(pname, p))
+        if len(args) <= len(_INPUT_NAMES) and all(type(a) in _PLAIN for a in args):
+            inputs = list(zip(_INPUT_NAMES, args, strict=False))  # common case: no walk
+        else:
+            inputs = list(_tensors.iter_leaves(args, "input"))
+        if kwargs:
+            inputs += _tensors.iter_leaves(kwargs, "input", keep_scalars=False)
+        if type(output) in _PLAIN:
+            outputs = [("output", output)]
+        else:
+            outputs = list(_tensors.iter_leaves(output, "output"))
         for ctx, value in itertools.chain(inputs, outputs):
             frame.entries.append(rec.entry(ctx, value))
         rec.frames.append(frame)
@@ -289,12 +317,21 @@ class DebugUnderflowOverflow:
 
     def _hook_gradients(self, key: Any, name: str, cls: str,
                         inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]]) -> None:
-        for prefix, leaves in (("grad_", outputs), ("grad_", inputs)):
-            for ctx, value in leaves:
-                if isinstance(value, torch.Tensor) and value.requires_grad \
-                        and _tensors.classify(value) == "tensor":
-                    hook = functools.partial(self._grad_hook, key, name, cls, prefix + ctx)
-                    value.register_hook(hook)
+        # One tensor hook per tensor per pass, however many modules saw it: a module's output
+        # is usually the next one's input. The hook fans out to every (frame, ctx) it serves.
+        targets = self._grad_targets
+        for ctx, value in itertools.chain(outputs, inputs):
+            if not isinstance(value, torch.Tensor) or not value.requires_grad:
+                continue
+            found = targets.get(id(value))
+            if found is not None and found[0]() is value:
+                found[1].append((key, name, cls, "grad_" + ctx))
+                continue
+            if _tensors.classify(value) != "tensor":
+                continue
+            serves = [(key, name, cls, "grad_" + ctx)]
+            targets[id(value)] = (weakref.ref(value), serves)
+            value.register_hook(functools.partial(self._tensor_grad_hook, serves))
 
     def _end_of_forward(self, rec: _Pass) -> None:
         tracing = self._tracing()
@@ -309,37 +346,40 @@ class DebugUnderflowOverflow:
                 f"`abort_after_batch_num={self.abort_after_batch_num}` arg")
 
     # ---- backward --------------------------------------------------------------------------
-    def _bwd_frame(self, key: Any, name: str, cls: str) -> _RawFrame:
-        if not self._bwd_callback_queued:
-            self._bwd = _Pass("backward", max(self.batch_number - 1, 0))
-            self._bwd_callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
-        frame = self._bwd.by_key.get(key)
-        if frame is None:
-            frame = self._bwd.by_key[key] = _RawFrame(name, cls)
-            self._bwd.frames.append(frame)
-        return frame
+    def _start_backward(self) -> _Pass:
+        self._bwd = _Pass("backward", max(self.batch_number - 1, 0))
+        self._bwd_callback_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        return self._bwd
 
-    def _grad_hook(self, key: Any, name: str, cls: str, ctx: str, grad: Any) -> None:
+    def _tensor_grad_hook(self, serves: list[tuple[Any, str, str, str]], grad: Any) -> None:
+        """The gradient of one tensor: reduce it once, file it in every frame it belongs to
+        (grad_output of the module that made the tensor, grad_input of each consumer)."""
         if _compiling() or not self._active or not isinstance(grad, torch.Tensor):
             return
         if self.batch_number - 1 in self.trace_batch_nums:
             return
-        frame = self._bwd_frame(key, name, cls)
-        frame.entries.append(self._bwd.entry(ctx, grad))
-        self._bwd.touch(frame)
-        # A gradient arriving at a module (grad_output) is the same tensor as the one its
-        # consumer produced (grad_input), and its hook fires first: check on the produced
-        # side, so the consumer's frame holds the bad value when the culprit is picked.
-        if self.sync_every_module and not ctx.startswith("grad_output"):
-            self._check(self._bwd)
+        rec = self._bwd if self._bwd_callback_queued else self._start_backward()
+        first = rec.entry(serves[0][3], grad)
+        produced = False
+        for key, name, cls, ctx in serves:
+            frame = rec.by_key.get(key)
+            if frame is None:
+                frame = rec.by_key[key] = _RawFrame(name, cls)
+                rec.frames.append(frame)
+            frame.entries.append(first if ctx == first.ctx
+                                 else _RawEntry(ctx, first.kind, first.slot, first.dtype))
+            rec.touch(frame)
+            produced = produced or not ctx.startswith("grad_output")
+        # A gradient arriving at a module (grad_output) is the one its consumer produced
+        # (grad_input): check once the producing side is filed, so the culprit rule sees it.
+        if self.sync_every_module and produced:
+            self._check(rec)
 
     def _param_grad_hook(self, module: nn.Module, name: str, cls: str, ctx: str,
                          grad: Any) -> None:
-        if _compiling() or not self._active:
-            return
         key = self._last_call.get(module, ("param", name))
-        self._grad_hook(key, name, cls, ctx, grad)
+        self._tensor_grad_hook([(key, name, cls, ctx)], grad)
 
     def _end_of_backward(self) -> None:
         self._bwd_callback_queued = False
