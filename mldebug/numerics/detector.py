@@ -74,6 +74,22 @@ def _dtype_info(dtype: torch.dtype) -> tuple[str, float]:
     return info
 
 
+_LIMITS_CACHE: dict[tuple[tuple[float, ...], float, torch.device], torch.Tensor] = {}
+
+
+def _limits_tensor(limits: tuple[float, ...], fraction: float,
+                   device: torch.device) -> torch.Tensor:
+    """Headroom thresholds on the device. Copying a list to a GPU synchronises, so the tensor
+    is cached: every step of a training loop records the same dtypes in the same order."""
+    key = (limits, fraction, device)
+    t = _LIMITS_CACHE.get(key)
+    if t is None:
+        if len(_LIMITS_CACHE) > 8:
+            _LIMITS_CACHE.clear()
+        t = _LIMITS_CACHE[key] = torch.tensor([v * fraction for v in limits], device=device)
+    return t
+
+
 @dataclass(slots=True)
 class _RawEntry:
     ctx: str
@@ -152,8 +168,8 @@ class _Pass:
             mx = torch.stack([self.maxs[i] for i in idx]).float()  # stack promotes dtypes
             bad = (~torch.isfinite(mx)).any()
             if self.has_limits and fraction > 0:
-                lim = torch.tensor([self.limits[i] * fraction for i in idx], device=device)
-                warn = (mx > lim).any()
+                warn = (mx > _limits_tensor(tuple(self.limits[i] for i in idx), fraction,
+                                            device)).any()
             else:
                 warn = torch.zeros((), dtype=torch.bool, device=device)
             parts.append(torch.stack([bad, warn]).float().cpu() if len(groups) > 1
