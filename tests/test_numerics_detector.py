@@ -228,7 +228,7 @@ def test_detach_and_context_manager_remove_every_hook() -> None:
 
 
 def test_headroom_warning_is_printed_once_and_kept() -> None:
-    model = nn.Sequential(nn.Linear(4, 4)).half()
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).half()
     with torch.no_grad():
         model[0].weight.copy_(torch.eye(4) * 1000)
         model[0].bias.zero_()
@@ -238,7 +238,10 @@ def test_headroom_warning_is_printed_once_and_kept() -> None:
         model(x)
         model(x)
     assert debug.report is None
-    assert [(w.module, w.ctx) for w in debug.headroom_reports] == [("0", "output"), ("", "output")]
+    # one warning per tensor: the ReLU's input is the Linear's output, the root's output the
+    # ReLU's
+    assert [(w.module, w.ctx) for w in debug.headroom_reports] == [("0", "output"),
+                                                                   ("1", "output")]
     text = buf.getvalue()
     assert text.count("Headroom warning during batch_number=0") == 1
     assert "batch_number=1" not in text
@@ -274,12 +277,15 @@ def test_tensor_info_and_stats() -> None:
     assert info.startswith("x:, device=cpu, dtype=torch.float16, shape=torch.Size([2, 2]), "
                            "numel=4, requires_grad=False, grad=None, stride=(2, 1), "
                            "is_contiguous=True, data_ptr=")
-    assert "nan=1, inf=1" in info
+    assert info.endswith(", min=-2, max=1, mean=-0.5, std=2.121, nan=1, inf=1")  # finite stats
     formatted = tensor_info(torch.arange(6.0).reshape(2, 3), formatted=True).splitlines()
     assert formatted[0] == "device=cpu" and "min=0" in formatted and "max=5" in formatted
     s = tensor_stats(torch.tensor([3.0, -4.0]))
     assert (s.min, s.max, s.mean, s.abs_min, s.abs_max, s.nan, s.inf) == (-4, 3, -0.5, 3, 4, 0, 0)
     assert tensor_stats(torch.empty(0)).max is None
+    only_nan = tensor_stats(torch.tensor([float("nan"), float("inf")]))
+    assert (only_nan.min, only_nan.nan, only_nan.inf) == (None, 1, 1)
+    assert tensor_stats(torch.tensor([2, -7])).abs_max == 7  # integers too
 
 
 def test_patch_tensor_repr_adds_shape_and_restores() -> None:

@@ -198,7 +198,8 @@ class _Pass:
             entries = []
             for e in raw.entries:
                 if e.slot >= 0:
-                    entries.append(Entry(e.ctx, "tensor", mins[e.slot], maxs[e.slot], e.dtype))
+                    entries.append(Entry(e.ctx, "tensor", mins[e.slot], maxs[e.slot], e.dtype,
+                                         e.slot))
                 else:
                     entries.append(Entry(e.ctx, e.kind))  # type: ignore[arg-type]
             out.append(Frame(raw.module, raw.cls, self.phase, self.batch_number, n, entries))

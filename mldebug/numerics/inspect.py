@@ -54,7 +54,8 @@ def detect_overflow(var: Any, ctx: str, *, file: IO[str] | None = None) -> bool:
 
 @dataclass
 class TensorStats:
-    """Values of a tensor, reduced on its device. None where they do not apply."""
+    """Values of a tensor, reduced on its device. min/max/mean/std are over the finite
+    elements (nan and inf are counted instead); None where they do not apply."""
 
     min: float | None = None
     max: float | None = None
@@ -67,24 +68,30 @@ class TensorStats:
 
 
 def tensor_stats(t: torch.Tensor) -> TensorStats:
-    """min/max/mean/std, abs min/max and nan/inf counts of ``t`` (one small host transfer).
-
-    mean/std ignore nothing: a single nan makes them nan, which is the point.
-    """
+    """min/max/mean/std and abs min/max of the finite elements of ``t``, and its nan/inf
+    counts, computed on ``t``'s device without a data-dependent shape (one small transfer)."""
     if _tensors.classify(t) != "tensor":
         return TensorStats()
     x = _tensors.local_tensor(t).detach()
-    if x.dtype == torch.bool or not (x.is_floating_point() or x.is_complex()):
-        x = x.double() if x.dtype != torch.bool else x.float()
-    elif x.dtype in _tensors.FP8_DTYPES or x.is_complex():
-        x = x.float() if not x.is_complex() else x.abs()
-    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    a = xf.abs()
-    std = xf.std() if xf.numel() > 1 else torch.zeros((), dtype=xf.dtype, device=xf.device)
+    if x.is_complex():
+        x = x.abs()
+    if x.dtype != torch.float64:
+        x = x.double() if not x.is_floating_point() else x.float()
+    finite = torch.isfinite(x)
+    n = finite.sum()
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    xz = torch.where(finite, x, zero)
+    mean = xz.sum() / n
+    var = torch.where(finite, (x - mean) ** 2, zero).sum() / (n - 1).clamp(min=1)
+    a = x.abs()
     vals = torch.stack([
-        xf.min(), xf.max(), xf.mean(), std, a.min(), a.max(),
-        torch.isnan(xf).sum().to(xf.dtype), torch.isinf(xf).sum().to(xf.dtype),
+        torch.where(finite, x, inf).min(), torch.where(finite, x, -inf).max(), mean,
+        var.sqrt(), torch.where(finite, a, inf).min(), torch.where(finite, a, -inf).max(),
+        torch.isnan(x).sum().to(x.dtype), torch.isinf(x).sum().to(x.dtype), n.to(x.dtype),
     ]).tolist()
+    if vals[8] == 0:  # nothing finite: no values to describe
+        return TensorStats(nan=int(vals[6]), inf=int(vals[7]))
     return TensorStats(vals[0], vals[1], vals[2], vals[3], vals[4], vals[5],
                        int(vals[6]), int(vals[7]))
 
@@ -109,8 +116,10 @@ def tensor_info(t: torch.Tensor, name: str | None = None, formatted: bool = Fals
     txt = [f"{a}={attr(a)}" for a in ATTRS]
     if stats and _tensors.classify(t) == "tensor":
         s = tensor_stats(t)
-        txt += [f"min={s.min:.4g}", f"max={s.max:.4g}", f"mean={s.mean:.4g}",
-                f"std={s.std:.4g}", f"nan={s.nan}", f"inf={s.inf}"]
+        if s.min is not None:
+            txt += [f"min={s.min:.4g}", f"max={s.max:.4g}", f"mean={s.mean:.4g}",
+                    f"std={s.std:.4g}"]
+        txt += [f"nan={s.nan}", f"inf={s.inf}"]
     if name is not None:
         txt.insert(0, f"{name}:")
     return "\n".join(txt) if formatted else ", ".join(txt)

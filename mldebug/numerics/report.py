@@ -44,6 +44,7 @@ class Entry:
     abs_min: float | None = None
     abs_max: float | None = None
     dtype: str | None = None
+    tensor: int | None = None  # same number = same tensor seen again in this pass
 
     @property
     def nonfinite(self) -> bool:
@@ -199,11 +200,16 @@ def build_report(frames: Sequence[Frame], *, phase: Phase, batch_number: int,
 def headroom_warnings(frames: Sequence[Frame], fraction: float) -> list[HeadroomWarning]:
     """Finite values whose abs max is above ``fraction`` of their dtype's largest finite value."""
     out: list[HeadroomWarning] = []
+    seen: set[int] = set()
     for frame in frames:
         for e in frame.entries:
             limit = DTYPE_MAX.get(e.dtype or "")
             if limit is None or e.kind != "tensor" or e.abs_max is None:
                 continue
+            if e.tensor is not None:  # one warning per tensor, where it first appeared
+                if e.tensor in seen:
+                    continue
+                seen.add(e.tensor)
             if math.isfinite(e.abs_max) and e.abs_max > fraction * limit:
                 out.append(HeadroomWarning(frame.module, frame.cls, e.ctx, e.dtype or "",
                                            e.abs_max, limit, frame.phase))
