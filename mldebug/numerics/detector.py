@@ -348,7 +348,14 @@ class DebugUnderflowOverflow:
                 continue
             serves = [(key, name, cls, "grad_" + ctx)]
             targets[id(value)] = (weakref.ref(value), serves)
-            value.register_hook(functools.partial(self._tensor_grad_hook, serves))
+            node = value.grad_fn
+            if node is not None:
+                # a pre-hook on the node that made the tensor sees the same gradient as a
+                # tensor hook, and costs a third to register
+                node.register_prehook(
+                    functools.partial(self._node_grad_hook, serves, value.output_nr))
+            else:
+                value.register_hook(functools.partial(self._tensor_grad_hook, serves))
 
     def _end_of_forward(self, rec: _Pass) -> None:
         tracing = self._tracing()
@@ -392,6 +399,11 @@ class DebugUnderflowOverflow:
         # (grad_input): check once the producing side is filed, so the culprit rule sees it.
         if self.sync_every_module and produced:
             self._check(rec)
+
+    def _node_grad_hook(self, serves: list[tuple[Any, str, str, str]], index: int,
+                        grad_outputs: Any) -> None:
+        if index < len(grad_outputs):
+            self._tensor_grad_hook(serves, grad_outputs[index])
 
     def _param_grad_hook(self, module: nn.Module, name: str, cls: str, ctx: str,
                          grad: Any) -> None:
