@@ -302,3 +302,30 @@ def _run_srun(job: str, command: str, deadline_s: float) -> list[NodeResult]:
         results.append(NodeResult(f"slurm-job-{job}", error=(
             "srun returned no result: " + (r.stderr.strip().splitlines() or ["no output"])[-1])))
     return results
+
+
+def bundle(modules: Sequence[str], main: str, main_func: str = "main") -> str:
+    """One self-contained script from stdlib-only package modules, for ``run_script``.
+
+    Each module's source is registered in ``sys.modules`` under its own name (parent
+    packages become empty stubs), then ``main.main_func()`` runs. So a node script can
+    ``from mldebug.dist import ...`` on a node where mldebug is not installed.
+    """
+    import importlib.util
+
+    lines = ["import sys, types", "def _pkg(n):",
+             "    if n not in sys.modules:",
+             "        m = types.ModuleType(n); m.__path__ = []; sys.modules[n] = m"]
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise MldebugError(f"cannot find module {name} to send to the nodes.",
+                               "Reinstall mldebug.")
+        source = Path(spec.origin).read_text()
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            lines.append(f"_pkg({'.'.join(parts[:i])!r})")
+        lines.append(f"_m = types.ModuleType({name!r}); sys.modules[{name!r}] = _m")
+        lines.append(f"exec(compile({source!r}, {spec.origin!r}, 'exec'), _m.__dict__)")
+    lines.append(f"sys.exit(sys.modules[{main!r}].{main_func}())")
+    return "\n".join(lines) + "\n"

@@ -46,7 +46,7 @@ def main() -> None:
 
         mldebug.fr.enable()
     rank = dist.get_rank()
-    print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+    os.write(1, f"rank {rank} pid {os.getpid()} ready\n".encode())  # one write: never interleaved
     t = torch.ones(4, device=device)
     buggy(rank, t)
     dist.barrier()

@@ -19,6 +19,23 @@ HERE = Path(__file__).resolve().parent
 NPROC = 4
 
 
+def stop_tree(pid: int) -> None:
+    """Kill the launcher and every rank (torchrun starts workers in sessions of their own)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
 def main() -> int:
     log = Path(os.environ.get("TMPDIR", "/tmp")) / "mldebug-demo-job.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -42,7 +59,7 @@ def main() -> int:
         rc = subprocess.call([*mldebug, "hang", "--pid", str(job.pid)])
         return rc
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
+        stop_tree(job.pid)
         job.wait()
         print("\ndemo: stopped the job", flush=True)
 

@@ -58,6 +58,6 @@ def fanout_kwargs(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def add_json_argument(p: argparse.ArgumentParser) -> None:
+def add_json_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the whole report as JSON (schema in docs/)")

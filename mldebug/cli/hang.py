@@ -1,0 +1,116 @@
+"""mldebug hang: stacks of every rank on every node, grouped, with the culprit named."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mldebug.cli._common import (
+    add_json_argument,
+    add_target_arguments,
+    fanout_kwargs,
+    target_from_args,
+)
+
+HELP = "dump every rank's Python stack (py-spy), group them and name the odd rank out"
+DESCRIPTION = """\
+Find the rank processes of a hung job (every Python process whose environment carries a
+rank: torchrun, deepspeed, accelerate, srun, mpirun workers), dump each with py-spy in
+parallel, group identical stacks, and name the suspects: ranks outside any collective while
+the others wait in one, the minority when ranks wait in different places, missing ranks.
+
+  mldebug hang                                  # this host
+  mldebug hang --nodes node[1-64] --native      # every node, over pdsh/ssh
+  mldebug hang --slurm-job 123456 --json        # every node of a SLURM job
+  mldebug hang --watch 5                        # hung (stack unchanged) or just slow?
+  mldebug hang --out hang-dir; mldebug hang analyze hang-dir
+  mldebug hang analyze rank*.txt                # pasted 'py-spy dump' output
+
+The job is only ever read: a dump pauses each process for milliseconds (not at all with
+--nonblocking). Exit codes: 0 report produced, 1 nothing collected, 2 usage error."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("which processes")
+    t.add_argument("--pid", type=int, metavar="PID",
+                   help="this process, or its rank-carrying descendants if it is a launcher")
+    t.add_argument("--pattern", metavar="REGEX",
+                   help="Python processes whose command line matches (also without RANK)")
+    t.add_argument("--all-users", action="store_true",
+                   help="every user's processes (the default when root; else only yours)")
+    d = p.add_argument_group("how to dump")
+    d.add_argument("--native", action="store_true", help="include C/C++ frames (py-spy --native)")
+    d.add_argument("--nonblocking", action="store_true",
+                   help="do not pause the processes while sampling (may be inaccurate)")
+    d.add_argument("--locals", action="store_true",
+                   help="collect local variables; ranks at one call site in different loop "
+                        "iterations are then told apart")
+    d.add_argument("--py-spy", metavar="PATH",
+                   help="py-spy binary on the nodes (default: beside their Python, then PATH)")
+    d.add_argument("--watch", type=float, metavar="S",
+                   help="dump twice S seconds apart and mark each group stuck or moving")
+    a = p.add_argument_group("report")
+    a.add_argument("--all-threads", action="store_true",
+                   help="group by every thread's stack, not only the main thread's")
+    a.add_argument("--out", metavar="DIR", help="save the raw dumps and the report in DIR")
+    add_json_argument(a)
+    add_target_arguments(p, default_timeout=20.0)
+    sub = p.add_subparsers(dest="hang_action", metavar="[analyze]")
+    an = sub.add_parser("analyze", help="re-analyse saved dumps (a --out DIR, py-spy JSON or text)",
+                        description="Re-run the analysis on a directory written by --out, on "
+                                    "'py-spy dump --json' files, or on plain 'py-spy dump' text "
+                                    "(pdsh 'host:' prefixes are understood).")
+    an.add_argument("paths", nargs="+", metavar="DIR|FILE")
+    an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze")
+    an.add_argument("--json", action="store_true", dest="json_analyze")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mldebug.hang.analyze import analyze
+    from mldebug.render import console, print_json
+
+    if args.hang_action == "analyze":
+        from mldebug.hang.collect import load
+
+        coll = load(args.paths)
+        report = analyze(coll, all_threads=args.all_threads or args.all_threads_analyze)
+        if args.json or args.json_analyze:
+            print_json(report.to_dict())
+        else:
+            from mldebug.hang.report import render
+
+            render(report, console())
+        return 0 if report.processes else 1
+
+    from mldebug.hang.collect import (
+        collection_from_results,
+        node_docs,
+        options_from_args,
+        save,
+    )
+    from mldebug.hang.report import render, render_text
+
+    target = target_from_args(args)
+    opts = options_from_args(args)
+    kw = fanout_kwargs(args)
+    kw.pop("timeout")
+    err = console(stderr=True)
+    if not target.is_local and not args.json and sys.stderr.isatty():
+        n = len(target.hosts) or "the job's"
+        with err.status(f"collecting stacks from {n} nodes ..."):
+            results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
+    else:
+        results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
+    coll = collection_from_results(results, watch=opts.watch or None)
+    report = analyze(coll, all_threads=args.all_threads)
+    if args.out:
+        out = Path(args.out)
+        written = save(out, results, report.to_dict(), render_text(report))
+        err.print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
+                  f"(re-analyse: mldebug hang analyze {out})")
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        render(report, console())
+    return 0 if report.processes else 1

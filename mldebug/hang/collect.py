@@ -1,0 +1,221 @@
+"""Collection for ``mldebug hang``: run the node collector here or on every node, turn the
+answers into model objects, and save/load them for later analysis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mldebug.errors import MldebugError, UsageError
+from mldebug.fanout import NodeResult, Target, bundle, run_script
+from mldebug.hang.model import CollectError, Collection, Process
+from mldebug.hang.pyspy import parse_text_dump, threads_from_json
+
+NODE_MODULES = ("mldebug.dist", "mldebug.hang.node")
+DUMP_FORMAT = "mldebug.hang.dump/1"
+
+
+@dataclass
+class CollectOptions:
+    pid: int | None = None
+    pattern: str | None = None
+    all_users: bool = False
+    native: bool = False
+    nonblocking: bool = False
+    locals: bool = False
+    py_spy: str | None = None
+    timeout: float = 20.0
+    watch: float = 0.0
+    jobs: int = 16
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def node_args(self) -> list[str]:
+        args = ["--timeout", f"{self.timeout:g}", "--jobs", str(self.jobs)]
+        if self.pid is not None:
+            args += ["--pid", str(self.pid)]
+        if self.pattern:
+            args += ["--pattern", self.pattern]
+        if self.all_users:
+            args.append("--all-users")
+        for flag in ("native", "nonblocking", "locals"):
+            if getattr(self, flag):
+                args.append(f"--{flag}")
+        if self.py_spy:
+            args += ["--py-spy", self.py_spy]
+        if self.watch:
+            args += ["--watch", f"{self.watch:g}"]
+        return args
+
+
+def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 10.0,
+              fanout: int = 64, remote_python: str | None = None, ssh_args: str | None = None,
+              on_result: Callable[[NodeResult], None] | None = None) -> list[NodeResult]:
+    """One JSON document per node (or an error saying why there is none)."""
+    if target.is_local:
+        from mldebug.hang import node
+
+        doc = node.collect(node.parser().parse_args(opts.node_args()))
+        return [NodeResult(doc["host"], data=doc)]
+    # The node budget: two rounds of dumps (with --watch) plus the pause between them.
+    node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
+    return run_script(
+        bundle(NODE_MODULES, "mldebug.hang.node"), opts.node_args(), target,
+        timeout=node_timeout, connect_timeout=connect_timeout, fanout=fanout,
+        remote_python=remote_python, ssh_args=ssh_args, on_result=on_result,
+    )
+
+
+def process_from_node(host: str, p: dict[str, Any]) -> Process:
+    ident = p.get("identity") or {}
+    proc = Process(
+        host=host, pid=int(p["pid"]), rank=ident.get("rank"), local_rank=ident.get("local_rank"),
+        world_size=ident.get("world_size"), local_world_size=ident.get("local_world_size"),
+        node_rank=ident.get("node_rank"), launcher=ident.get("launcher"),
+        run_id=ident.get("run_id"), cmdline=list(p.get("cmdline") or []),
+    )
+    if p.get("dump") is not None:
+        proc.threads = threads_from_json(p["dump"])
+    if p.get("dump_later") is not None:
+        proc.threads_later = threads_from_json(p["dump_later"])
+    return proc
+
+
+def collection_from_results(results: Sequence[NodeResult], watch: float | None = None) -> Collection:
+    coll = Collection(hosts=[r.host for r in results], watch=watch or None)
+    for r in results:
+        if r.data is None:
+            coll.errors.append(CollectError(r.host, None, r.error or "no answer"))
+            continue
+        doc = r.data
+        if not isinstance(doc, dict) or "processes" not in doc:
+            coll.errors.append(CollectError(r.host, None, "answered something that is not a "
+                                                          "collector document"))
+            continue
+        host = str(doc.get("host") or r.host)
+        for e in doc.get("errors") or ():
+            coll.errors.append(CollectError(host, e.get("pid"), str(e.get("error"))))
+        for p in doc["processes"]:
+            if p.get("error"):
+                coll.errors.append(CollectError(host, int(p["pid"]), str(p["error"])))
+            if p.get("dump") is None:
+                continue
+            coll.processes.append(process_from_node(host, p))
+    return coll
+
+
+# -- save / load -------------------------------------------------------------------------
+def save(out: Path, results: Sequence[NodeResult], report_dict: dict[str, Any],
+         report_text: str) -> list[Path]:
+    """Write raw per-process py-spy dumps and the report under ``out``."""
+    dumps = out / "dumps"
+    dumps.mkdir(parents=True, exist_ok=True)
+    written = []
+    for r in results:
+        if r.data is None:
+            continue
+        host = str(r.data.get("host") or r.host)
+        for p in r.data.get("processes") or ():
+            if p.get("dump") is None:
+                continue
+            rank = (p.get("identity") or {}).get("rank")
+            name = f"{host}-rank{rank}-{p['pid']}.json" if rank is not None else f"{host}-{p['pid']}.json"
+            path = dumps / name
+            path.write_text(json.dumps({"format": DUMP_FORMAT, "host": host, **p}, indent=1))
+            written.append(path)
+    (out / "report.json").write_text(json.dumps(report_dict, indent=2))
+    (out / "report.txt").write_text(report_text)
+    return written
+
+
+def _expand_inputs(paths: Iterable[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            sub = p / "dumps" if (p / "dumps").is_dir() else p
+            found = sorted(f for f in sub.iterdir() if f.is_file() and f.name not in
+                           ("report.json", "report.txt"))
+            if not found:
+                raise UsageError(f"{p} holds no dump files.",
+                                 "Pass a directory written by 'mldebug hang --out DIR', or files.")
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UsageError(f"{p} does not exist.", "Pass dump files or a --out directory.")
+    return files
+
+
+def load(paths: Iterable[str]) -> Collection:
+    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, or py-spy text."""
+    coll = Collection()
+    watch = False
+    for f in _expand_inputs(paths):
+        text = f.read_text(errors="replace")
+        stripped = text.lstrip()
+        if stripped.startswith(("{", "[")):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                coll.errors.append(CollectError(f.name, None, f"unreadable JSON: {e.msg}"))
+                continue
+            if isinstance(data, dict) and data.get("format") == DUMP_FORMAT:
+                proc = process_from_node(str(data.get("host", "?")), data)
+                watch = watch or proc.threads_later is not None
+                coll.processes.append(proc)
+            elif isinstance(data, list):  # plain py-spy --json
+                pid = _pid_from(data, f)
+                coll.processes.append(Process(host=_host_from(f), pid=pid,
+                                              threads=threads_from_json(data)))
+            else:
+                coll.errors.append(CollectError(f.name, None, "not a py-spy or mldebug dump"))
+        else:
+            procs = parse_text_dump(text, default_host=_host_from(f))
+            if not procs:
+                coll.errors.append(CollectError(f.name, None, "no py-spy dump found in the file"))
+            coll.processes.extend(procs)
+    if watch:
+        coll.watch = 0.0
+    return coll
+
+
+def _pid_from(data: list[Any], f: Path) -> int:
+    for t in data:
+        if isinstance(t, dict) and t.get("pid"):
+            return int(t["pid"])
+    digits = "".join(c for c in f.stem if c.isdigit())
+    return int(digits) if digits else 0
+
+
+def _host_from(f: Path) -> str:
+    """Text and raw py-spy dumps carry no host; pdsh prefixes (parsed later) override this."""
+    return ""
+
+
+def options_from_args(args: argparse.Namespace) -> CollectOptions:
+    if args.pattern:
+        import re
+
+        try:
+            re.compile(args.pattern)
+        except re.error as e:
+            raise UsageError(f"--pattern {args.pattern!r} is not a valid regular expression: {e}.",
+                             "Quote it for the shell, e.g. --pattern 'train\\.py'.") from None
+    if args.watch is not None and args.watch <= 0:
+        raise UsageError("--watch must be a positive number of seconds.", "e.g. --watch 5")
+    return CollectOptions(
+        pid=args.pid, pattern=args.pattern, all_users=args.all_users,
+        native=args.native, nonblocking=args.nonblocking, locals=args.locals,
+        py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
+        jobs=max(2, min(64, os.cpu_count() or 2)),
+    )
+
+
+def require_some(coll: Collection) -> None:
+    if not coll.processes and not coll.errors:
+        raise MldebugError("nothing was collected.", "Check --pid/--pattern and the host list.")

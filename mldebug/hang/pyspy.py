@@ -1,0 +1,117 @@
+"""Parse py-spy dumps: ``py-spy dump --json`` output and the plain-text output users paste.
+
+Pure functions: text or decoded JSON in, model objects out.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mldebug.hang.model import Frame, Process, Thread
+
+
+def frame_from_json(f: dict[str, Any]) -> Frame:
+    filename = str(f.get("filename") or "")
+    module = f.get("module")
+    line = int(f.get("line") or 0)
+    native = bool(module) or (line == 0 and not filename.endswith(".py"))
+    local_items: list[tuple[str, str]] = []
+    for loc in f.get("locals") or ():
+        if isinstance(loc, dict) and "name" in loc:
+            local_items.append((str(loc["name"]), str(loc.get("repr", ""))))
+    return Frame(
+        name=str(f.get("name") or "?"),
+        filename=filename,
+        line=line,
+        short=str(f.get("short_filename") or ""),
+        native=native,
+        locals=tuple(local_items),
+    )
+
+
+def threads_from_json(data: list[dict[str, Any]]) -> list[Thread]:
+    """py-spy ``dump --json``: a list of thread objects, frames innermost first."""
+    threads = []
+    for t in data:
+        threads.append(Thread(
+            name=str(t.get("thread_name") or ""),
+            thread_id=int(t.get("thread_id") or 0),
+            os_thread_id=t.get("os_thread_id"),
+            active=t.get("active"),
+            owns_gil=t.get("owns_gil"),
+            frames=[frame_from_json(f) for f in t.get("frames") or ()],
+        ))
+    return threads
+
+
+_PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)$")
+_THREAD = re.compile(
+    r"^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+) \((?P<state>[^)]*)\)(?:: \"(?P<name>.*)\")?\s*$"
+)
+_PY_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)\s*$")
+_NATIVE_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^():]+)\)\s*$")
+_LOCAL = re.compile(r"^\s{8,}(?P<name>[A-Za-z_][A-Za-z0-9_]*): (?P<repr>.*)$")
+_PDSH_PREFIX = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+): (?P<rest>.*)$")
+
+
+def parse_text_dump(text: str, default_host: str = "?") -> list[Process]:
+    """Parse one or more ``py-spy dump`` text outputs (also with pdsh ``host:`` prefixes).
+
+    The book's recipes (``pgrep ... | xargs py-spy dump``, pdsh, srun) produce exactly this.
+    Ranks are unknown in plain text, so processes are labelled host:pid.
+    """
+    procs: list[Process] = []
+    current: Process | None = None
+    thread: Thread | None = None
+    in_locals = False
+    for raw in text.splitlines():
+        host = default_host
+        line = raw.rstrip()
+        m = _PDSH_PREFIX.match(line)
+        if m and (m["rest"].startswith(("Process ", "Thread ", "Python v", " "))
+                  or m["rest"] == ""):
+            host, line = m["host"], m["rest"]
+        if not line.strip():
+            continue
+        if pm := _PROCESS.match(line):
+            current = Process(host=host, pid=int(pm["pid"]), cmdline=pm["cmd"].split())
+            procs.append(current)
+            thread = None
+            continue
+        if line.startswith("Python v"):
+            continue
+        if tm := _THREAD.match(line):
+            if current is None:  # a dump without its "Process" header
+                tid = tm["tid"]
+                current = Process(host=host, pid=int(tid) if tid.isdigit() else 0)
+                procs.append(current)
+            tid_s = tm["tid"]
+            tid = int(tid_s, 16) if tid_s.startswith("0x") else int(tid_s)
+            thread = Thread(
+                name=tm["name"] or "", thread_id=tid,
+                os_thread_id=tid if not tid_s.startswith("0x") else None,
+                active="active" in tm["state"],
+                owns_gil="gil" in tm["state"],
+            )
+            current.threads.append(thread)
+            in_locals = False
+            continue
+        if thread is None:
+            continue
+        stripped = line.strip()
+        if stripped in ("Arguments:", "Locals:"):
+            in_locals = True
+            continue
+        if in_locals and (lm := _LOCAL.match(line)) and thread.frames:
+            last = thread.frames[-1]
+            thread.frames[-1] = Frame(last.name, last.filename, last.line, last.short,
+                                      last.native, (*last.locals, (lm["name"], lm["repr"])))
+            continue
+        if fm := _PY_FRAME.match(line):
+            in_locals = False
+            thread.frames.append(Frame(fm["name"], fm["file"], int(fm["line"]), fm["file"]))
+        elif nm := _NATIVE_FRAME.match(line):
+            in_locals = False
+            thread.frames.append(Frame(nm["name"], nm["file"], 0, nm["file"], native=True))
+    return procs

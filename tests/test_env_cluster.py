@@ -1,0 +1,71 @@
+"""mldebug env --nodes on a local sshd cluster whose nodes are given different environments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from cluster import ClusterUnavailable, LocalCluster
+from conftest import cluster_unavailable, run_cli
+from test_env_cli import clean_env
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def env_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """node1 and node2: same machine, different NCCL_SOCKET_IFNAME and NCCL_DEBUG (sshd SetEnv)."""
+    c = LocalCluster(tmp_path_factory.mktemp("envcluster"), ["node1", "node2"], node_env={
+        "node1": {"NCCL_SOCKET_IFNAME": "eth", "NCCL_DEBUG": "WARN"},
+        "node2": {"NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"},
+    })
+    try:
+        c.start()
+    except (ClusterUnavailable, OSError, subprocess.SubprocessError) as e:
+        c.stop()
+        cluster_unavailable(str(e))
+    yield c
+    c.stop()
+
+
+def pdsh_env(c: LocalCluster) -> dict[str, str]:
+    """This shell's environment without NCCL/torch variables, plus how pdsh reaches the nodes."""
+    return {**clean_env(), "PDSH_RCMD_TYPE": "ssh",
+            "PDSH_SSH_ARGS_APPEND": c.env()["PDSH_SSH_ARGS_APPEND"]}
+
+
+def test_env_across_nodes_reports_the_difference(env_cluster: LocalCluster) -> None:
+    env = pdsh_env(env_cluster)
+    r = run_cli("env", "--nodes", "node[1-2]", "--json", env=env, timeout=90)
+    doc = json.loads(r.stdout)
+    assert [n["host"] for n in doc["nodes"]] == ["node1", "node2"], r.stderr
+    assert doc["unreachable"] == {}
+    rows = {row["key"]: row for row in doc["differences"]}
+    assert rows["NCCL_SOCKET_IFNAME"]["values"] == {"node1": "eth", "node2": "lo"}
+    assert "NCCL_DEBUG" not in rows  # same on both nodes
+    sockets = rows["nccl socket ifaces"]["values"]
+    assert sockets["node2"] == "lo" and sockets["node1"] != "lo"
+    codes = {f["code"]: f for f in doc["findings"]}
+    assert "NCCL_SOCKET_IFNAME: node1=eth, node2=lo" in codes["env-diff-variables"]["detail"]
+    assert codes["nccl-socket-ifname-local-only"]["hosts"] == ["node2"]
+    # the facts came from the nodes themselves (each has its own UTS namespace)
+    assert [n["hostname"] for n in doc["nodes"]] == ["node1", "node2"]
+
+    # human output: the table names both nodes and the differing variable
+    r = run_cli("env", "--nodes", "node[1-2]", env={**env, "NO_COLOR": "1"}, timeout=90)
+    assert "Differences across nodes" in r.stdout and "NCCL_SOCKET_IFNAME" in r.stdout
+    assert r.returncode == 0, r.stdout
+
+
+def test_env_names_a_node_that_does_not_answer(env_cluster: LocalCluster) -> None:
+    env = pdsh_env(env_cluster)
+    r = run_cli("env", "--nodes", "node1,nosuchnode", "--json", "--connect-timeout", "3",
+                env=env, timeout=90)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert [n["host"] for n in doc["nodes"]] == ["node1"]
+    assert "nosuchnode" in doc["unreachable"]
+    assert any(f["code"] == "node-unreachable" and f["hosts"] == ["nosuchnode"]
+               for f in doc["findings"])

@@ -1,0 +1,197 @@
+"""Hang analysis on fixtures: real saved dumps, pasted py-spy text, and synthetic sets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from mldebug.hang.analyze import analyze, collective_of, frame_kind
+from mldebug.hang.collect import load
+from mldebug.hang.model import Collection, Frame, Process, Thread
+from mldebug.hang.pyspy import parse_text_dump
+
+FIX = Path(__file__).parent / "fixtures" / "hang"
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "collective_mismatch.py"
+EXTRA_LINE = next(i for i, line in enumerate(RECIPE.read_text().splitlines(), 1) if "# extra" in line)
+
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def tf(name: str, line: int) -> Frame:
+    return Frame(name, C10D, line, "torch/distributed/distributed_c10d.py")
+
+
+def uf(name: str, line: int, file: str = "/home/u/train.py", **locals_: str) -> Frame:
+    return Frame(name, file, line, Path(file).name, locals=tuple(locals_.items()))
+
+
+def proc(rank: int, frames: list[Frame], host: str = "node1", world: int = 4, lws: int = 4,
+         node_rank: int | None = None, later: list[Frame] | None = None) -> Process:
+    p = Process(host=host, pid=1000 + rank, rank=rank, local_rank=rank % lws, world_size=world,
+                local_world_size=lws, node_rank=node_rank, launcher="torchrun", run_id="r1",
+                threads=[Thread("MainThread", os_thread_id=1000 + rank, frames=frames)])
+    if later is not None:
+        p.threads_later = [Thread("MainThread", os_thread_id=1000 + rank, frames=later)]
+    return p
+
+
+ALLREDUCE = [tf("all_reduce", 3252), uf("step", 40), uf("main", 60)]
+BARRIER = [tf("barrier", 5356), uf("main", 61)]
+
+
+def test_saved_real_dumps_name_rank0_at_the_extra_all_reduce():
+    report = analyze(load([str(FIX / "collective_mismatch")]))
+    assert [s.rank for s in report.suspects] == [0]
+    assert report.suspects[0].call_site == f"collective_mismatch.py:{EXTRA_LINE} in buggy"
+    assert report.verdict_kind == "suspects"
+    big = report.groups[0]
+    assert big.ranks == [1, 2, 3] and big.collective == "barrier"
+    assert report.groups[1].collective == "all_reduce"
+    assert report.missing_ranks == []
+    d = report.to_dict()
+    for key in ("processes", "groups", "suspects", "missing_ranks", "errors"):
+        assert key in d
+    assert d["suspects"][0]["rank"] == 0
+
+
+def test_pasted_pdsh_text_gives_the_same_culprit_with_hosts():
+    procs = parse_text_dump((FIX / "pdsh_pyspy_dump.txt").read_text())
+    assert len(procs) == 4
+    assert {p.host for p in procs} == {"gpu-node5", "gpu-node8"}
+    report = analyze(Collection(processes=procs))
+    assert len(report.suspects) == 1
+    s = report.suspects[0]
+    assert s.host == "gpu-node5" and s.call_site == f"collective_mismatch.py:{EXTRA_LINE} in buggy"
+
+
+def test_text_dump_with_locals_and_native_frames():
+    text = """Process 77: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 0x7F6D3C29D740 (active+gil): "MainThread"
+    pthread_cond_wait (libc.so.6)
+    all_reduce (torch/distributed/distributed_c10d.py:3252)
+    step (train.py:40)
+        Arguments:
+            i: 3
+            t: <Tensor at 0x7f>
+    main (train.py:60)
+Thread 0x7F6CF5FFB700 (idle): "Thread-1"
+    wait (threading.py:312)
+"""
+    (p,) = parse_text_dump(text)
+    assert p.pid == 77 and [t.name for t in p.threads] == ["MainThread", "Thread-1"]
+    frames = p.threads[0].frames
+    assert frames[0].native and frames[0].name == "pthread_cond_wait"
+    assert frames[2].locals == (("i", "3"), ("t", "<Tensor at 0x7f>"))
+    assert collective_of(frames) == "all_reduce"
+    assert p.threads[0].active is True
+    assert frame_kind(p.threads[1].frames[0]) == "library"
+
+
+def test_rank_outside_any_collective_is_the_suspect():
+    procs = [proc(r, ALLREDUCE) for r in (0, 1, 3)] + [proc(2, [uf("load_batch", 12), uf("main", 59)])]
+    report = analyze(Collection(processes=procs))
+    assert [s.rank for s in report.suspects] == [2]
+    assert "not in any collective" in report.suspects[0].reason
+    assert report.suspects[0].call_site == "train.py:12 in load_batch"
+
+
+def test_minority_in_a_different_collective_and_code_loops_note():
+    procs = [proc(r, ALLREDUCE) for r in range(3)] + [proc(3, [tf("broadcast", 3151), uf("step", 41), uf("main", 60)])]
+    report = analyze(Collection(processes=procs))
+    assert [s.rank for s in report.suspects] == [3]
+    assert "same function, different line" in report.suspects[0].reason
+
+
+def test_equal_split_is_ambiguous_not_guessed():
+    procs = [proc(r, ALLREDUCE) for r in (0, 1)] + [proc(r, BARRIER) for r in (2, 3)]
+    report = analyze(Collection(processes=procs))
+    assert report.verdict_kind == "ambiguous" and report.suspects == []
+    assert "No majority" in report.verdict
+
+
+def test_all_in_one_place_says_so_and_points_below_python():
+    report = analyze(Collection(processes=[proc(r, ALLREDUCE) for r in range(4)]))
+    assert report.verdict_kind == "same-place" and report.suspects == []
+    assert any("mldebug fr" in h for h in report.hints)
+
+
+def test_same_call_site_different_iterations_split_by_locals_ignoring_rank():
+    def frames(step: str, rank: int) -> list[Frame]:
+        return [tf("broadcast", 3151), uf("sync", 24, step=step, rank=str(rank)), uf("main", 30)]
+
+    procs = [proc(0, frames("1", 0))] + [proc(r, frames("0", r)) for r in (1, 2, 3)]
+    report = analyze(Collection(processes=procs))
+    assert [s.rank for s in report.suspects] == [0]
+    assert "different iterations" in report.suspects[0].reason
+    assert report.groups[0].locals_key == (("step", "0"),)
+
+
+def test_missing_rank_named_with_its_expected_node():
+    procs = [proc(r, BARRIER, host="node1" if r < 4 else "node2", world=8, node_rank=r // 4)
+             for r in range(8) if r != 6]
+    report = analyze(Collection(processes=procs))
+    assert report.missing_ranks == [6]
+    assert report.missing_hosts == {6: "node2"}
+    assert "Rank 6 of 8 is missing (expected on node2)" in report.verdict
+    assert report.to_dict()["missing"] == [{"rank": 6, "expected_host": "node2"}]
+
+
+def test_watch_marks_stuck_and_moving():
+    moving = [uf("compute", 10), uf("main", 59)]
+    procs = [proc(r, ALLREDUCE, later=ALLREDUCE) for r in range(3)]
+    procs.append(proc(3, moving, later=[uf("compute", 11), uf("main", 59)]))
+    report = analyze(Collection(processes=procs, watch=2.0))
+    states = {tuple(g.ranks): g.state for g in report.groups}
+    assert states == {(0, 1, 2): "stuck", (3,): "moving"}
+    assert any("slow, not stuck" in h for h in report.hints)
+
+
+def test_no_processes_is_reported_with_errors_kept():
+    from mldebug.hang.model import CollectError
+
+    report = analyze(Collection(errors=[CollectError("node9", None, "unreachable")]))
+    assert report.verdict_kind == "no-processes"
+    assert report.to_dict()["errors"] == [{"host": "node9", "pid": None, "error": "unreachable"}]
+
+
+def test_native_wait_does_not_hide_the_python_collective():
+    frames = [Frame("c10d::Work::wait", "/x/libtorch_cpu.so", 0, "libtorch_cpu.so", native=True),
+              *ALLREDUCE]
+    assert collective_of(frames) == "all_reduce"
+    async_wait = [Frame("c10d::Work::wait", "/x/libtorch_cpu.so", 0, "libtorch_cpu.so", native=True),
+                  uf("step", 50)]
+    assert collective_of(async_wait) == "wait"
+
+
+@pytest.mark.parametrize("frame,kind", [
+    (Frame("f", "/usr/lib/python3.11/threading.py", 3, "threading.py"), "library"),
+    (Frame("f", "/venv/lib/python3.11/site-packages/deepspeed/x.py", 3, "deepspeed/x.py"), "library"),
+    (Frame("f", "/home/u/proj/train.py", 3, "train.py"), "user"),
+    (Frame("f", "<string>", 1, "<string>"), "user"),
+    (Frame("all_reduce", C10D, 1, "torch/distributed/distributed_c10d.py"), "torch"),
+    (Frame("threading.py", "threading.py", 3, "threading.py"), "library"),
+])
+def test_frame_kinds(frame, kind):
+    assert frame_kind(frame) == kind
+
+
+def test_4096_rank_synthetic_set():
+    world, bad = 4096, 1234
+    procs = []
+    for r in range(world):
+        if r == 17:
+            continue  # missing
+        frames = [uf("load_batch", 12), uf("main", 59)] if r == bad else ALLREDUCE
+        procs.append(proc(r, frames, host=f"node{r // 8}", world=world, lws=8, node_rank=r // 8))
+    t = time.perf_counter()
+    report = analyze(Collection(processes=procs))
+    elapsed = time.perf_counter() - t
+    assert [s.rank for s in report.suspects] == [bad]
+    assert report.suspects[0].host == "node154"
+    assert report.missing_ranks == [17] and report.missing_hosts[17] == "node2"
+    assert len(report.groups) == 2 and len(report.groups[0].ranks) == world - 2
+    assert elapsed < 30  # sanity only; the timing claim lives in benchmarks/bench_hang.py
