@@ -32,10 +32,11 @@ from transformers.debug_utils import DebugUnderflowOverflow as Anchor
 from mldebug.numerics import DebugUnderflowOverflow
 
 
-def tiny_llama(device: str) -> Any:
+def tiny_llama(device: str, hidden: int = 64, layers: int = 4) -> Any:
     cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        vocab_size=128, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).to(device)
 
@@ -58,10 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="steps per round per configuration")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--cuda", action="store_true", help="run on CUDA and check host syncs")
+    p.add_argument("--hidden", type=int, default=64, help="hidden size (the issue's: 64)")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers (the issue's: 4)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = "cuda" if args.cuda else "cpu"
-    base = tiny_llama(device)
+    base = tiny_llama(device, args.hidden, args.layers)
     ids = torch.randint(0, 128, (4, 64), generator=torch.Generator().manual_seed(0)).to(device)
 
     models = {name: copy.deepcopy(base) for name in
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {name: statistics.median(v) for name, v in times.items()}
     none = med["none"]
-    print(f"tiny Llama 4 layers, hidden 64, batch 4x64, fwd+bwd on {device}, "
+    print(f"tiny Llama {args.layers} layers, hidden {args.hidden}, batch 4x64, fwd+bwd on {device}, "
           f"{count_modules(base)} modules, torch {torch.__version__}, transformers "
           f"{transformers.__version__}, threads={args.threads}, "
           f"{args.rounds} rounds x {args.steps} steps, median step "

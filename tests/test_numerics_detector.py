@@ -331,3 +331,53 @@ def test_inference_mode_and_in_place_changes_are_seen() -> None:
         with pytest.raises(OverflowDetected):
             model(torch.ones(2, 4))
     assert debug.report is not None and debug.report.first.module == ""
+
+
+class InPlace(nn.Module):
+    """In-place ops on module outputs and inputs: what register_full_backward_hook breaks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+        self.fc2 = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.fc1(x))  # in place on fc1's output
+        y = self.fc2(h)
+        y += x  # in-place residual on a module's output
+        return y
+
+
+def test_in_place_ops_keep_working_and_gradients_are_unchanged() -> None:
+    torch.manual_seed(0)
+    plain, watched = InPlace(), InPlace()
+    watched.load_state_dict(plain.state_dict())
+    x = torch.randn(4, 8)
+    plain(x).sum().backward()
+    with DebugUnderflowOverflow(watched, print_report=False) as debug:
+        watched(x).sum().backward()
+    assert debug.report is None and debug.checks == 2
+    for a, b in zip(plain.parameters(), watched.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)
+
+    # full backward hooks, for comparison, refuse this model
+    hooked = InPlace()
+    hooked.act.register_full_backward_hook(lambda m, gi, go: None)
+    with pytest.raises(RuntimeError):
+        hooked(x).sum().backward()
+
+
+def test_checks_resume_after_a_backward_that_raised_midway() -> None:
+    def boom(grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("user hook failed")
+
+    model = Seq()
+    with DebugUnderflowOverflow(model, print_report=False) as debug:
+        out = model(torch.ones(2, 4))
+        model.a.weight.register_hook(boom)  # fails after the detector's first gradient hooks
+        with pytest.raises(RuntimeError, match="user hook failed"):
+            out.sum().backward()
+        model.a.weight._backward_hooks.popitem()
+        model(torch.ones(2, 4)).sum().backward()
+    assert debug.checks == 3  # forward, forward, and the second backward

@@ -255,7 +255,7 @@ class DebugUnderflowOverflow:
         self._bwd_callback_queued = False
         self._calls = itertools.count()
         self._last_call: dict[nn.Module, Any] = {}
-        self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], list[Any]]] = {}
+        self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], int, list[Any]]] = {}
         self._register()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -299,6 +299,9 @@ class DebugUnderflowOverflow:
             return
         self._fwd = _Pass("forward", self.batch_number)
         self._grad_targets.clear()
+        if torch._C._current_graph_task_id() == -1:
+            # not inside a backward: a backward that raised midway never ran its callback
+            self._bwd_callback_queued = False
 
     def _forward_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if _compiling() or not self._active:
@@ -341,13 +344,16 @@ class DebugUnderflowOverflow:
             if not isinstance(value, torch.Tensor) or not value.requires_grad:
                 continue
             found = targets.get(id(value))
-            if found is not None and found[0]() is value:
-                found[1].append((key, name, cls, "grad_" + ctx))
+            version = -1 if value.is_inference() else value._version
+            if found is not None and found[0]() is value and found[1] == version:
+                found[2].append((key, name, cls, "grad_" + ctx))
                 continue
             if _tensors.classify(value) != "tensor":
                 continue
+            # changed in place since (ReLU(inplace=True), x += y): a new autograd node made
+            # the current value, so it gets its own hook
             serves = [(key, name, cls, "grad_" + ctx)]
-            targets[id(value)] = (weakref.ref(value), serves)
+            targets[id(value)] = (weakref.ref(value), version, serves)
             node = value.grad_fn
             if node is not None:
                 # a pre-hook on the node that made the tensor sees the same gradient as a
