@@ -381,3 +381,20 @@ def test_checks_resume_after_a_backward_that_raised_midway() -> None:
         model.a.weight._backward_hooks.popitem()
         model(torch.ones(2, 4)).sum().backward()
     assert debug.checks == 3  # forward, forward, and the second backward
+
+
+def test_report_goes_to_the_logger_and_the_chosen_file(caplog: pytest.LogCaptureFixture) -> None:
+    model = Seq()
+    buf = io.StringIO()
+    with caplog.at_level("ERROR", logger="mldebug.numerics"):
+        with DebugUnderflowOverflow(model, file=buf) as debug:
+            with pytest.raises(OverflowDetected) as info:
+                model(torch.full((2, 4), float("inf")))
+    assert info.value.report is debug.report is not None
+    assert "Detected inf/nan during batch_number=0" in buf.getvalue()
+    assert any("Detected inf/nan during batch_number=0" in r.getMessage() for r in caplog.records)
+    quiet = io.StringIO()
+    with DebugUnderflowOverflow(Seq(), file=quiet, print_report=False) as debug:
+        with pytest.raises(OverflowDetected):
+            debug.model(torch.full((2, 4), float("nan")))
+    assert quiet.getvalue() == "" and debug.report is not None
