@@ -81,6 +81,14 @@ def test_broken_nodes_are_explained(two_node_job, tmp_path):
     assert any(e["host"] == "node2" and "py-spy was not found on node2" in e["error"]
                for e in report["errors"])
 
+    # no such interpreter on the node: the collector falls back to the node's python3, which
+    # finds the ranks but no py-spy beside it or on the ssh session's PATH
+    r = run_cli("hang", "--nodes", "node1", "--remote-python", "/nonexistent/python", "--json",
+                env=two_node_job.env())
+    report = json.loads(r.stdout)
+    assert r.returncode == 1
+    assert "py-spy was not found on node1" in report["errors"][0]["error"]
+
     r = run_cli("hang", "--nodes", "node1,nosuchhost", "--json", env=two_node_job.env())
     report = json.loads(r.stdout)
     assert r.returncode == 0
