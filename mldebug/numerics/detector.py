@@ -1,0 +1,501 @@
+"""``DebugUnderflowOverflow``: name the first module whose forward or backward made an inf/nan.
+
+Compatible with the book's / transformers' class (same arguments, same report), plus:
+backward checks, keyword and ``ModelOutput`` traversal, a default mode with no host sync per
+module, headroom warnings, ``[host:rank]`` prefixes, ``all_ranks_stop``, ``detach()`` and
+``with`` use, and hooks that stay out of ``torch.compile`` graphs.
+
+How the default mode stays cheap: each hook only launches ``abs`` + ``aminmax`` per tensor
+and keeps the two 0-d results on the device. At the end of the root module's forward, and at
+the end of each backward pass, all results are stacked and checked with one host sync. Only
+when something is not finite are the numbers brought to the host and turned into frames;
+the pure analysis in :mod:`mldebug.numerics.report` then names the first bad module.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import sys
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import IO, Any
+
+import torch
+from torch import nn
+
+from mldebug.numerics import _tensors
+from mldebug.numerics.report import (
+    DTYPE_MAX,
+    Entry,
+    Frame,
+    HeadroomWarning,
+    OverflowReport,
+    Phase,
+    build_report,
+    headroom_warnings,
+    render_headroom,
+    render_report,
+    render_trace,
+)
+
+logger = logging.getLogger("mldebug.numerics")
+logger.addHandler(logging.NullHandler())
+
+
+class OverflowDetected(ValueError):
+    """Raised when inf/nan was found; ``.report`` holds the frames (None on a rank that
+    stopped because another rank found it)."""
+
+    def __init__(self, message: str, report: OverflowReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+_compiling = torch.compiler.is_compiling
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+_INPUT_NAMES = tuple(f"input[{i}]" for i in range(16))
+_FAST_DTYPES = frozenset(["torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"])
+_DTYPES: dict[torch.dtype, tuple[str, float]] = {}
+
+
+def _dtype_info(dtype: torch.dtype) -> tuple[str, float]:
+    """(name, largest finite value worth a headroom warning or inf), cached per dtype."""
+    info = _DTYPES.get(dtype)
+    if info is None:
+        name = str(dtype)
+        info = _DTYPES[dtype] = (name, DTYPE_MAX.get(name, math.inf))
+    return info
+
+
+_LIMITS_CACHE: dict[tuple[tuple[float, ...], float, torch.device], torch.Tensor] = {}
+
+
+def _limits_tensor(limits: tuple[float, ...], fraction: float,
+                   device: torch.device) -> torch.Tensor:
+    """Headroom thresholds on the device. Copying a list to a GPU synchronises, so the tensor
+    is cached: every step of a training loop records the same dtypes in the same order."""
+    key = (limits, fraction, device)
+    t = _LIMITS_CACHE.get(key)
+    if t is None:
+        if len(_LIMITS_CACHE) > 8:
+            _LIMITS_CACHE.clear()
+        t = _LIMITS_CACHE[key] = torch.tensor([v * fraction for v in limits], device=device)
+    return t
+
+
+@dataclass(slots=True)
+class _RawEntry:
+    ctx: str
+    kind: str
+    slot: int = -1  # index into the pass's device results, -1 when there are none
+    dtype: str | None = None
+
+
+@dataclass(slots=True)
+class _RawFrame:
+    module: str
+    cls: str
+    entries: list[_RawEntry] = field(default_factory=list)
+    order: int = 0
+
+
+class _Pass:
+    """Everything recorded during one forward or one backward pass, still on the device."""
+
+    def __init__(self, phase: Phase, batch_number: int) -> None:
+        self.phase: Phase = phase
+        self.batch_number = batch_number
+        self.mins: list[torch.Tensor] = []
+        self.maxs: list[torch.Tensor] = []
+        self.limits: list[float] = []
+        self.has_limits = False
+        self.frames: list[_RawFrame] = []
+        self.by_key: dict[Any, _RawFrame] = {}
+        # id -> (weakref, version, slot, dtype): a tensor seen twice in a pass (one module's
+        # output is the next one's input) is reduced once, unless it was changed in place
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int, str]] = {}
+        self._order = itertools.count()
+
+    def entry(self, ctx: str, value: Any) -> _RawEntry:
+        if value is None:
+            return _RawEntry(ctx, "none")
+        if not isinstance(value, torch.Tensor):
+            return _RawEntry(ctx, "not a tensor")
+        if type(value) not in _PLAIN or value.is_meta or not value.numel():
+            kind = _tensors.classify(value)
+            if kind != "tensor":
+                return _RawEntry(ctx, kind)
+        seen = self._seen.get(id(value))
+        # inference tensors keep no version counter: never reuse their results
+        version = -1 if value.is_inference() else value._version
+        if seen is not None and seen[0]() is value and seen[1] == version >= 0:
+            return _RawEntry(ctx, "tensor", seen[2], seen[3])
+        dtype, limit = _dtype_info(value.dtype)
+        if dtype in _FAST_DTYPES and type(value) in _PLAIN:
+            r = torch.aminmax(value.detach().abs())
+            lo, hi = r.min, r.max
+        else:
+            lo, hi = _tensors.abs_min_max(value)
+        slot = len(self.maxs)
+        self.mins.append(lo)
+        self.maxs.append(hi)
+        self.limits.append(limit)
+        if limit != math.inf:
+            self.has_limits = True
+        if version >= 0:
+            self._seen[id(value)] = (weakref.ref(value), version, slot, dtype)
+        return _RawEntry(ctx, "tensor", slot, dtype)
+
+    def touch(self, frame: _RawFrame) -> None:
+        frame.order = next(self._order)
+
+    def flags(self, fraction: float) -> torch.Tensor:
+        """A 2-element device tensor: (any inf/nan, any value above its headroom limit)."""
+        if not self.maxs:
+            return torch.zeros(2)
+        groups: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(self.maxs):
+            groups.setdefault(t.device, []).append(i)
+        parts = []
+        for device, idx in groups.items():
+            mx = torch.stack([self.maxs[i] for i in idx]).float()  # stack promotes dtypes
+            bad = (~torch.isfinite(mx)).any()
+            if self.has_limits and fraction > 0:
+                warn = (mx > _limits_tensor(tuple(self.limits[i] for i in idx), fraction,
+                                            device)).any()
+            else:
+                warn = torch.zeros((), dtype=torch.bool, device=device)
+            parts.append(torch.stack([bad, warn]).float().cpu() if len(groups) > 1
+                         else torch.stack([bad, warn]).float())
+        if len(parts) == 1:
+            return parts[0]
+        return torch.stack(parts).amax(0)
+
+    def to_frames(self) -> list[Frame]:
+        """Bring every recorded number to the host (one transfer per device) as Frames."""
+        mins: list[float] = [0.0] * len(self.mins)
+        maxs: list[float] = [0.0] * len(self.maxs)
+        groups: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(self.maxs):
+            groups.setdefault(t.device, []).append(i)
+        for idx in groups.values():
+            lows = torch.stack([self.mins[i] for i in idx]).double()
+            highs = torch.stack([self.maxs[i] for i in idx]).double()
+            both = torch.stack([lows, highs], dim=1).tolist()
+            for i, (lo, hi) in zip(idx, both, strict=True):
+                mins[i], maxs[i] = lo, hi
+        frames = sorted(self.frames, key=lambda f: f.order) if self.phase == "backward" \
+            else self.frames
+        out = []
+        for n, raw in enumerate(frames):
+            entries = []
+            for e in raw.entries:
+                if e.slot >= 0:
+                    entries.append(Entry(e.ctx, "tensor", mins[e.slot], maxs[e.slot], e.dtype,
+                                         e.slot))
+                else:
+                    entries.append(Entry(e.ctx, e.kind))  # type: ignore[arg-type]
+            out.append(Frame(raw.module, raw.cls, self.phase, self.batch_number, n, entries))
+        return out
+
+
+class DebugUnderflowOverflow:
+    """Detect inf/nan in weights, activations and gradients and report the first module.
+
+    Book-compatible arguments: ``max_frames_to_save`` (frames shown before the bad one),
+    ``trace_batch_nums`` (print every frame of these batches, detection off for them),
+    ``abort_after_batch_num`` (raise after that batch's forward). Extras:
+
+    - ``check_backward``: also check gradients, each attributed to the module whose backward
+      produced it (tensor hooks on module inputs/outputs and parameters; no
+      ``register_full_backward_hook``, so in-place ops keep working).
+    - ``sync_every_module``: check after every module (one host sync each) and stop at the
+      exact module, like the book's version. Default False: check once per pass.
+    - ``headroom``: warn once per tensor when a finite abs max exceeds this fraction of its
+      dtype's largest value (fp16, bf16, fp8); 0 disables.
+    - ``all_ranks_stop``: all-reduce the flag so every rank stops together (needs an
+      initialised ``torch.distributed`` process group; one collective per check).
+    - ``print_report`` / ``file``: print the report (prefixed ``[host:rank]`` in a distributed
+      job) besides logging it to the ``mldebug.numerics`` logger; ``detector.report`` keeps it.
+    """
+
+    def __init__(self, model: nn.Module, max_frames_to_save: int = 21,
+                 trace_batch_nums: Iterable[int] | None = (),
+                 abort_after_batch_num: int | None = None, *,
+                 check_backward: bool = True, sync_every_module: bool = False,
+                 headroom: float = 0.5, all_ranks_stop: bool = False,
+                 print_report: bool = True, file: IO[str] | None = None) -> None:
+        self.model = model
+        self.max_frames_to_save = max_frames_to_save
+        self.trace_batch_nums = set(trace_batch_nums or ())
+        self.abort_after_batch_num = abort_after_batch_num
+        self.check_backward = check_backward
+        self.sync_every_module = sync_every_module
+        self.headroom = headroom
+        self.all_ranks_stop = all_ranks_stop
+        self.print_report = print_report
+        self.file = file
+        self.batch_number = 0
+        self.report: OverflowReport | None = None
+        self.headroom_reports: list[HeadroomWarning] = []
+        self.checks = 0  # host syncs spent on checks (the default mode: one per pass)
+        self._warned: set[tuple[str, str, str]] = set()
+        self._active = True
+        self._handles: list[Any] = []
+        self._names = {m: name for name, m in model.named_modules()}  # first name wins
+        self._fwd = _Pass("forward", 0)
+        self._bwd = _Pass("backward", 0)
+        self._bwd_callback_queued = False
+        self._calls = itertools.count()
+        self._last_call: dict[nn.Module, Any] = {}
+        self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], int, list[Any]]] = {}
+        self._register()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _register(self) -> None:
+        self._handles.append(
+            self.model.register_forward_pre_hook(self._root_pre_hook, with_kwargs=True))
+        for module in self._names:
+            self._handles.append(
+                module.register_forward_hook(self._forward_hook, with_kwargs=True))
+        if self.check_backward:
+            seen: set[int] = set()
+            for module, name in self._names.items():
+                for pname, p in module.named_parameters(recurse=False):
+                    if id(p) in seen or not p.requires_grad:
+                        continue
+                    seen.add(id(p))
+                    hook = functools.partial(self._param_grad_hook, module, name,
+                                             type(module).__name__, f"{pname}.grad")
+                    self._handles.append(p.register_hook(hook))
+
+    def detach(self) -> None:
+        """Remove every hook this detector added; the model runs as if it was never here."""
+        self._active = False
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> DebugUnderflowOverflow:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.detach()
+
+    # ---- forward ---------------------------------------------------------------------------
+    def _tracing(self) -> bool:
+        return self.batch_number in self.trace_batch_nums
+
+    def _root_pre_hook(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        if _compiling() or not self._active:
+            return
+        self._fwd = _Pass("forward", self.batch_number)
+        self._grad_targets.clear()
+        if torch._C._current_graph_task_id() == -1:
+            # not inside a backward: a backward that raised midway never ran its callback
+            self._bwd_callback_queued = False
+
+    def _forward_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if _compiling() or not self._active:
+            return
+        rec = self._fwd
+        name = self._names.get(module, "?")
+        cls = type(module).__name__
+        frame = _RawFrame(name, cls)
+        for pname, p in module._parameters.items():  # named_parameters() is slow per call
+            if p is not None:
+                frame.entries.append(rec.entry(pname, p))
+        if len(args) <= len(_INPUT_NAMES) and all(type(a) in _PLAIN for a in args):
+            inputs = list(zip(_INPUT_NAMES, args, strict=False))  # common case: no walk
+        else:
+            inputs = list(_tensors.iter_leaves(args, "input"))
+        if kwargs:
+            inputs += _tensors.iter_leaves(kwargs, "input", keep_scalars=False)
+        if type(output) in _PLAIN:
+            outputs = [("output", output)]
+        else:
+            outputs = list(_tensors.iter_leaves(output, "output"))
+        for ctx, value in itertools.chain(inputs, outputs):
+            frame.entries.append(rec.entry(ctx, value))
+        rec.frames.append(frame)
+        key = (self.batch_number, next(self._calls))
+        self._last_call[module] = key
+        if self.check_backward and torch.is_grad_enabled():
+            self._hook_gradients(key, name, cls, inputs, outputs)
+        if self.sync_every_module and not self._tracing():
+            self._check(rec)
+        if module is self.model:
+            self._end_of_forward(rec)
+
+    def _hook_gradients(self, key: Any, name: str, cls: str,
+                        inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]]) -> None:
+        # One tensor hook per tensor per pass, however many modules saw it: a module's output
+        # is usually the next one's input. The hook fans out to every (frame, ctx) it serves.
+        targets = self._grad_targets
+        for ctx, value in itertools.chain(outputs, inputs):
+            if not isinstance(value, torch.Tensor) or not value.requires_grad:
+                continue
+            found = targets.get(id(value))
+            version = -1 if value.is_inference() else value._version
+            if found is not None and found[0]() is value and found[1] == version:
+                found[2].append((key, name, cls, "grad_" + ctx))
+                continue
+            if _tensors.classify(value) != "tensor":
+                continue
+            # changed in place since (ReLU(inplace=True), x += y): a new autograd node made
+            # the current value, so it gets its own hook
+            serves = [(key, name, cls, "grad_" + ctx)]
+            targets[id(value)] = (weakref.ref(value), version, serves)
+            node = value.grad_fn
+            if node is not None:
+                # a pre-hook on the node that made the tensor sees the same gradient as a
+                # tensor hook, and costs a third to register
+                node.register_prehook(
+                    functools.partial(self._node_grad_hook, serves, value.output_nr))
+            else:
+                value.register_hook(functools.partial(self._tensor_grad_hook, serves))
+
+    def _end_of_forward(self, rec: _Pass) -> None:
+        tracing = self._tracing()
+        if tracing:
+            self._emit(render_trace(rec.to_frames(), self.batch_number), logging.INFO)
+        else:
+            self._check(rec)
+        self.batch_number += 1
+        if self.abort_after_batch_num is not None and self.batch_number > self.abort_after_batch_num:
+            raise ValueError(
+                f"DebugUnderflowOverflow: aborting after {self.batch_number} batches due to "
+                f"`abort_after_batch_num={self.abort_after_batch_num}` arg")
+
+    # ---- backward --------------------------------------------------------------------------
+    def _start_backward(self) -> _Pass:
+        self._bwd = _Pass("backward", max(self.batch_number - 1, 0))
+        self._bwd_callback_queued = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        return self._bwd
+
+    def _tensor_grad_hook(self, serves: list[tuple[Any, str, str, str]], grad: Any) -> None:
+        """The gradient of one tensor: reduce it once, file it in every frame it belongs to
+        (grad_output of the module that made the tensor, grad_input of each consumer)."""
+        if _compiling() or not self._active or not isinstance(grad, torch.Tensor):
+            return
+        if self.batch_number - 1 in self.trace_batch_nums:
+            return
+        rec = self._bwd if self._bwd_callback_queued else self._start_backward()
+        first = rec.entry(serves[0][3], grad)
+        produced = False
+        for key, name, cls, ctx in serves:
+            frame = rec.by_key.get(key)
+            if frame is None:
+                frame = rec.by_key[key] = _RawFrame(name, cls)
+                rec.frames.append(frame)
+            frame.entries.append(first if ctx == first.ctx
+                                 else _RawEntry(ctx, first.kind, first.slot, first.dtype))
+            rec.touch(frame)
+            produced = produced or not ctx.startswith("grad_output")
+        # A gradient arriving at a module (grad_output) is the one its consumer produced
+        # (grad_input): check once the producing side is filed, so the culprit rule sees it.
+        if self.sync_every_module and produced:
+            self._check(rec)
+
+    def _node_grad_hook(self, serves: list[tuple[Any, str, str, str]], index: int,
+                        grad_outputs: Any) -> None:
+        if index < len(grad_outputs):
+            self._tensor_grad_hook(serves, grad_outputs[index])
+
+    def _param_grad_hook(self, module: nn.Module, name: str, cls: str, ctx: str,
+                         grad: Any) -> None:
+        key = self._last_call.get(module, ("param", name))
+        self._tensor_grad_hook([(key, name, cls, ctx)], grad)
+
+    def _end_of_backward(self) -> None:
+        self._bwd_callback_queued = False
+        if not self._active:
+            return
+        self._check(self._bwd)
+
+    # ---- checking and reporting ------------------------------------------------------------
+    def _check(self, rec: _Pass) -> None:
+        flags = rec.flags(self.headroom)
+        stopped_by: list[int] = []
+        if self.all_ranks_stop and torch.distributed.is_available() \
+                and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            rank = torch.distributed.get_rank()
+            device = flags.device
+            if torch.distributed.get_backend() == "nccl" and device.type != "cuda":
+                device = torch.device("cuda", torch.cuda.current_device())
+            vec = torch.zeros(2 * world, device=device)
+            vec[rank] = flags[0].to(device)
+            vec[world + rank] = flags[1].to(device)
+            torch.distributed.all_reduce(vec)
+            host = vec.tolist()  # the one host sync of this check
+            stopped_by = [r for r in range(world) if host[r] > 0]
+            bad, warn = host[rank] > 0, host[world + rank] > 0
+        else:
+            bad, warn = (v > 0 for v in flags.tolist())
+        self.checks += 1
+        if bad:
+            self._report_overflow(rec)
+        if stopped_by:
+            others = ", ".join(map(str, stopped_by))
+            msg = (f"DebugUnderflowOverflow: rank(s) {others} detected inf/nan during "
+                   f"batch_number={rec.batch_number} ({rec.phase}); all_ranks_stop=True stops "
+                   "this rank too (the report is in that rank's output).")
+            self._emit(msg + "\n", logging.ERROR)
+            self._active = False
+            raise OverflowDetected(msg)
+        if warn:
+            self._report_headroom(rec)
+
+    def _prefix(self) -> str:
+        from mldebug.dist import identity
+        from mldebug.printing import make_prefix
+
+        ident = identity()
+        return make_prefix(ident=ident) if ident.is_distributed else ""
+
+    def _report_overflow(self, rec: _Pass) -> None:
+        frames = rec.to_frames()
+        report = build_report(frames, phase=rec.phase, batch_number=rec.batch_number,
+                              max_frames=self.max_frames_to_save, prefix=self._prefix(),
+                              headroom_fraction=self.headroom)
+        if report is None:  # pragma: no cover - flags and frames disagree
+            return
+        self.report = report
+        self._emit(render_report(report), logging.ERROR, prefixed=True)
+        self._active = False  # one report per detector; the step is being aborted
+        raise OverflowDetected(
+            "DebugUnderflowOverflow: inf/nan detected, aborting as there is no point running "
+            f"further. {report.culprit}. Please scroll up above this traceback to see the "
+            "activation values prior to this event.", report)
+
+    def _report_headroom(self, rec: _Pass) -> None:
+        fresh = []
+        for w in headroom_warnings(rec.to_frames(), self.headroom):
+            key = (w.module, w.ctx, w.phase)
+            if key not in self._warned:
+                self._warned.add(key)
+                fresh.append(w)
+        if fresh:
+            self.headroom_reports.extend(fresh)
+            self._emit(render_headroom(fresh, rec.batch_number, self.headroom, self._prefix()),
+                       logging.WARNING, prefixed=True)
+
+    def _emit(self, text: str, level: int, prefixed: bool = False) -> None:
+        logger.log(level, "%s", text.rstrip("\n"))
+        if not self.print_report:
+            return
+        from mldebug.printing import prefix_lines, printflock
+
+        prefix = "" if prefixed else self._prefix()
+        printflock(prefix_lines(text, prefix) if prefix else text, end="",
+                   file=self.file if self.file is not None else sys.stdout)
