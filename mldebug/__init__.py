@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "tensor_info": "mldebug.numerics",
     "patch_tensor_repr": "mldebug.numerics",
     "lovely": "mldebug.numerics",
+    "OverflowDetected": "mldebug.numerics",
 }
 
 __all__ = ["__version__", *_LAZY]

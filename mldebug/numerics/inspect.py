@@ -197,10 +197,21 @@ def lovely(enable: bool = True) -> Any:
             f"lovely() needs the lovely-tensors package, which is not installed. {LOVELY_FIX} "
             "(or use mldebug.tensor_info / mldebug.patch_tensor_repr, which need nothing extra)."
         ) from e
+    import torch
+
     if enable:
+        # keep the originals: some lovely-tensors releases have no monkey_unpatch
+        _LOVELY_SAVED.setdefault("repr", torch.Tensor.__repr__)
+        _LOVELY_SAVED.setdefault("str", torch.Tensor.__str__)
         lt.monkey_patch()
     else:
         undo = getattr(lt, "monkey_unpatch", None)
         if callable(undo):
             undo()
+        if "repr" in _LOVELY_SAVED:
+            torch.Tensor.__repr__ = _LOVELY_SAVED.pop("repr")  # type: ignore[method-assign]
+            torch.Tensor.__str__ = _LOVELY_SAVED.pop("str")  # type: ignore[method-assign]
     return lt
+
+
+_LOVELY_SAVED: dict[str, Any] = {}
