@@ -112,8 +112,10 @@ class _Pass:
     def __init__(self, phase: Phase, batch_number: int) -> None:
         self.phase: Phase = phase
         self.batch_number = batch_number
-        self.mins: list[torch.Tensor] = []
-        self.maxs: list[torch.Tensor] = []
+        self.mins: list[torch.Tensor | None] = []
+        self.maxs: list[torch.Tensor | None] = []
+        # slot -> parameter whose reduction waits until a report needs it (see entry())
+        self.pending: dict[int, torch.Tensor] = {}
         self.limits: list[float] = []
         self.has_limits = False
         self.frames: list[_RawFrame] = []
@@ -123,7 +125,10 @@ class _Pass:
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int, str]] = {}
         self._order = itertools.count()
 
-    def entry(self, ctx: str, value: Any) -> _RawEntry:
+    def entry(self, ctx: str, value: Any, lazy: bool = False) -> _RawEntry:
+        """Record one value. ``lazy`` (parameters in the default mode) defers the reduction
+        to report time: a weight with inf/nan makes its module's output inf/nan, which is
+        what detection looks at, so the weight's numbers are only needed for the report."""
         if value is None:
             return _RawEntry(ctx, "none")
         if not isinstance(value, torch.Tensor):
@@ -138,6 +143,13 @@ class _Pass:
         if seen is not None and seen[0]() is value and seen[1] == version >= 0:
             return _RawEntry(ctx, "tensor", seen[2], seen[3])
         dtype, limit = _dtype_info(value.dtype)
+        if lazy:
+            slot = len(self.maxs)
+            self.mins.append(None)
+            self.maxs.append(None)
+            self.limits.append(limit)
+            self.pending[slot] = value
+            return _RawEntry(ctx, "tensor", slot, dtype)
         if dtype in _FAST_DTYPES and type(value) in _PLAIN:
             r = torch.aminmax(value.detach().abs())
             lo, hi = r.min, r.max
@@ -158,14 +170,15 @@ class _Pass:
 
     def flags(self, fraction: float) -> torch.Tensor:
         """A 2-element device tensor: (any inf/nan, any value above its headroom limit)."""
-        if not self.maxs:
-            return torch.zeros(2)
         groups: dict[torch.device, list[int]] = {}
         for i, t in enumerate(self.maxs):
-            groups.setdefault(t.device, []).append(i)
+            if t is not None:
+                groups.setdefault(t.device, []).append(i)
+        if not groups:
+            return torch.zeros(2)
         parts = []
         for device, idx in groups.items():
-            mx = torch.stack([self.maxs[i] for i in idx]).float()  # stack promotes dtypes
+            mx = torch.stack([self.maxs[i] for i in idx]).float()  # type: ignore[misc]
             bad = (~torch.isfinite(mx)).any()
             if self.has_limits and fraction > 0:
                 warn = (mx > _limits_tensor(tuple(self.limits[i] for i in idx), fraction,
@@ -180,14 +193,18 @@ class _Pass:
 
     def to_frames(self) -> list[Frame]:
         """Bring every recorded number to the host (one transfer per device) as Frames."""
+        for slot, value in self.pending.items():
+            self.mins[slot], self.maxs[slot] = _tensors.abs_min_max(value)
+        self.pending.clear()
         mins: list[float] = [0.0] * len(self.mins)
         maxs: list[float] = [0.0] * len(self.maxs)
         groups: dict[torch.device, list[int]] = {}
         for i, t in enumerate(self.maxs):
+            assert t is not None
             groups.setdefault(t.device, []).append(i)
         for idx in groups.values():
-            lows = torch.stack([self.mins[i] for i in idx]).double()
-            highs = torch.stack([self.maxs[i] for i in idx]).double()
+            lows = torch.stack([self.mins[i] for i in idx]).double()  # type: ignore[misc]
+            highs = torch.stack([self.maxs[i] for i in idx]).double()  # type: ignore[misc]
             both = torch.stack([lows, highs], dim=1).tolist()
             for i, (lo, hi) in zip(idx, both, strict=True):
                 mins[i], maxs[i] = lo, hi
@@ -310,9 +327,10 @@ class DebugUnderflowOverflow:
         name = self._names.get(module, "?")
         cls = type(module).__name__
         frame = _RawFrame(name, cls)
+        lazy = not self.sync_every_module and not self._tracing()
         for pname, p in module._parameters.items():  # named_parameters() is slow per call
             if p is not None:
-                frame.entries.append(rec.entry(pname, p))
+                frame.entries.append(rec.entry(pname, p, lazy=lazy))
         if len(args) <= len(_INPUT_NAMES) and all(type(a) in _PLAIN for a in args):
             inputs = list(zip(_INPUT_NAMES, args, strict=False))  # common case: no walk
         else:
