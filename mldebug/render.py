@@ -54,3 +54,35 @@ def fold_ints(values: Any) -> str:
         parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+Segment = tuple[str, str]  # (text, rich style)
+Line = list[Segment]
+
+
+def use_color(file: IO[str] | None = None) -> bool:
+    """Styled output only for a terminal, and never with NO_COLOR set."""
+    out = file if file is not None else sys.stdout
+    return "NO_COLOR" not in os.environ and hasattr(out, "isatty") and out.isatty()
+
+
+def write_lines(lines: list[Line], file: IO[str] | None = None, *,
+                color: bool | None = None) -> None:
+    """Print styled lines: through rich on a terminal, as plain text otherwise.
+
+    Plain text skips importing rich (tens of milliseconds), which matters for commands that
+    are run in loops or piped, and never wraps lines, which keeps files greppable.
+    """
+    out = file if file is not None else sys.stdout
+    if not (use_color(out) if color is None else color):
+        out.write("".join("".join(text for text, _ in line) + "\n" for line in lines))
+        out.flush()
+        return
+    from rich.text import Text
+
+    con = console(out)
+    for line in lines:
+        t = Text()
+        for text, style in line:
+            t.append(text, style=style or None)
+        con.print(t)

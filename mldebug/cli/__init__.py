@@ -58,7 +58,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors with exit code 2 (argparse's default too)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` the parser of that one command (fast start-up:
+    ``mldebug hang`` does not import the modules of every other command)."""
     parser = _Parser(
         prog="mldebug",
         description="Debug distributed PyTorch jobs: hangs, flight-recorder dumps, NCCL "
@@ -68,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mldebug {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    for name, mod in available_commands().items():
+    commands = available_commands() if only is None else {only: importlib.import_module(COMMANDS[only])}
+    for name, mod in commands.items():
         p = sub.add_parser(
             name,
             help=mod.HELP,
@@ -82,8 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
-    parser = build_parser()
     args_list = list(sys.argv[1:] if argv is None else argv)
+    first = args_list[0] if args_list else None
+    only = first if first in COMMANDS and _load(COMMANDS[first]) is not None else None
+    parser = build_parser(only)
     try:
         args = parser.parse_args(args_list)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)

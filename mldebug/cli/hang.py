@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mldebug.hang.analyze import analyze
-    from mldebug.render import console, print_json
+    from mldebug.render import print_json
 
     if args.hang_action == "analyze":
         from mldebug.hang.collect import load
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from mldebug.hang.report import render
 
-            render(report, console())
+            render(report)
         return 0 if report.processes else 1
 
     from mldebug.hang.collect import (
@@ -95,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     kw = fanout_kwargs(args)
     kw.pop("timeout")
-    err = console(stderr=True)
     if not target.is_local and not args.json and sys.stderr.isatty():
+        from mldebug.render import console
+
         n = len(target.hosts) or "the job's"
-        with err.status(f"collecting stacks from {n} nodes ..."):
+        with console(stderr=True).status(f"collecting stacks from {n} nodes ..."):
             results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
     else:
         results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
@@ -107,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         written = save(out, results, report.to_dict(), render_text(report))
-        err.print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
-                  f"(re-analyse: mldebug hang analyze {out})")
+        print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
+              f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
     if args.json:
         print_json(report.to_dict())
     else:
-        render(report, console())
+        render(report)
     return 0 if report.processes else 1

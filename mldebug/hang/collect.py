@@ -212,7 +212,9 @@ def options_from_args(args: argparse.Namespace) -> CollectOptions:
         pid=args.pid, pattern=args.pattern, all_users=args.all_users,
         native=args.native, nonblocking=args.nonblocking, locals=args.locals,
         py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
-        jobs=max(2, min(64, os.cpu_count() or 2)),
+        # py-spy --native is CPU-heavy and degrades when oversubscribed: one per CPU; plain
+        # dumps mostly wait on the target, so several per CPU
+        jobs=max(2, min(64, (os.cpu_count() or 2) * (1 if args.native else 4))),
     )
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
@@ -208,8 +208,24 @@ def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespac
 
     if not targets:
         return
-    with ThreadPoolExecutor(max_workers=min(len(targets), opts.jobs)) as ex:
-        list(ex.map(one, targets))
+    # plain threads, not concurrent.futures: its import costs more than these dumps
+    queue = list(reversed(targets))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                info = queue.pop()
+            one(info)
+
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(min(len(targets), max(1, opts.jobs)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def collect(opts: argparse.Namespace) -> dict[str, Any]:
