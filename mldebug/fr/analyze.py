@@ -268,7 +268,8 @@ def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
                             groups), summary
         if len(present) == 1 and not absent:
             (only,) = present
-            if only and only[0][0] in ALL_TO_ALL:
+            first = only[0] if only else None
+            if isinstance(first, tuple) and first[0] in ALL_TO_ALL:
                 m = _alltoall_check(pg, seq, present[only], frames)
                 if m is not None:
                     return m, summary
@@ -276,6 +277,17 @@ def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
         if len(present) == 1 and absent:
             return _missing(pg, seq, present, absent, per_tl, frames), summary
         return _divergence(pg, seq, present, absent, per_tl, frames), summary
+    nodump = sorted(r for r in pg.ranks if r not in ds.dumps)
+    if nodump:
+        last = [(rs, sm[end]) for rs, sm in per_tl if end in sm]
+        rs, ents = _merge(last)
+        why = (f"every rank with a dump agrees up to collective #{end} ({ents[0].op}), which "
+               f"rank(s) {_fold(rs)} enqueued; rank(s) {_fold(nodump)} left no dump (dead, "
+               "frozen, or mldebug.fr.enable() not called there), so if the job hangs they "
+               "are the only candidates for holding it up.")
+        return Mismatch(pg.name, pg.desc, end, "missing", nodump, why,
+                        [_sig_group(rs, ents, frames),
+                         SignatureGroup(nodump, "(no dump)")]), summary
     return None, summary
 
 
@@ -337,7 +349,7 @@ def _divergence(pg: _Pg, seq: int,
     groups = [_sig_group(rs, ents, frames) for _, rs, ents in merged]
     if absent:
         groups.append(SignatureGroup(sorted(absent), "(not enqueued)"))
-    what = "; ".join(f"rank(s) {_fold(rs)}: {' + '.join(e.op for e in ents)}"
+    what = "; ".join(f"rank(s) {_fold(rs)}: {' + '.join(describe(e) for e in ents)}"
                      for _, rs, ents in merged)
     tied = [t for t in merged if len(t[1]) == len(top_rs)]
     if len(tied) == 1:
