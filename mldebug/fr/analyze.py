@@ -368,22 +368,68 @@ def _divergence(pg: _Pg, seq: int,
             why = f"no majority ({what}); cannot tell which side is wrong."
     if absent:
         why += f" Rank(s) {_fold(sorted(absent))} never enqueued #{seq}."
-    return Mismatch(pg.name, pg.desc, seq, kind, culprits, why, groups)
+    began = _began_at(seq, top_rs, culprits, per_tl)
+    if began is not None:
+        why += (f" The culprit's call sites already differ from the others' from collective "
+                f"#{began} on: the divergence probably began there.")
+    m = Mismatch(pg.name, pg.desc, seq, kind, culprits, why, groups)
+    m.began_at = began
+    return m
+
+
+def _began_at(seq: int, majority: list[int], culprits: list[int],
+              per_tl: list[tuple[list[int], dict[int, list[Entry]]]]) -> int | None:
+    """The latest earlier seq where the culprit's call sites differ from the majority's.
+
+    An extra or missing call of the same op and size looks like the others' until the op
+    types differ further on; where the call sites first disagree is where it began.
+    """
+    if not culprits or not majority or set(culprits) & set(majority):
+        return None
+    maj = next((sm for rs, sm in per_tl if majority[0] in rs), None)
+    cul = next((sm for rs, sm in per_tl if culprits[0] in rs), None)
+    if maj is None or cul is None:
+        return None
+
+    def differ(k: int) -> bool:
+        a, b = maj[k], cul[k]
+        return bool(a[0].frames and b[0].frames) and [e.frames for e in a] != [e.frames for e in b]
+
+    k = seq - 1
+    while k in maj and k in cul and not differ(k):
+        k -= 1
+    if not (k in maj and k in cul):
+        return None
+    while k - 1 in maj and k - 1 in cul and differ(k - 1):
+        k -= 1
+    return k
 
 
 def _extra_call(seq: int, tied: list[tuple[tuple[object, ...], list[int], list[Entry]]],
-                per_tl: list[tuple[list[int], dict[int, list[Entry]]]]) -> list[int] | None:
-    """In a tie, the side whose *next* collective matches the other side's current one."""
-    nxt: dict[int, tuple[object, ...] | None] = {}
-    for rs, sm in per_tl:
-        ents = sm.get(seq + 1)
-        for r in rs:
-            nxt[r] = tuple(signature(e) for e in ents) if ents else None
+                per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                span: int = 4) -> list[int] | None:
+    """In a tie, the side whose timeline from #seq+1 on repeats another side's from #seq."""
+    def sigs(rank: int, start: int) -> list[tuple[object, ...]]:
+        sm = next((m for rs, m in per_tl if rank in rs), {})
+        out = []
+        for k in range(start, start + span):
+            if k not in sm:
+                break
+            out.append(tuple(signature(e) for e in sm[k]))
+        return out
+
     extra: list[int] = []
     for sig, rs, _ in tied:
-        others = {s for s, _, _ in tied if s != sig}
-        if all(nxt.get(r) in others for r in rs):
-            extra.extend(rs)
+        ahead = sigs(rs[0], seq + 1)
+        if not ahead:
+            continue
+        for other_sig, ors, _ in tied:
+            if other_sig == sig:
+                continue
+            theirs = sigs(ors[0], seq)[: len(ahead)]
+            if theirs == ahead[: len(theirs)] and theirs:
+                extra.extend(rs)
+                break
     if extra and len(extra) < sum(len(rs) for _, rs, _ in tied):
         return sorted(extra)
     return None

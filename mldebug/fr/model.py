@@ -141,11 +141,12 @@ class Mismatch:
     reasoning: str
     groups: list[SignatureGroup]
     p2p: bool = False
+    began_at: int | None = None  # earlier seq where the culprit's call sites start to differ
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "pg": self.pg, "pg_desc": self.pg_desc, "seq": self.seq, "p2p": self.p2p,
-            "kind": self.kind, "culprit_ranks": self.culprit_ranks,
+            "kind": self.kind, "culprit_ranks": self.culprit_ranks, "began_at": self.began_at,
             "reasoning": self.reasoning,
             "call_sites": [{"ranks": g.ranks, "frames": g.call_site} for g in self.groups
                            if g.call_site],
