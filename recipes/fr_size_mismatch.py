@@ -4,11 +4,16 @@ Run (gloo on CPU, nccl when CUDA is there):
 
     MLDEBUG_FR=1 torchrun --standalone --nproc_per_node 4 recipes/fr_size_mismatch.py
 
-Rank 2 (the last rank when fewer than 3 run) passes 8 elements, the others 4. The
+Rank 2 (the last rank when fewer than 3 run) passes 2 elements, the others 4. The
 collective cannot complete; every rank blocks until --timeout. Then:
 
     mldebug fr trigger --analyze   -> size mismatch at collective #2, culprit rank 2,
                                       call site step() in this file
+
+On gloo the culprit's tensor is the smaller one on purpose: a receiver that gets *more*
+bytes than it expects aborts the whole process from gloo's C++ thread (EnforceNotMet ->
+std::terminate), which no Python hook survives; the other ranks' dumps then name that rank
+as missing.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch.distributed as dist
 
 
 def step(rank: int, culprit: int, device: torch.device) -> None:
-    n = 8 if rank == culprit else 4  # the bug: one rank's batch has another shape
+    n = 2 if rank == culprit else 4  # the bug: one rank's batch has another shape
     t = torch.ones(n, device=device)
     dist.all_reduce(t)
 

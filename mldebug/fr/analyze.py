@@ -411,7 +411,7 @@ def _extra_call(seq: int, tied: list[tuple[tuple[object, ...], list[int], list[E
     """In a tie, the side whose timeline from #seq+1 on repeats another side's from #seq."""
     def sigs(rank: int, start: int) -> list[tuple[object, ...]]:
         sm = next((m for rs, m in per_tl if rank in rs), {})
-        out = []
+        out: list[tuple[object, ...]] = []
         for k in range(start, start + span):
             if k not in sm:
                 break

@@ -74,6 +74,7 @@ class Recorder:
     host: str
     pid: int = field(default_factory=os.getpid)
     dumps: list[Path] = field(default_factory=list)
+    raw_copy: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _dumping_thread: int | None = None
     _terminate_after: bool = False
@@ -139,6 +140,9 @@ class Recorder:
 
         doc = safe_loads(raw)
         rank = self.current_rank()
+        if self.raw_copy:  # torch's bytes untouched, e.g. to report a bug upstream
+            (self.dump_dir / "raw").mkdir(exist_ok=True)
+            _atomic_write(self.dump_dir / "raw" / f"{PREFIX}{rank}", raw)
         doc["rank"] = rank
         doc["mldebug"] = {"rank": rank, "world_size": _world_size(), "host": self.host,
                           "pid": self.pid, "reason": reason, "time": time.time()}
@@ -330,12 +334,13 @@ _RECORDER: Recorder | None = None
 
 
 def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure: bool = True,
-           buffer_size: int = 2000, native: bool = True) -> Recorder:
+           buffer_size: int = 2000, native: bool = True, raw_copy: bool = False) -> Recorder:
     """Turn the flight recorder on for this rank and make it dumpable from outside.
 
     Call once, before or after ``init_process_group``. Returns the recorder; calling again
     returns the same one. ``dump_dir`` defaults to ``$MLDEBUG_FR_DIR`` or
-    ``/tmp/mldebug-fr-<uid>`` (where ``mldebug fr trigger`` looks).
+    ``/tmp/mldebug-fr-<uid>`` (where ``mldebug fr trigger`` looks). ``raw_copy`` (or
+    ``MLDEBUG_FR_RAW=1``) also keeps torch's unmodified bytes in ``<dir>/raw/``.
     """
     global _RECORDER
     if _RECORDER is not None:
@@ -356,7 +361,8 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
             pass
     rank_env = os.environ.get("RANK")
     rec = Recorder(dump_dir=d, rank=int(rank_env) if rank_env and rank_env.isdigit() else None,
-                   host=socket.gethostname().split(".")[0])
+                   host=socket.gethostname().split(".")[0],
+                   raw_copy=raw_copy or os.environ.get("MLDEBUG_FR_RAW") == "1")
     try:
         import torch.distributed as dist
 
