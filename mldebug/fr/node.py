@@ -5,10 +5,11 @@ it imports nothing outside the standard library and nodes need no mldebug instal
 also imported by ``mldebug.fr.collect`` for the local case.
 
 Ranks that called ``mldebug.fr.enable()`` register in the dump directory
-(``.mldebug-fr-<pid>.json`` and a FIFO ``.mldebug-fr-<pid>.trigger``). For each registration of
+(``.mldebug-fr-<host>-<pid>.json`` and a FIFO ``.mldebug-fr-<host>-<pid>.trigger``; the host
+is in the name because pids repeat across nodes sharing one directory). For each registration of
 a live process on this host the script writes a fresh token into the FIFO (non-blocking: a
 rank that is not listening is reported, never waited on), then waits until the rank writes
-``.mldebug-fr-<pid>.done`` naming that token and its dump file. When no rank registered but
+``.mldebug-fr-<host>-<pid>.done`` naming that token and its dump file. When no rank registered but
 PyTorch's native NCCL pipes exist (``<dir>/nccl/*.pipe``), it pokes those instead.
 
 Output: one line ``MLDEBUG-JSON {"host":..., "ranks":[{"rank", "pid", "file", "data"|"error"}],
@@ -110,7 +111,8 @@ def trigger(dump_dir: str, timeout: float, include_data: bool = True) -> dict[st
             item["error"] = err
             out["ranks"].append(item)
         else:
-            item["_done"] = os.path.join(dump_dir, f"{REGISTRY_PREFIX}{pid}.done")
+            item["_done"] = str(reg.get("done") or os.path.join(
+                dump_dir, f"{REGISTRY_PREFIX}{host}-{pid}.done"))
             waiting.append(item)
     if stale:
         out["notes"].append(f"{stale} registration(s) of processes that no longer run were ignored")

@@ -31,7 +31,7 @@ from typing import Any
 
 PREFIX = "fr_rank"
 NATIVE_SUBDIR = "nccl"
-REGISTRY_PREFIX = ".mldebug-fr-"  # .mldebug-fr-<pid>.json / .done / .trigger
+REGISTRY_PREFIX = ".mldebug-fr-"  # .mldebug-fr-<host>-<pid>.json / .done / .trigger
 
 
 def default_dir() -> Path:
@@ -85,15 +85,15 @@ class Recorder:
     # -- paths ---------------------------------------------------------------------------
     @property
     def fifo(self) -> Path:
-        return self.dump_dir / f"{REGISTRY_PREFIX}{self.pid}.trigger"
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.trigger"
 
     @property
     def registry(self) -> Path:
-        return self.dump_dir / f"{REGISTRY_PREFIX}{self.pid}.json"
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.json"
 
     @property
     def done(self) -> Path:
-        return self.dump_dir / f"{REGISTRY_PREFIX}{self.pid}.done"
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.done"
 
     def current_rank(self) -> int:
         try:
@@ -164,7 +164,8 @@ class Recorder:
             return
         _atomic_write(self.registry, json.dumps(
             {"pid": self.pid, "host": self.host, "rank": self.rank,
-             "fifo": str(self.fifo), "dump_dir": str(self.dump_dir)}).encode())
+             "fifo": str(self.fifo), "done": str(self.done),
+             "dump_dir": str(self.dump_dir)}).encode())
         threading.Thread(target=self._serve, name="mldebug-fr-trigger", daemon=True).start()
         atexit.register(self._unregister)
 
