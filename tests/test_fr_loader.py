@@ -96,3 +96,16 @@ def test_identical_timelines_are_stored_once(tmp_path):
     ds = load([tmp_path])
     assert len(ds.timelines) == 2
     assert sorted(len(t.ranks) for t in ds.timelines) == [1, 15]
+
+
+def test_worker_processes_give_the_same_result(tmp_path):
+    from mldebug.fr.loader import expand_inputs, load_files
+
+    synth.write(tmp_path, synth.spmd_job(12, 40, fault="extra", culprit=4, at=30))
+    (tmp_path / "rank_99").write_bytes(b"")
+    files = expand_inputs([tmp_path])
+    serial, parallel = load_files(files, workers=1), load_files(files, workers=2)
+    assert sorted(serial.dumps) == sorted(parallel.dumps) == list(range(12))
+    assert [sorted(t.ranks) for t in serial.timelines] == [sorted(t.ranks) for t in parallel.timelines]
+    assert [p.file for p in serial.problems] == [p.file for p in parallel.problems]
+    assert analyze(parallel).to_dict() == analyze(serial).to_dict()

@@ -12,6 +12,8 @@ already kept; only a new timeline is normalised into ``Entry`` objects.
 from __future__ import annotations
 
 import ast
+import gc
+import hashlib
 import io
 import json
 import os
@@ -19,6 +21,7 @@ import pickle
 import re
 import stat
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -88,53 +91,96 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def load_files(paths: Iterable[str | Path]) -> DumpSet:
-    """Load every dump; unreadable, empty, truncated or unsafe files become problems."""
-    ds = DumpSet()
-    projections: list[list[Any]] = []
-    for path in paths:
-        name = str(path)
-        try:
-            data = Path(path).read_bytes()
-        except OSError as e:
-            ds.problems.append(LoadProblem(name, f"cannot read: {e.strerror or e}"))
-            continue
-        doc, err = _decode(data)
-        if err is not None:
-            ds.problems.append(LoadProblem(name, err))
-            continue
-        assert doc is not None
-        rank, rank_from = _rank_of(doc, name)
-        if rank is None:
-            ds.problems.append(LoadProblem(name, (
-                "the dump does not say its rank and the file name ends in no number; "
-                "rename it to end in the rank, e.g. fr_rank3")))
-            continue
-        if rank in ds.dumps:
-            ds.duplicates.setdefault(rank, [ds.dumps[rank].file]).append(name)
-            continue
-        raw_entries = doc.get("entries") or []
-        if not isinstance(raw_entries, list):
-            ds.problems.append(LoadProblem(name, "'entries' is not a list; not a flight-recorder dump"))
-            continue
-        dump = _rank_dump(doc, rank, rank_from, name, len(raw_entries))
-        proj = _project(raw_entries)
-        for i, existing in enumerate(projections):
-            if len(existing) == len(proj) and existing == proj:
-                dump.timeline = i
-                ds.timelines[i].ranks.append(rank)
-                break
+def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpSet:
+    """Load every dump; unreadable, empty, truncated or unsafe files become problems.
+
+    Large sets are scanned by ``workers`` processes (default: up to 8, one per CPU, when
+    there are 64 files or more); each returns only a fingerprint of the file's timeline, and
+    one file per distinct timeline is then read in full here.
+    """
+    files = [str(p) for p in paths]
+    if workers is None:
+        workers = min(8, os.cpu_count() or 1) if len(files) >= 64 else 1
+    was_enabled = gc.isenabled()
+    gc.disable()  # millions of short-lived containers, no cycles: the collector only costs
+    try:
+        if workers > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                scanned = list(pool.map(_scan_light, files,
+                                        chunksize=max(1, len(files) // (workers * 4))))
         else:
+            scanned = [_scan(f, keep=True) for f in files]
+        return _assemble(scanned)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@dataclass
+class _Scanned:
+    file: str
+    error: str | None = None
+    dump: RankDump | None = None
+    fingerprint: bytes = b""
+    raw_entries: list[dict[str, Any]] | None = None
+
+
+def _scan_light(path: str) -> _Scanned:
+    return _scan(path, keep=False)
+
+
+def _scan(name: str, keep: bool) -> _Scanned:
+    try:
+        data = Path(name).read_bytes()
+    except OSError as e:
+        return _Scanned(name, f"cannot read: {e.strerror or e}")
+    doc, err = _decode(data)
+    if err is not None or doc is None:
+        return _Scanned(name, err or "unreadable")
+    rank, rank_from = _rank_of(doc, name)
+    if rank is None:
+        return _Scanned(name, "the dump does not say its rank and the file name ends in no "
+                        "number; rename it to end in the rank, e.g. fr_rank3")
+    raw_entries = doc.get("entries") or []
+    if not isinstance(raw_entries, list):
+        return _Scanned(name, "'entries' is not a list; not a flight-recorder dump")
+    dump = _rank_dump(doc, rank, rank_from, name, len(raw_entries))
+    fp = hashlib.blake2b(pickle.dumps(_project(raw_entries), protocol=4),
+                         digest_size=20).digest()
+    return _Scanned(name, dump=dump, fingerprint=fp, raw_entries=raw_entries if keep else None)
+
+
+def _assemble(scanned: list[_Scanned]) -> DumpSet:
+    ds = DumpSet()
+    by_fp: dict[bytes, int] = {}
+    for sc in scanned:
+        if sc.error is not None or sc.dump is None:
+            ds.problems.append(LoadProblem(sc.file, sc.error or "unreadable"))
+            continue
+        dump = sc.dump
+        if dump.rank in ds.dumps:
+            ds.duplicates.setdefault(dump.rank, [ds.dumps[dump.rank].file]).append(sc.file)
+            continue
+        idx = by_fp.get(sc.fingerprint)
+        if idx is not None:
+            ds.timelines[idx].ranks.append(dump.rank)
+        else:
+            raw = sc.raw_entries
+            if raw is None:  # scanned by a worker: read this timeline's file in full
+                again = _scan(sc.file, keep=True)
+                raw = again.raw_entries or []
             try:
-                entries = [_entry(e) for e in raw_entries]
+                entries = [_entry(e) for e in raw]
             except (KeyError, TypeError, ValueError, AttributeError) as e:
-                ds.problems.append(LoadProblem(name, f"malformed entry ({type(e).__name__}: {e}); "
-                                               "not a flight-recorder dump of a known version"))
+                ds.problems.append(LoadProblem(sc.file, f"malformed entry ({type(e).__name__}: "
+                                               f"{e}); not a flight-recorder dump of a known version"))
                 continue
-            projections.append(proj)
-            ds.timelines.append(Timeline([rank], entries))
-            dump.timeline = len(ds.timelines) - 1
-        ds.dumps[rank] = dump
+            idx = by_fp[sc.fingerprint] = len(ds.timelines)
+            ds.timelines.append(Timeline([dump.rank], entries))
+        dump.timeline = idx
+        ds.dumps[dump.rank] = dump
     return ds
 
 

@@ -125,38 +125,41 @@ def write(directory: str | Path, dumps: dict[int, dict[str, Any]], prefix: str =
 
 def spmd_job(world: int, n: int, *, fault: str | None = None, culprit: int = 0,
              at: int | None = None, backend: str = "nccl") -> dict[int, dict[str, Any]]:
-    """``world`` ranks x ``n`` entries of an SPMD loop (all_reduce / all_gather / barrier).
+    """``world`` ranks x ``n`` entries of an SPMD loop (all_reduce / all_gather).
 
     ``fault``: None, "extra" (culprit issues one extra all_reduce at seq ``at``), "size"
     (culprit's tensor at ``at`` is bigger), "skip" (culprit never enqueues ``at`` onward).
     Entries before ``at`` are completed, the rest scheduled (the job hangs at ``at``).
     """
+    return {r: spmd_rank(world, n, r, fault=fault, culprit=culprit, at=at, backend=backend)
+            for r in range(world)}
+
+
+def spmd_rank(world: int, n: int, rank: int, *, fault: str | None = None, culprit: int = 0,
+              at: int | None = None, backend: str = "nccl") -> dict[str, Any]:
+    """One rank's dump of ``spmd_job`` (benchmarks build the majority's once and reuse it)."""
     at = n if at is None else at
     frames_ar = user_frames("train_step", 41)
     frames_ag = user_frames("gather_metrics", 57)
     frames_bug = user_frames("maybe_sync", 73)
-    out = {}
-    for r in range(world):
-        entries = []
-        seq = 0
-        for i in range(1, n + 1):
-            if fault == "skip" and r == culprit and i >= at:
-                break
-            if fault == "extra" and r == culprit and i == at:
-                seq += 1
-                entries.append(entry(seq, "all_reduce", backend=backend, state="scheduled",
-                                     frames=frames_bug))
+    entries = []
+    seq = 0
+    for i in range(1, n + 1):
+        if fault == "skip" and rank == culprit and i >= at:
+            break
+        if fault == "extra" and rank == culprit and i == at:
             seq += 1
-            if seq > n:
-                break
-            state = "completed" if seq < at else "scheduled"
-            if i % 3 == 0:
-                entries.append(entry(seq, "all_gather", backend=backend,
-                                     sizes=((4,),), out_sizes=((4 * world,),), state=state,
-                                     frames=frames_ag))
-            else:
-                size = 8 if (fault == "size" and r == culprit and i == at) else 4
-                entries.append(entry(seq, "all_reduce", backend=backend, sizes=((size,),),
-                                     state=state, frames=frames_ar))
-        out[r] = dump(r, entries, world=world)
-    return out
+            entries.append(entry(seq, "all_reduce", backend=backend, state="scheduled",
+                                 frames=frames_bug))
+        seq += 1
+        if seq > n:
+            break
+        state = "completed" if seq < at else "scheduled"
+        if i % 3 == 0:
+            entries.append(entry(seq, "all_gather", backend=backend, sizes=((4,),),
+                                 out_sizes=((4 * world,),), state=state, frames=frames_ag))
+        else:
+            size = 8 if (fault == "size" and rank == culprit and i == at) else 4
+            entries.append(entry(seq, "all_reduce", backend=backend, sizes=((size,),),
+                                 state=state, frames=frames_ar))
+    return dump(rank, entries, world=world)
