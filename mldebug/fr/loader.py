@@ -108,11 +108,9 @@ def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpS
             from concurrent.futures import ProcessPoolExecutor
 
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                scanned = list(pool.map(_scan_light, files,
-                                        chunksize=max(1, len(files) // (workers * 4))))
-        else:
-            scanned = [_scan(f, keep=True) for f in files]
-        return _assemble(scanned)
+                return _assemble(list(pool.map(
+                    _scan_light, files, chunksize=max(1, len(files) // (workers * 4)))))
+        return _assemble(_scan(f, keep=True) for f in files)  # one file's entries at a time
     finally:
         if was_enabled:
             gc.enable()
@@ -152,7 +150,7 @@ def _scan(name: str, keep: bool) -> _Scanned:
     return _Scanned(name, dump=dump, fingerprint=fp, raw_entries=raw_entries if keep else None)
 
 
-def _assemble(scanned: list[_Scanned]) -> DumpSet:
+def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
     ds = DumpSet()
     by_fp: dict[bytes, int] = {}
     for sc in scanned:

@@ -278,15 +278,43 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _raw_trace() -> bytes:
+    """torch's dump of this process's recorder(s).
+
+    CUDA builds keep NCCL work in their own recorder (``_dump_nccl_trace``); CPU backends
+    (gloo) use ``_dump_fr_trace``. When both hold entries they are merged by creation time.
+    """
     import torch
 
     c10d = torch._C._distributed_c10d
-    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
-        fn = getattr(c10d, name, None)
-        if fn is not None:
-            return bytes(fn())
-    raise RuntimeError("this torch build has no flight recorder (_dump_fr_trace); "
-                       "torch >= 2.5 is needed")
+    dumps = [bytes(fn()) for fn in (getattr(c10d, "_dump_nccl_trace", None),
+                                    getattr(c10d, "_dump_fr_trace", None)) if fn is not None]
+    if not dumps:
+        raise RuntimeError("this torch build has no flight recorder (_dump_fr_trace); "
+                           "torch >= 2.5 is needed")
+    if len(dumps) == 1:
+        return dumps[0]
+    from mldebug.fr.loader import safe_loads
+
+    docs = [safe_loads(d) for d in dumps]
+    full = [d for d in docs if isinstance(d, dict) and d.get("entries")]
+    if len(full) <= 1:
+        return pickle.dumps(full[0] if full else docs[0], protocol=4)
+    return pickle.dumps(merge_dumps(full), protocol=4)
+
+
+def merge_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One dump from several recorders of one process (entries ordered by creation time)."""
+    out = dict(docs[0])
+    entries = [e for d in docs for e in d.get("entries", [])]
+    entries.sort(key=lambda e: e.get("time_created_ns") or 0)
+    out["entries"] = entries
+    for key in ("pg_config", "pg_status"):
+        merged: dict[str, Any] = {}
+        for d in docs:
+            if isinstance(d.get(key), dict):
+                merged.update(d[key])
+        out[key] = merged
+    return out
 
 
 def _world_size() -> int | None:
