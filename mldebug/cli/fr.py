@@ -142,8 +142,8 @@ def _trigger(args: argparse.Namespace) -> int:
                 con.print(Text(f"  {err}", style="yellow"))
             for note in n.notes:
                 con.print(Text(f"  {note}", style="dim"))
-        con.print(f"{len(result.files)} dump(s) in {out}/" +
-                  (f"   next: mldebug fr analyze {out}" if result.files and not args.analyze else ""))
+        con.print(Text(f"{len(result.files)} dump(s) in {out}/" + (
+            f"   next: mldebug fr analyze {out}" if result.files and not args.analyze else "")))
         if analysis is not None:
             from mldebug.fr.report import render
 

@@ -115,6 +115,7 @@ def render_timeline(ds: DumpSet, console: Console, frames: int = 2,
                     rank: int | None = None) -> None:
     """Every entry, side by side per distinct timeline (ranks sharing one are folded)."""
     from rich.table import Table
+    from rich.text import Text
 
     cols = [(tl, sorted(tl.ranks)) for tl in ds.timelines
             if rank is None or rank in tl.ranks]
@@ -137,5 +138,5 @@ def render_timeline(ds: DumpSet, console: Console, frames: int = 2,
         cells.append(cell)
     for key in sorted(keys, key=lambda k: (k[0], k[1], k[2])):
         label = f"{key[0]}:{'p2p ' if key[1] else ''}#{key[2]}"
-        table.add_row(label, *[c.get(key, "-") for c in cells])
+        table.add_row(label, *[Text(c.get(key, "-")) for c in cells])  # no markup: "[state]"
     console.print(table)
