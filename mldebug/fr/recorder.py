@@ -379,9 +379,9 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
     if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(buffer_size)
     if native:
-        env = native_env(d, buffer_size)
-        if not os.environ.get("TORCH_FR_BUFFER_SIZE"):
-            env.pop("TORCH_FR_BUFFER_SIZE")
+        size = (os.environ.get("TORCH_FR_BUFFER_SIZE")
+                or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or str(buffer_size))
+        env = native_env(d, int(size) if size.isdigit() else buffer_size)
         for key, value in env.items():
             os.environ.setdefault(key, value)
         try:
