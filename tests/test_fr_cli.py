@@ -17,7 +17,7 @@ def test_env_prints_current_and_old_names():
     lines = dict(line.split("  #")[0].removeprefix("export ").split("=", 1)
                  for line in r.stdout.splitlines() if line.startswith("export "))
     assert lines["TORCH_FR_BUFFER_SIZE"] == "500" and lines["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
-    assert lines["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and lines["TORCH_NCCL_DESYNC_DEBUG"] == "1"
+    assert lines["TORCH_FR_DUMP_ON_TIMEOUT"] == lines["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and lines["TORCH_NCCL_DESYNC_DEBUG"] == "1"
     assert lines["TORCH_FR_DUMP_TEMP_FILE"] == "/scratch/fr/nccl/fr_rank"
     assert lines["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/fr/nccl/fr_rank"
     assert "before torch 2.9" in r.stdout

@@ -161,8 +161,9 @@ def _env(args: argparse.Namespace) -> int:
         "TORCH_FR_BUFFER_SIZE": "entries kept per rank; non-zero turns the recorder on "
                                 "(before torch 2.9: TORCH_NCCL_TRACE_BUFFER_SIZE)",
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "pre-2.9 name; the NCCL debug pipe still reads it",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "NCCL: dump when the watchdog fires (gloo never does; "
-                                      "use mldebug.fr.enable() there)",
+        "TORCH_FR_DUMP_ON_TIMEOUT": "NCCL: dump when the watchdog fires (gloo never does; "
+                                    "use mldebug.fr.enable() there)",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "pre-2.9 name of TORCH_FR_DUMP_ON_TIMEOUT",
         "TORCH_FR_DUMP_TEMP_FILE": "dump path prefix; each rank appends its rank "
                                    "(before torch 2.9: TORCH_NCCL_DEBUG_INFO_TEMP_FILE)",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "pre-2.9 name of TORCH_FR_DUMP_TEMP_FILE",

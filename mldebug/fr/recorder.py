@@ -52,7 +52,8 @@ def native_env(dump_dir: str | Path, buffer_size: int = 2000) -> dict[str, str]:
         "TORCH_NCCL_DESYNC_DEBUG": "1",
         "TORCH_FR_BUFFER_SIZE": str(buffer_size),
         "TORCH_NCCL_TRACE_BUFFER_SIZE": str(buffer_size),  # before 2.9; the pipe reads it
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # before 2.9
         "TORCH_FR_DUMP_TEMP_FILE": stem,
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem,  # before 2.9
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
