@@ -1,0 +1,117 @@
+"""Benchmark: `mldebug fr analyze` vs torchfrtrace on the same synthetic dump sets.
+
+Each set is an SPMD job of RANKS ranks x ENTRIES entries (all_reduce / all_gather, 4 frames
+per entry, torch's format 2.10) with one rank's tensor of another size near the end. Both
+analysers run in fresh subprocesses on the same files; wall time includes loading, and the
+peak RSS is the child's own (wait4). torchfrtrace gets a time cap; where it does not finish,
+the ratio is a lower bound (">").
+
+    .venv/bin/python benchmarks/bench_fr.py                 # 1024x2000 plus smaller sets
+    .venv/bin/python benchmarks/bench_fr.py --sets 64x2000 --cap 120
+
+Not a test: prints figures, asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mldebug.fr import synth  # noqa: E402
+
+OURS = """
+import sys, time, resource
+t = time.perf_counter()
+from mldebug.fr.loader import load
+from mldebug.fr.analyze import analyze
+a = analyze(load([sys.argv[1]]))
+print("culprits", a.culprits, "kind", a.mismatches[0].kind if a.mismatches else None,
+      "seq", a.mismatches[0].seq if a.mismatches else None, "timelines", a.timelines)
+print("inner_s", time.perf_counter() - t)
+"""
+
+
+def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
+    d = root / f"fr-{ranks}x{entries}"
+    if (d / f"fr_rank{ranks - 1}").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    at = entries - 7
+    majority = synth.spmd_rank(ranks, entries, 0 if culprit else 1, fault="size",
+                               culprit=culprit, at=at)
+    for r in range(ranks):
+        doc = (synth.spmd_rank(ranks, entries, r, fault="size", culprit=culprit, at=at)
+               if r == culprit else majority)
+        doc["rank"] = r
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=4))
+    return d
+
+
+def run(argv: list[str], cap: float) -> tuple[float, float, bool, str]:
+    """Wall seconds, the child's own peak RSS in MiB (wait4), finished, output tail."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as out:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+        finished = True
+        while True:
+            pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > cap:
+                proc.kill()
+                _, _, usage = os.wait4(proc.pid, 0)
+                finished = False
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - start
+        proc.returncode = 0  # reaped here; keep Popen from waiting again
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return wall, usage.ru_maxrss / 1024, finished, text[-20000:]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sets", default="16x2000,64x2000,1024x2000")
+    p.add_argument("--cap", type=float, default=300.0, help="seconds torchfrtrace may take")
+    p.add_argument("--root", default="/tmp/mldebug-bench-fr")
+    p.add_argument("--no-torchfrtrace", action="store_true")
+    a = p.parse_args()
+    root = Path(a.root)
+    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}")
+    print(f"{'set':>10} {'ours_s':>8} {'ours_MiB':>9} {'frtrace_s':>10} {'frtrace_MiB':>11} "
+          f"{'ratio':>8}  answer")
+    for spec in a.sets.split(","):
+        ranks, entries = (int(x) for x in spec.split("x"))
+        d = make_set(root, ranks, entries, culprit=ranks // 3)
+        ours_s, ours_rss, _, ours_out = run([sys.executable, "-c", OURS, str(d)], 3600)
+        answer = " ".join(line for line in ours_out.splitlines() if line.startswith("culprits"))
+        if a.no_torchfrtrace:
+            print(f"{spec:>10} {ours_s:8.2f} {ours_rss:9.0f} {'-':>10} {'-':>11} {'-':>8}  {answer}")
+            continue
+        fr_s, fr_rss, done, fr_out = run([sys.executable, "-m",
+                                          "torch.distributed.flight_recorder.fr_trace",
+                                          str(d), "-p", "fr_rank"], a.cap)
+        import re
+
+        theirs = sorted({int(x) for x in re.findall(r"Culprit rank (\d+)", fr_out)})
+        answer += f" | torchfrtrace culprits {theirs if done else '(did not finish)'}"
+        ratio = f"{fr_s / ours_s:.1f}x" if done else f">{fr_s / ours_s:.1f}x"
+        fr_txt = f"{fr_s:.2f}" if done else f">{a.cap:.0f}"
+        print(f"{spec:>10} {ours_s:8.2f} {ours_rss:9.0f} {fr_txt:>10} "
+              f"{fr_rss if done else float('nan'):11.0f} {ratio:>8}  {answer}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

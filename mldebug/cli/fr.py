@@ -1,0 +1,177 @@
+"""mldebug fr: trigger flight-recorder dumps on a live job, analyse them across ranks."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from pathlib import Path
+
+from mldebug.errors import MldebugError, UsageError
+
+HELP = "flight recorder: trigger dumps on a live job (any backend) and name the culprit rank"
+DESCRIPTION = """\
+PyTorch's flight recorder keeps the last collectives of every rank. mldebug makes it dumpable
+on demand and analyses all ranks at once:
+
+  # in the training script, once (before or after init_process_group):
+  import mldebug.fr; mldebug.fr.enable()
+
+  mldebug fr trigger                      # every rank on this host dumps now
+  mldebug fr trigger --nodes node[1-8]    # ... on every node, gathered here
+  mldebug fr analyze fr-dumps-*/          # first divergence, culprit rank, call site
+  mldebug fr env                          # export lines for PyTorch's native recorder
+
+Docs: docs/fr.md."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from mldebug.cli._common import add_json_argument, add_target_arguments
+
+    sub = p.add_subparsers(dest="fr_command", metavar="SUBCOMMAND", title="subcommands")
+    t = sub.add_parser("trigger", help="make every rank dump now and collect the dumps here",
+                       description="Every rank that called mldebug.fr.enable() writes its "
+                       "flight-recorder dump; the dumps are gathered into --out, named "
+                       "fr-<host>-rank<R>. Works while the job is hung.")
+    t.add_argument("--dir", metavar="DIR",
+                   help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
+                        "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
+    t.add_argument("--out", metavar="DIR",
+                   help="where to gather the dumps (default: ./fr-dumps-<time>)")
+    t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
+    t.add_argument("--frames", type=int, default=2, metavar="N",
+                   help="user frames per call site with --analyze (default: 2)")
+    add_target_arguments(t, default_timeout=30.0)
+    add_json_argument(t)
+    t.set_defaults(_fr=_trigger)
+
+    a = sub.add_parser("analyze", help="cross-rank analysis of dumps: first divergence, culprit",
+                       description="Load every rank's dump (restricted unpickler: plain data "
+                       "only), align entries per process group by sequence number and report "
+                       "the first divergence, missing and lagging ranks, with the culprit "
+                       "rank(s) and their call sites. JSON schema: docs/fr.md.")
+    a.add_argument("inputs", nargs="+", metavar="DIR|FILE",
+                   help="a directory of dumps, or dump files (any names)")
+    a.add_argument("--all", action="store_true",
+                   help="also print every rank's whole timeline side by side")
+    a.add_argument("--frames", type=int, default=2, metavar="N",
+                   help="user (non-torch) frames per call site (default: 2)")
+    a.add_argument("--rank", type=int, metavar="R",
+                   help="with --all: only the timeline rank R belongs to")
+    add_json_argument(a)
+    a.set_defaults(_fr=_analyze)
+
+    e = sub.add_parser("env", help="print export lines for PyTorch's native recorder")
+    e.add_argument("--dir", metavar="DIR", help="dump directory (default: as enable())")
+    e.add_argument("--buffer-size", type=int, default=2000, metavar="N",
+                   help="entries kept per rank (default: 2000)")
+    e.set_defaults(_fr=_env)
+
+
+def run(args: argparse.Namespace) -> int:
+    fn = getattr(args, "_fr", None)
+    if fn is None:
+        raise UsageError("mldebug fr needs a subcommand.",
+                         "Use 'mldebug fr trigger', 'mldebug fr analyze DIR' or 'mldebug fr env'.")
+    return int(fn(args))
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from mldebug.fr.analyze import analyze
+    from mldebug.fr.loader import expand_inputs, load_files
+    from mldebug.fr.report import render, render_timeline
+    from mldebug.render import console, print_json
+
+    if args.frames < 0:
+        raise UsageError("--frames must be 0 or more.", "Pass e.g. --frames 2.")
+    for item in args.inputs:
+        if not Path(item).exists():
+            raise UsageError(f"{item} does not exist.",
+                             "Pass the directory 'mldebug fr trigger' wrote, or dump files.")
+    files = expand_inputs(args.inputs)
+    if not files:
+        raise MldebugError(f"no files in {', '.join(args.inputs)}.",
+                           "Collect dumps first: mldebug fr trigger --out DIR.")
+    ds = load_files(files)
+    result = analyze(ds, frames=args.frames)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        con = console()
+        if args.all:
+            render_timeline(ds, con, args.frames, args.rank)
+        render(result, con)
+    if not ds.dumps:
+        if not args.json:
+            raise MldebugError("none of the files could be loaded as a flight-recorder dump.",
+                               "See the reasons above; collect again with mldebug fr trigger.")
+        return 1
+    return 0
+
+
+def _trigger(args: argparse.Namespace) -> int:
+    from mldebug.cli._common import fanout_kwargs, target_from_args
+    from mldebug.fr.collect import trigger
+    from mldebug.render import console, print_json
+
+    target = target_from_args(args)
+    out = Path(args.out or f"fr-dumps-{time.strftime('%Y%m%d-%H%M%S')}")
+    kw = fanout_kwargs(args)
+    timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
+    result = trigger(target, out, args.dir, timeout=timeout, **kw)
+    analysis = None
+    if args.analyze and result.files:
+        from mldebug.fr.analyze import analyze
+        from mldebug.fr.loader import load_files
+
+        analysis = analyze(load_files(result.files), frames=args.frames)
+    if args.json:
+        doc = result.to_dict()
+        if analysis is not None:
+            doc["analysis"] = analysis.to_dict()
+        print_json(doc)
+    else:
+        from rich.text import Text
+
+        con = console()
+        for n in result.nodes:
+            line = Text(f"{n.host}: ", style="bold")
+            line.append(f"{len(n.files)} dump(s)", style="green" if n.files else "yellow")
+            con.print(line)
+            for err in n.errors:
+                con.print(Text(f"  {err}", style="yellow"))
+            for note in n.notes:
+                con.print(Text(f"  {note}", style="dim"))
+        con.print(Text(f"{len(result.files)} dump(s) in {out}/" + (
+            f"   next: mldebug fr analyze {out}" if result.files and not args.analyze else "")))
+        if analysis is not None:
+            from mldebug.fr.report import render
+
+            render(analysis, con)
+    return 0 if result.files else 1
+
+
+def _env(args: argparse.Namespace) -> int:
+    from mldebug.fr.recorder import default_dir, native_env
+
+    d = Path(args.dir) if args.dir else default_dir()
+    env = native_env(d, args.buffer_size)
+    comments = {
+        "TORCH_NCCL_DESYNC_DEBUG": "name the rank/collective that fell out of step at a timeout",
+        "TORCH_FR_BUFFER_SIZE": "entries kept per rank; non-zero turns the recorder on "
+                                "(before torch 2.9: TORCH_NCCL_TRACE_BUFFER_SIZE)",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "pre-2.9 name; the NCCL debug pipe still reads it",
+        "TORCH_FR_DUMP_ON_TIMEOUT": "NCCL: dump when the watchdog fires (gloo never does; "
+                                    "use mldebug.fr.enable() there)",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "pre-2.9 name of TORCH_FR_DUMP_ON_TIMEOUT",
+        "TORCH_FR_DUMP_TEMP_FILE": "dump path prefix; each rank appends its rank "
+                                   "(before torch 2.9: TORCH_NCCL_DEBUG_INFO_TEMP_FILE)",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "pre-2.9 name of TORCH_FR_DUMP_TEMP_FILE",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "NCCL: writing to <this><rank>.pipe dumps that rank "
+                                           "(mldebug fr trigger pokes these pipes)",
+    }
+    print(f"# PyTorch flight recorder, native path (set before init_process_group). "
+          f"Make the directory first: mkdir -p {d / 'nccl'}")
+    for key, value in env.items():
+        print(f"export {key}={shlex.quote(value)}  # {comments.get(key, '')}")
+    return 0

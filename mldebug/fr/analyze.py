@@ -1,0 +1,533 @@
+"""Cross-rank flight-recorder analysis: pure functions from a DumpSet to an Analysis.
+
+Per process group, entries are aligned across ranks by ``collective_seq_id`` (send/recv by
+peer pair and order) and the first position where ranks disagree is reported with its kind,
+the culprit ranks (minority vote, with the reasoning) and the user call sites. The checks are
+those torch's ``torchfrtrace`` makes (type, sizes incl. all_gather/reduce_scatter shape rules,
+all_to_all total numel, dtypes, missing ranks, p2p pairing) plus lag from ``pg_status``.
+No I/O here: tested on synthetic dump sets and reused for live and saved data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mldebug.fr.model import (
+    ALL_TO_ALL,
+    P2P_OPS,
+    ROOT_INPUT_ONLY,
+    ROOT_OUTPUT_ONLY,
+    Analysis,
+    DumpSet,
+    Entry,
+    Frame,
+    GroupSummary,
+    Lag,
+    Mismatch,
+    SignatureGroup,
+)
+
+_TORCH_FRAME = re.compile(
+    r"([/\\](site|dist)-packages[/\\]torch[/\\])|(^|[/\\])torch[/\\](distributed|nn|_dynamo|"
+    r"_tensor\.py|utils|autograd|cuda|_ops\.py|_compile|amp|optim|fx|_C)([/\\.]|$)")
+
+_GATHER_LIKE = frozenset({"all_gather", "all_gather_base", "_all_gather_base",
+                          "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
+                          "all_gather_single"})
+_SCATTER_LIKE = frozenset({"reduce_scatter", "_reduce_scatter_base", "reduce_scatter_base",
+                           "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+                           "reduce_scatter_single"})
+_IN_EQ_OUT = frozenset({"all_reduce", "allreduce", "allreduce_coalesced", "broadcast"})
+_KIND_ORDER = {"type": 0, "size": 1, "dtype": 2, "state": 3}
+
+
+def is_torch_frame(frame: Frame) -> bool:
+    """Frames of torch's own collective plumbing (stripped from call sites)."""
+    return bool(_TORCH_FRAME.search(frame.filename))
+
+
+def call_site(entry: Entry, n: int = 2) -> list[str]:
+    """The first ``n`` user frames (innermost first): the call, then its callers."""
+    if n <= 0:
+        return []
+    user = [f for f in entry.frames if not is_torch_frame(f)]
+    return [str(f) for f in user[:n]]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def signature(e: Entry) -> tuple[object, ...]:
+    """What must agree across the ranks of one collective (torch's per-type rules)."""
+    ins = None if e.op in ALL_TO_ALL or e.op in ROOT_INPUT_ONLY else e.input_sizes
+    outs = None if e.op in ALL_TO_ALL or e.op in ROOT_OUTPUT_ONLY else e.output_sizes
+    ind = None if e.op in ROOT_INPUT_ONLY else frozenset(e.input_dtypes) if e.input_sizes else None
+    outd = (None if e.op in ROOT_OUTPUT_ONLY else
+            frozenset(e.output_dtypes) if e.output_sizes else None)
+    return (e.op, ins, outs, ind, outd)
+
+
+def describe(e: Entry) -> str:
+    dt = sorted(set(e.input_dtypes) | set(e.output_dtypes))
+    text = f"{e.op} in={_fmt_sizes(e.input_sizes)} out={_fmt_sizes(e.output_sizes)}"
+    return text + (f" {'/'.join(dt)}" if dt else "")
+
+
+def _fmt_sizes(sizes: tuple[tuple[int, ...], ...]) -> str:
+    return "[" + ",".join("[" + ",".join(map(str, s)) + "]" for s in sizes) + "]"
+
+
+def syntax_error(e: Entry, group_size: int) -> str | None:
+    """A rule one rank's own entry breaks (torch's shape and dtype rules), else None."""
+    if e.op in _GATHER_LIKE and e.input_sizes and e.output_sizes:
+        i, o = _numel(e.input_sizes[0]), sum(_numel(s) for s in e.output_sizes)
+        if o != i * group_size:
+            return (f"{e.op}: output numel {o} != input numel {i} x group size {group_size}")
+    if e.op in _SCATTER_LIKE and e.input_sizes and e.output_sizes:
+        i, o = sum(_numel(s) for s in e.input_sizes), _numel(e.output_sizes[0])
+        if i != o * group_size:
+            return (f"{e.op}: input numel {i} != output numel {o} x group size {group_size}")
+    if e.op in _IN_EQ_OUT and e.input_sizes and e.output_sizes and e.input_sizes != e.output_sizes:
+        return f"{e.op}: input sizes {_fmt_sizes(e.input_sizes)} != output sizes {_fmt_sizes(e.output_sizes)}"
+    if (e.op not in ROOT_INPUT_ONLY | ROOT_OUTPUT_ONLY | {"broadcast"} and e.input_dtypes
+            and e.output_dtypes and e.input_sizes and e.output_sizes
+            and set(e.input_dtypes) != set(e.output_dtypes)):
+        return f"{e.op}: input dtypes {sorted(set(e.input_dtypes))} != output dtypes {sorted(set(e.output_dtypes))}"
+    return None
+
+
+def _sig_kind(a: tuple[object, ...], b: tuple[object, ...]) -> str:
+    """Kind of disagreement between two positions (several entries when coalesced)."""
+    if len(a) != len(b):
+        return "type"
+    kinds = [_classify(x, y) for x, y in zip(a, b, strict=True) if x != y]  # type: ignore[arg-type]
+    return min(kinds, key=lambda k: _KIND_ORDER[k]) if kinds else "state"
+
+
+def _classify(a: tuple[object, ...], b: tuple[object, ...]) -> str:
+    if a[0] != b[0]:
+        return "type"
+    if a[1] != b[1] or a[2] != b[2]:
+        return "size"
+    if a[3] != b[3] or a[4] != b[4]:
+        return "dtype"
+    return "size"
+
+
+@dataclass
+class _Pg:
+    name: str
+    desc: str
+    pg_id: int | None
+    ranks: list[int]
+    membership: str
+
+
+def _default_group(name: str, desc: str) -> bool:
+    return desc == "default_pg" or (name == "0" and desc in ("", "undefined", "default_pg"))
+
+
+def _world_size(ds: DumpSet) -> int | None:
+    sizes = [d.world_size for d in ds.dumps.values() if d.world_size]
+    if sizes:
+        return max(sizes)
+    for d in ds.dumps.values():
+        for name, (desc, ranks) in d.pg_config.items():
+            if ranks and _default_group(name, desc):
+                return len(ranks)
+    return None
+
+
+def _groups(ds: DumpSet, world: int) -> list[_Pg]:
+    seen: dict[str, tuple[str, int | None]] = {}
+    users: dict[str, set[int]] = defaultdict(set)
+    for tl in ds.timelines:
+        names: dict[str, tuple[str, int | None]] = {}
+        for e in tl.entries:
+            names.setdefault(e.pg_name, (e.pg_desc, e.pg_id))
+        for name, v in names.items():
+            seen.setdefault(name, v)
+            users[name].update(tl.ranks)
+    config: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for d in ds.dumps.values():
+        for name, (desc, ranks) in d.pg_config.items():
+            if ranks:
+                config.setdefault(name, (desc, ranks))
+    out = []
+    for name, (desc, pg_id) in sorted(seen.items(), key=lambda kv: _natural(kv[0])):
+        if name in config:
+            out.append(_Pg(name, desc, pg_id, list(config[name][1]), "pg_config"))
+        elif _default_group(name, desc):
+            out.append(_Pg(name, desc, pg_id, list(range(world)), "default group"))
+        else:
+            out.append(_Pg(name, desc, pg_id, sorted(users[name]), "inferred from entries"))
+    return out
+
+
+def _natural(s: str) -> tuple[int, str]:
+    return (int(s), "") if s.isdigit() else (1 << 62, s)
+
+
+def analyze(ds: DumpSet, frames: int = 2) -> Analysis:
+    """Find the first divergence per process group, missing and lagging ranks."""
+    ranks = sorted(ds.dumps)
+    world = _world_size(ds) or ((max(ranks) + 1) if ranks else 0)
+    notes: list[str] = []
+    empty = sorted(r for r in ranks if ds.dumps[r].entry_count == 0)
+    if empty:
+        from mldebug.render import fold_ints
+
+        notes.append(f"rank(s) {fold_ints(empty)} recorded no entries: was TORCH_FR_BUFFER_SIZE "
+                     "set there (mldebug.fr.enable() sets it)? They are left out of the votes.")
+    for r in ranks:
+        if ds.dumps[r].rank_from == "filename":
+            notes.append(f"rank {r}: the dump does not say its rank; taken from the file name "
+                         f"{ds.dumps[r].file}")
+            break
+    pgs = _groups(ds, world)
+    expected = set(range(world))
+    for pg in pgs:
+        expected.update(pg.ranks)
+    missing = sorted(expected - set(ranks))
+    mismatches: list[Mismatch] = []
+    lagging: list[Lag] = []
+    summaries: list[GroupSummary] = []
+    empty_set = set(empty)
+    for pg in pgs:
+        m, summary = _analyze_collectives(ds, pg, frames, empty_set)
+        if m is not None:
+            mismatches.append(m)
+        p = _analyze_p2p(ds, pg, frames)
+        if p is not None:
+            mismatches.append(p)
+        lagging.extend(_lags(ds, pg, summary, empty_set))
+        summaries.append(summary)
+    never = sorted({r for m in mismatches if m.kind == "missing" for r in m.culprit_ranks})
+    return Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
+                    never_enqueued=never, mismatches=mismatches, lagging=lagging,
+                    groups=summaries, problems=list(ds.problems),
+                    duplicates=dict(ds.duplicates), timelines=len(ds.timelines), notes=notes)
+
+
+def _members_by_timeline(ds: DumpSet, pg: _Pg, skip: set[int]) -> list[tuple[int, list[int]]]:
+    members = set(pg.ranks)
+    out = []
+    for i, tl in enumerate(ds.timelines):
+        rs = sorted(r for r in tl.ranks if r in members and r not in skip)
+        if rs:
+            out.append((i, rs))
+    return out
+
+
+def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
+                         skip: set[int]) -> tuple[Mismatch | None, GroupSummary]:
+    per_tl: list[tuple[list[int], dict[int, list[Entry]]]] = []
+    for i, rs in _members_by_timeline(ds, pg, skip):
+        seqmap: dict[int, list[Entry]] = defaultdict(list)
+        for e in ds.timelines[i].entries:
+            if e.pg_name == pg.name and not e.is_p2p and e.op not in P2P_OPS:
+                seqmap[e.seq].append(e)
+        per_tl.append((rs, dict(seqmap)))
+    summary = GroupSummary(pg.name, pg.desc, pg.ranks, pg.membership, None, None)
+    with_entries = [sm for _, sm in per_tl if sm]
+    if not with_entries:
+        return None, summary
+    start = max(min(sm) for sm in with_entries)
+    end = max(max(sm) for sm in with_entries)
+    summary.compared_from, summary.compared_to = start, end
+    all_seqs = sorted({s for sm in with_entries for s in sm if s >= start})
+    size = len(pg.ranks)
+    for seq in all_seqs:
+        present: dict[tuple[object, ...], list[tuple[list[int], list[Entry]]]] = defaultdict(list)
+        absent: list[int] = []
+        syntax: list[tuple[list[int], list[Entry], str]] = []
+        for rs, sm in per_tl:
+            ents = sm.get(seq)
+            if ents is None:
+                if not sm or seq > max(sm):
+                    absent.extend(rs)
+                continue
+            sig = tuple(signature(e) for e in ents)
+            present[sig].append((rs, ents))
+            for e in ents:
+                err = syntax_error(e, size)
+                if err:
+                    syntax.append((rs, ents, err))
+                    break
+        if syntax:
+            culprits = sorted(r for rs, _, _ in syntax for r in rs)
+            groups = [_sig_group(rs, ents, frames) for rs, ents, _ in syntax]
+            why = "; ".join(f"rank(s) {_fold(rs)}: {err}" for rs, _, err in syntax)
+            return Mismatch(pg.name, pg.desc, seq, "syntax", culprits,
+                            f"the entry breaks the collective's own shape/dtype rule: {why}",
+                            groups), summary
+        if len(present) == 1 and not absent:
+            (only,) = present
+            first = only[0] if only else None
+            if isinstance(first, tuple) and first[0] in ALL_TO_ALL:
+                m = _alltoall_check(pg, seq, present[only], frames)
+                if m is not None:
+                    return m, summary
+            continue
+        if len(present) == 1 and absent:
+            return _missing(pg, seq, present, absent, per_tl, frames), summary
+        return _divergence(pg, seq, present, absent, per_tl, frames), summary
+    nodump = sorted(r for r in pg.ranks if r not in ds.dumps)
+    if nodump:
+        last = [(rs, sm[end]) for rs, sm in per_tl if end in sm]
+        rs, ents = _merge(last)
+        why = (f"every rank with a dump agrees up to collective #{end} ({ents[0].op}), which "
+               f"rank(s) {_fold(rs)} enqueued; rank(s) {_fold(nodump)} left no dump (dead, "
+               "frozen, or mldebug.fr.enable() not called there), so if the job hangs they "
+               "are the only candidates for holding it up.")
+        return Mismatch(pg.name, pg.desc, end, "missing", nodump, why,
+                        [_sig_group(rs, ents, frames),
+                         SignatureGroup(nodump, "(no dump)")]), summary
+    return None, summary
+
+
+def _fold(rs: Sequence[int]) -> str:
+    from mldebug.render import fold_ints
+
+    return fold_ints(rs)
+
+
+def _sig_group(rs: list[int], ents: list[Entry], frames: int) -> SignatureGroup:
+    desc = " + ".join(describe(e) for e in ents)
+    site = call_site(ents[0], frames) if ents else []
+    state = ents[-1].state if ents else None
+    return SignatureGroup(sorted(rs), desc, site, state)
+
+
+def _merge(items: list[tuple[list[int], list[Entry]]]) -> tuple[list[int], list[Entry]]:
+    rs = sorted(x for group, _ in items for x in group)
+    return rs, items[0][1]
+
+
+def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[list[int], list[Entry]]]],
+             absent: list[int], per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+             frames: int) -> Mismatch:
+    (items,) = present.values()
+    rs, ents = _merge(items)
+    absent = sorted(absent)
+    op = ents[0].op
+    groups = [_sig_group(rs, ents, frames), SignatureGroup(absent, "(not enqueued)")]
+    last = {}
+    for trs, sm in per_tl:
+        for r in trs:
+            if r in absent:
+                last[r] = max(sm) if sm else None
+    last_txt = ", ".join(f"rank {r}: #{v}" if v is not None else f"rank {r}: none"
+                         for r, v in sorted(last.items())[:8])
+    if len(rs) < len(absent):
+        why = (f"only rank(s) {_fold(rs)} enqueued collective #{seq} ({op}); the other "
+               f"{len(absent)} ranks never did (their last collective in this group: "
+               f"{last_txt}). Minority vote: the {len(rs)} rank(s) that issued it made an "
+               f"extra call.")
+        return Mismatch(pg.name, pg.desc, seq, "missing", rs, why, groups)
+    tie = " (a tie: equally, the others may have issued one call too many)" if len(rs) == len(absent) else ""
+    why = (f"rank(s) {_fold(rs)} enqueued collective #{seq} ({op}) and wait in it; rank(s) "
+           f"{_fold(absent)} never enqueued it (last collective in this group: {last_txt}): "
+           f"they skipped it or are stuck before it{tie}.")
+    return Mismatch(pg.name, pg.desc, seq, "missing", absent, why, groups)
+
+
+def _divergence(pg: _Pg, seq: int,
+                present: dict[tuple[object, ...], list[tuple[list[int], list[Entry]]]],
+                absent: list[int], per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                frames: int) -> Mismatch:
+    merged = sorted(((sig, *_merge(items)) for sig, items in present.items()),
+                    key=lambda t: (-len(t[1]), t[1][0]))
+    top_sig, top_rs, top_ents = merged[0]
+    kind = min((_sig_kind(top_sig, sig) for sig, _, _ in merged[1:]),
+               key=lambda k: _KIND_ORDER[k])
+    groups = [_sig_group(rs, ents, frames) for _, rs, ents in merged]
+    if absent:
+        groups.append(SignatureGroup(sorted(absent), "(not enqueued)"))
+    what = "; ".join(f"rank(s) {_fold(rs)}: {' + '.join(describe(e) for e in ents)}"
+                     for _, rs, ents in merged)
+    tied = [t for t in merged if len(t[1]) == len(top_rs)]
+    if len(tied) == 1:
+        culprits = sorted(r for _, rs, _ in merged[1:] for r in rs)
+        why = (f"{len(top_rs)} rank(s) agree on {describe(top_ents[0])}; minority vote names "
+               f"the rest ({what}).")
+    else:
+        extra = _extra_call(seq, tied, per_tl)
+        if extra is not None:
+            culprits = extra
+            why = (f"no majority ({what}); rank(s) {_fold(extra)} issued an extra call: their "
+                   f"next collective is the one the others issued at #{seq} (equally, the "
+                   "others skipped one).")
+        else:
+            culprits = sorted(r for _, rs, _ in merged for r in rs)
+            why = f"no majority ({what}); cannot tell which side is wrong."
+    if absent:
+        why += f" Rank(s) {_fold(sorted(absent))} never enqueued #{seq}."
+    began = _began_at(seq, top_rs, culprits, per_tl)
+    if began is not None:
+        why += (f" The culprit's call sites already differ from the others' from collective "
+                f"#{began} on: the divergence probably began there.")
+    m = Mismatch(pg.name, pg.desc, seq, kind, culprits, why, groups)
+    m.began_at = began
+    return m
+
+
+def _began_at(seq: int, majority: list[int], culprits: list[int],
+              per_tl: list[tuple[list[int], dict[int, list[Entry]]]]) -> int | None:
+    """The latest earlier seq where the culprit's call sites differ from the majority's.
+
+    An extra or missing call of the same op and size looks like the others' until the op
+    types differ further on; where the call sites first disagree is where it began.
+    """
+    if not culprits or not majority or set(culprits) & set(majority):
+        return None
+    maj = next((sm for rs, sm in per_tl if majority[0] in rs), None)
+    cul = next((sm for rs, sm in per_tl if culprits[0] in rs), None)
+    if maj is None or cul is None:
+        return None
+
+    def differ(k: int) -> bool:
+        a, b = maj[k], cul[k]
+        return bool(a[0].frames and b[0].frames) and [e.frames for e in a] != [e.frames for e in b]
+
+    k = seq - 1
+    while k in maj and k in cul and not differ(k):
+        k -= 1
+    if not (k in maj and k in cul):
+        return None
+    while k - 1 in maj and k - 1 in cul and differ(k - 1):
+        k -= 1
+    return k
+
+
+def _extra_call(seq: int, tied: list[tuple[tuple[object, ...], list[int], list[Entry]]],
+                per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                span: int = 4) -> list[int] | None:
+    """In a tie, the side whose timeline from #seq+1 on repeats another side's from #seq."""
+    def sigs(rank: int, start: int) -> list[tuple[object, ...]]:
+        sm = next((m for rs, m in per_tl if rank in rs), {})
+        out: list[tuple[object, ...]] = []
+        for k in range(start, start + span):
+            if k not in sm:
+                break
+            out.append(tuple(signature(e) for e in sm[k]))
+        return out
+
+    extra: list[int] = []
+    for sig, rs, _ in tied:
+        ahead = sigs(rs[0], seq + 1)
+        if not ahead:
+            continue
+        for other_sig, ors, _ in tied:
+            if other_sig == sig:
+                continue
+            theirs = sigs(ors[0], seq)[: len(ahead)]
+            if theirs == ahead[: len(theirs)] and theirs:
+                extra.extend(rs)
+                break
+    if extra and len(extra) < sum(len(rs) for _, rs, _ in tied):
+        return sorted(extra)
+    return None
+
+
+def _alltoall_check(pg: _Pg, seq: int, items: list[tuple[list[int], list[Entry]]],
+                    frames: int) -> Mismatch | None:
+    tin = tout = 0
+    for rs, ents in items:
+        e = ents[0]
+        tin += len(rs) * sum(_numel(s) for s in e.input_sizes)
+        tout += len(rs) * sum(_numel(s) for s in e.output_sizes)
+    if tin == tout:
+        return None
+    rs, ents = _merge(items)
+    return Mismatch(pg.name, pg.desc, seq, "size", rs,
+                    f"{ents[0].op}: total input numel {tin} != total output numel {tout} across "
+                    "the group; any rank may hold the wrong split sizes",
+                    [_sig_group(r, e, frames) for r, e in items])
+
+
+def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
+    members = sorted(pg.ranks)
+    sends: dict[tuple[int, int], list[Entry]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[Entry]] = defaultdict(list)
+    for tl in ds.timelines:
+        mine = [e for e in tl.entries if e.pg_name == pg.name and e.op in P2P_OPS]
+        if not mine:
+            continue
+        for r in tl.ranks:
+            for e in mine:
+                peer_local = e.dst if e.op == "send" else e.src
+                if peer_local is None or not 0 <= peer_local < len(members):
+                    continue
+                peer = members[peer_local]
+                (sends[(r, peer)] if e.op == "send" else recvs[(peer, r)]).append(e)
+    issues: list[Mismatch] = []
+    for pair in sorted(set(sends) | set(recvs)):
+        src, dst = pair
+        s, rv = sends.get(pair, []), recvs.get(pair, [])
+        for i in range(max(len(s), len(rv))):
+            if i >= len(s):
+                e = rv[i]
+                issues.append(Mismatch(pg.name, pg.desc, e.p2p_seq, "p2p", [src], (
+                    f"rank {dst} posted recv #{i + 1} from rank {src}, which never posted the "
+                    f"matching send (it posted {len(s)}): rank {src} skipped a send, or rank "
+                    f"{dst} has an extra recv."),
+                    [_sig_group([dst], [e], frames),
+                     SignatureGroup([src], f"(no matching send to {dst})")], p2p=True))
+                break
+            if i >= len(rv):
+                e = s[i]
+                issues.append(Mismatch(pg.name, pg.desc, e.p2p_seq, "p2p", [dst], (
+                    f"rank {src} posted send #{i + 1} to rank {dst}, which never posted the "
+                    f"matching recv (it posted {len(rv)}): rank {dst} skipped a recv, or rank "
+                    f"{src} has an extra send."),
+                    [_sig_group([src], [e], frames),
+                     SignatureGroup([dst], f"(no matching recv from {src})")], p2p=True))
+                break
+            a, b = s[i], rv[i]
+            if a.input_sizes != b.output_sizes or set(a.input_dtypes) != set(b.output_dtypes):
+                issues.append(Mismatch(pg.name, pg.desc, a.p2p_seq, "p2p", [src, dst], (
+                    f"send #{i + 1} from rank {src} ({describe(a)}) and the matching recv on "
+                    f"rank {dst} ({describe(b)}) disagree on size or dtype."),
+                    [_sig_group([src], [a], frames), _sig_group([dst], [b], frames)], p2p=True))
+                break
+    if not issues:
+        return None
+    return min(issues, key=lambda m: m.seq)
+
+
+def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[Lag]:
+    enq: dict[int, int] = {}
+    done: dict[int, int | None] = {}
+    for tl in ds.timelines:
+        mine = [e for e in tl.entries if e.pg_name == pg.name and not e.is_p2p]
+        ids = {e.pg_id for e in mine if e.pg_id is not None}
+        last_e = max((e.seq for e in mine), default=None)
+        last_c = max((e.seq for e in mine if e.state == "completed"), default=None)
+        for r in tl.ranks:
+            if r not in pg.ranks or r in skip:
+                continue
+            dump = ds.dumps[r]
+            st = None
+            for key in [str(i) for i in ids] + ([str(pg.pg_id)] if pg.pg_id is not None else []) + [pg.name]:
+                if key in dump.pg_status:
+                    st = dump.pg_status[key]
+                    break
+            e_val = st.last_enqueued if st and st.last_enqueued is not None else last_e
+            if e_val is None:
+                continue
+            enq[r] = e_val
+            c_val = st.last_completed if st and st.last_completed is not None else last_c
+            done[r] = c_val
+            if c_val is not None and c_val < e_val:
+                summary.waiting_in[r] = c_val + 1
+    if not enq:
+        return []
+    top = max(enq.values())
+    return [Lag(pg.name, pg.desc, r, v, top - v, done.get(r))
+            for r, v in sorted(enq.items()) if v < top]

@@ -1,0 +1,413 @@
+"""Produce flight-recorder dumps from inside a rank, on demand and on failure, any backend.
+
+``enable()`` turns the recorder on (``TORCH_FR_BUFFER_SIZE``), wires PyTorch's native NCCL
+dump paths, and starts one daemon thread per rank that waits on a FIFO in the dump directory:
+writing a token to it (what ``mldebug fr trigger`` does for every rank on a node at once)
+makes the rank write ``<dir>/fr_rank<RANK>``. The thread only reads the recorder's ring
+buffer, so it works while the main thread is blocked inside a collective and never stops the
+job. Uncaught exceptions (a gloo/NCCL timeout surfacing as ``RuntimeError``/``DistError``)
+and SIGTERM (what torchrun sends the surviving ranks) dump before the process dies.
+
+Dumps are torch's own pickle with three additions analysis uses: ``rank``, an ``mldebug``
+block (host, pid, world size, reason) and ``pg_config`` filled in from the live process
+groups when the backend left it empty (gloo does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+PREFIX = "fr_rank"
+NATIVE_SUBDIR = "nccl"
+REGISTRY_PREFIX = ".mldebug-fr-"  # .mldebug-fr-<host>-<pid>.json / .done / .trigger
+
+
+def default_dir() -> Path:
+    """Where dumps and triggers live unless told otherwise (same default as the node script)."""
+    env = os.environ.get("MLDEBUG_FR_DIR")
+    return Path(env) if env else Path(f"/tmp/mldebug-fr-{os.getuid()}")
+
+
+def native_env(dump_dir: str | Path, buffer_size: int = 2000) -> dict[str, str]:
+    """PyTorch's own recorder settings, current names and their pre-2.9 spellings.
+
+    NCCL dumps on a watchdog timeout to ``<dir>/nccl/fr_rank<R>`` and on a write to the pipe
+    ``<dir>/nccl/fr_rank<R>.pipe``. These are read when the NCCL process group is created,
+    so they must be in the environment before ``init_process_group``.
+    """
+    stem = str(Path(dump_dir) / NATIVE_SUBDIR / PREFIX)
+    return {
+        "TORCH_NCCL_DESYNC_DEBUG": "1",
+        "TORCH_FR_BUFFER_SIZE": str(buffer_size),
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(buffer_size),  # before 2.9; the pipe reads it
+        "TORCH_FR_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # before 2.9
+        "TORCH_FR_DUMP_TEMP_FILE": stem,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": stem,  # before 2.9
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
+    }
+
+
+def _log(msg: str) -> None:
+    try:
+        sys.stderr.write(f"mldebug.fr: {msg}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+@dataclass
+class Recorder:
+    dump_dir: Path
+    rank: int | None
+    host: str
+    pid: int = field(default_factory=os.getpid)
+    dumps: list[Path] = field(default_factory=list)
+    raw_copy: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _dumping_thread: int | None = None
+    _terminate_after: bool = False
+    _prev_excepthook: Any = None
+    _prev_thread_hook: Any = None
+    _prev_sigterm: Any = None
+
+    # -- paths ---------------------------------------------------------------------------
+    @property
+    def fifo(self) -> Path:
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.trigger"
+
+    @property
+    def registry(self) -> Path:
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.json"
+
+    @property
+    def done(self) -> Path:
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.done"
+
+    def current_rank(self) -> int:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank())
+        except Exception:
+            pass
+        return self.rank if self.rank is not None else 0
+
+    # -- dumping -------------------------------------------------------------------------
+    def dump(self, reason: str, token: str | None = None) -> Path | None:
+        """Write this rank's dump now; never raises (a failed dump must not hurt the job)."""
+        me = threading.get_ident()
+        if self._dumping_thread == me:
+            return None  # re-entered from a signal handler while dumping
+        with self._lock:
+            self._dumping_thread = me
+            try:
+                path = self._dump(reason)
+                if token is not None:
+                    _atomic_write(self.done, json.dumps(
+                        {"token": token, "file": str(path) if path else None,
+                         "rank": self.current_rank(), "pid": self.pid}).encode())
+                return path
+            except Exception as e:  # noqa: BLE001 - report, never propagate
+                _log(f"could not write the flight-recorder dump ({type(e).__name__}: {e})")
+                if token is not None:
+                    try:
+                        _atomic_write(self.done, json.dumps(
+                            {"token": token, "file": None, "error": str(e)}).encode())
+                    except OSError:
+                        pass
+                return None
+            finally:
+                self._dumping_thread = None
+                if self._terminate_after:
+                    _die_by(signal.SIGTERM)
+
+    def _dump(self, reason: str) -> Path:
+        raw = _raw_trace()
+        from mldebug.fr.loader import safe_loads
+
+        doc = safe_loads(raw)
+        rank = self.current_rank()
+        if self.raw_copy:  # torch's bytes untouched, e.g. to report a bug upstream
+            (self.dump_dir / "raw").mkdir(exist_ok=True)
+            _atomic_write(self.dump_dir / "raw" / f"{PREFIX}{rank}", raw)
+        doc["rank"] = rank
+        doc["mldebug"] = {"rank": rank, "world_size": _world_size(), "host": self.host,
+                          "pid": self.pid, "reason": reason, "time": time.time()}
+        _fill_pg_config(doc)
+        path = self.dump_dir / f"{PREFIX}{rank}"
+        _atomic_write(path, pickle.dumps(doc, protocol=4))
+        self.dumps.append(path)
+        _log(f"rank {rank} wrote {path} ({len(doc.get('entries', []))} entries; {reason})")
+        return path
+
+    # -- trigger thread ------------------------------------------------------------------
+    def start_trigger_thread(self) -> None:
+        try:
+            if self.fifo.exists():
+                self.fifo.unlink()
+            os.mkfifo(self.fifo, 0o600)
+        except OSError as e:
+            _log(f"no trigger FIFO in {self.dump_dir} ({e.strerror}); dumps on failure only")
+            return
+        _atomic_write(self.registry, json.dumps(
+            {"pid": self.pid, "host": self.host, "rank": self.rank,
+             "fifo": str(self.fifo), "done": str(self.done),
+             "dump_dir": str(self.dump_dir)}).encode())
+        threading.Thread(target=self._serve, name="mldebug-fr-trigger", daemon=True).start()
+        atexit.register(self._unregister)
+
+    def _unregister(self) -> None:
+        for p in (self.registry, self.fifo, self.done):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                with open(self.fifo, "rb") as f:  # blocks until a writer opens it
+                    data = f.read()
+            except OSError:
+                time.sleep(1.0)
+                continue
+            for token in data.decode(errors="replace").split():
+                self.dump("triggered", token=token)
+
+    # -- failure hooks -------------------------------------------------------------------
+    def install_failure_hooks(self) -> None:
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        self._prev_thread_hook = threading.excepthook
+        threading.excepthook = self._thread_excepthook
+        if threading.current_thread() is threading.main_thread():
+            try:
+                prev = signal.getsignal(signal.SIGTERM)
+                if prev in (signal.SIG_DFL, None):
+                    self._prev_sigterm = prev
+                    signal.signal(signal.SIGTERM, self._on_sigterm)
+                    self._watch_wakeup_fd()
+            except (ValueError, OSError):
+                pass
+
+    def _excepthook(self, tp: type[BaseException], value: BaseException,
+                    tb: TracebackType | None) -> None:
+        if not issubclass(tp, KeyboardInterrupt):
+            self.dump(f"uncaught {tp.__name__}: {str(value).splitlines()[0][:200] if str(value) else ''}")
+        (self._prev_excepthook or sys.__excepthook__)(tp, value, tb)
+
+    def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is not SystemExit:
+            self.dump(f"uncaught {args.exc_type.__name__} in thread "
+                      f"{getattr(args.thread, 'name', '?')}")
+        (self._prev_thread_hook or threading.__excepthook__)(args)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._dumping_thread is not None:
+            self._terminate_after = True  # the dump in progress re-raises when it ends
+            return
+        self.dump("SIGTERM")
+        _die_by(signum)
+
+    def _watch_wakeup_fd(self) -> None:
+        """Dump on SIGTERM even while the main thread is blocked inside a collective.
+
+        Python runs signal handlers only when the main thread returns to the interpreter; a
+        rank blocked in a C++ wait would be SIGKILLed by the launcher first. The C-level
+        handler writes the signal number to the wakeup fd, which this thread watches.
+        """
+        r, w = socket.socketpair()
+        r.setblocking(True)
+        w.setblocking(False)
+        try:
+            old = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            r.close()
+            w.close()
+            return
+        if old != -1:  # someone (asyncio) owns it: leave theirs in place
+            signal.set_wakeup_fd(old)
+            r.close()
+            w.close()
+            return
+        self._wakeup = (r, w)
+
+        def watch() -> None:
+            while True:
+                try:
+                    data = r.recv(64)
+                except OSError:
+                    return
+                if not data:
+                    return
+                if signal.SIGTERM in data:
+                    self.dump("SIGTERM")
+                    # The job is being terminated with the default disposition; finish the
+                    # way it would have, without waiting for the blocked main thread.
+                    os._exit(128 + signal.SIGTERM)
+
+        threading.Thread(target=watch, name="mldebug-fr-signal", daemon=True).start()
+
+
+def _die_by(signum: int) -> None:
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except ValueError:  # not the main thread
+        os._exit(128 + signum)
+    os.kill(os.getpid(), signum)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _raw_trace() -> bytes:
+    """torch's dump of this process's recorder(s).
+
+    CUDA builds keep NCCL work in their own recorder (``_dump_nccl_trace``); CPU backends
+    (gloo) use ``_dump_fr_trace``. When both hold entries they are merged by creation time.
+    """
+    import torch
+
+    c10d = torch._C._distributed_c10d
+    dumps = [bytes(fn()) for fn in (getattr(c10d, "_dump_nccl_trace", None),
+                                    getattr(c10d, "_dump_fr_trace", None)) if fn is not None]
+    if not dumps:
+        raise RuntimeError("this torch build has no flight recorder (_dump_fr_trace); "
+                           "torch >= 2.5 is needed")
+    if len(dumps) == 1:
+        return dumps[0]
+    from mldebug.fr.loader import safe_loads
+
+    docs = [safe_loads(d) for d in dumps]
+    full = [d for d in docs if isinstance(d, dict) and d.get("entries")]
+    if len(full) <= 1:
+        return pickle.dumps(full[0] if full else docs[0], protocol=4)
+    return pickle.dumps(merge_dumps(full), protocol=4)
+
+
+def merge_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One dump from several recorders of one process (entries ordered by creation time)."""
+    out = dict(docs[0])
+    entries = [e for d in docs for e in d.get("entries", [])]
+    entries.sort(key=lambda e: e.get("time_created_ns") or 0)
+    out["entries"] = entries
+    for key in ("pg_config", "pg_status"):
+        merged: dict[str, Any] = {}
+        for d in docs:
+            if isinstance(d.get(key), dict):
+                merged.update(d[key])
+        out[key] = merged
+    return out
+
+
+def _world_size() -> int | None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        pass
+    ws = os.environ.get("WORLD_SIZE")
+    return int(ws) if ws and ws.isdigit() else None
+
+
+def _fill_pg_config(doc: dict[str, Any]) -> None:
+    """Add every live process group's members to pg_config under the name its entries use.
+
+    gloo writes one placeholder group named '' that no entry refers to (and torchfrtrace
+    stops with a KeyError on it); the live groups give the real names, descs and ranks.
+    """
+    cfg = doc.get("pg_config")
+    if not isinstance(cfg, dict):
+        cfg = {}
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        if not c10d.is_initialized():
+            return
+        for pg, name in list(c10d._world.pg_names.items()):
+            if str(name) in cfg:
+                continue
+            try:
+                ranks = sorted(c10d.get_process_group_ranks(pg))
+            except Exception:
+                continue
+            desc = getattr(pg, "group_desc", None) or "undefined"
+            cfg[str(name)] = {"name": str(name), "desc": str(desc), "ranks": str(ranks)}
+        if "" in cfg and len(cfg) > 1:
+            del cfg[""]
+        doc["pg_config"] = cfg
+    except Exception:
+        pass
+
+
+_RECORDER: Recorder | None = None
+
+
+def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure: bool = True,
+           buffer_size: int = 2000, native: bool = True, raw_copy: bool = False) -> Recorder:
+    """Turn the flight recorder on for this rank and make it dumpable from outside.
+
+    Call once, before or after ``init_process_group``. Returns the recorder; calling again
+    returns the same one. ``dump_dir`` defaults to ``$MLDEBUG_FR_DIR`` or
+    ``/tmp/mldebug-fr-<uid>`` (where ``mldebug fr trigger`` looks). ``raw_copy`` (or
+    ``MLDEBUG_FR_RAW=1``) also keeps torch's unmodified bytes in ``<dir>/raw/``.
+    """
+    global _RECORDER
+    if _RECORDER is not None:
+        return _RECORDER
+    d = Path(dump_dir) if dump_dir is not None else default_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = str(buffer_size)
+    if native:
+        size = (os.environ.get("TORCH_FR_BUFFER_SIZE")
+                or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or str(buffer_size))
+        env = native_env(d, int(size) if size.isdigit() else buffer_size)
+        for key, value in env.items():
+            os.environ.setdefault(key, value)
+        try:
+            (d / NATIVE_SUBDIR).mkdir(exist_ok=True)
+        except OSError:
+            pass
+    rank_env = os.environ.get("RANK")
+    rec = Recorder(dump_dir=d, rank=int(rank_env) if rank_env and rank_env.isdigit() else None,
+                   host=socket.gethostname().split(".")[0],
+                   raw_copy=raw_copy or os.environ.get("MLDEBUG_FR_RAW") == "1")
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rec.rank = int(dist.get_rank())
+    except ImportError:
+        pass
+    if trigger:
+        rec.start_trigger_thread()
+    if on_failure:
+        rec.install_failure_hooks()
+    _RECORDER = rec
+    return rec
+
+
+def dump(reason: str = "requested") -> Path | None:
+    """Dump this rank now (after ``enable()``); returns the file, or None if it failed."""
+    return (_RECORDER or enable()).dump(reason)

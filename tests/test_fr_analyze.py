@@ -1,0 +1,219 @@
+"""Pure analysis on synthetic dump sets in torch's documented format (no torch needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mldebug.fr import synth
+from mldebug.fr.analyze import analyze, call_site, is_torch_frame
+from mldebug.fr.loader import load
+from mldebug.fr.model import Frame
+
+
+def run(tmp_path: Path, dumps: dict, frames: int = 2):
+    synth.write(tmp_path, dumps)
+    return analyze(load([tmp_path]), frames=frames)
+
+
+def only(a, kind=None):
+    assert len(a.mismatches) == 1, [m.to_dict() for m in a.mismatches]
+    m = a.mismatches[0]
+    if kind:
+        assert m.kind == kind, m.to_dict()
+    return m
+
+
+def test_clean_job_has_no_mismatch(tmp_path):
+    a = run(tmp_path, synth.spmd_job(8, 30))
+    assert a.mismatches == [] and a.lagging == [] and a.missing_ranks == []
+    assert a.timelines == 1 and a.ranks == list(range(8))
+
+
+def test_extra_collective_is_a_type_mismatch_naming_the_minority(tmp_path):
+    a = run(tmp_path, synth.spmd_job(4, 20, fault="extra", culprit=0, at=7))
+    m = only(a, "type")
+    # the extra all_reduce looks like the others' until the op types differ two steps later;
+    # the call sites tell where it began
+    assert (m.seq, m.culprit_ranks, m.pg, m.began_at) == (9, [0], "0", 7)
+    assert "began there" in m.reasoning
+    assert "minority" in m.reasoning
+    assert a.to_dict()["mismatches"][0]["culprit_ranks"] == [0]
+
+
+def test_extra_collective_of_another_type_points_at_its_call_site(tmp_path):
+    dumps = synth.spmd_job(4, 6)
+    ents = dumps[0]["entries"]
+    ents.insert(3, synth.entry(4, "broadcast", frames=synth.user_frames("maybe_sync", 73)))
+    for i, e in enumerate(ents[4:], start=5):
+        e["collective_seq_id"] = i
+    m = only(run(tmp_path, dumps), "type")
+    assert (m.seq, m.culprit_ranks, m.began_at) == (4, [0], None)
+    culprit_group = next(g for g in m.groups if g.ranks == [0])
+    assert culprit_group.call_site == ["maybe_sync at /job/train.py:73", "main at /job/train.py:99"]
+
+
+def test_two_rank_tie_is_broken_by_lookahead(tmp_path):
+    a = run(tmp_path, synth.spmd_job(2, 10, fault="extra", culprit=1, at=4))
+    m = only(a, "type")
+    assert m.culprit_ranks == [1] and "extra call" in m.reasoning
+
+
+def test_size_mismatch(tmp_path):
+    a = run(tmp_path, synth.spmd_job(5, 20, fault="size", culprit=3, at=5))
+    m = only(a, "size")
+    assert (m.seq, m.culprit_ranks) == (5, [3])
+    assert any("in=[[8]]" in g.description for g in m.groups)
+
+
+def test_skipped_collective_names_the_rank_that_never_enqueued(tmp_path):
+    a = run(tmp_path, synth.spmd_job(4, 12, fault="skip", culprit=2, at=9))
+    m = only(a, "missing")
+    assert (m.seq, m.culprit_ranks) == (9, [2]) and a.never_enqueued == [2]
+    assert [lag.rank for lag in a.lagging] == [2] and a.lagging[0].behind_by == 4
+
+
+def test_missing_dump_is_reported_and_blamed(tmp_path):
+    dumps = synth.spmd_job(4, 6)
+    del dumps[1]
+    a = run(tmp_path, dumps)
+    assert a.missing_ranks == [1]
+    m = only(a, "missing")
+    assert m.culprit_ranks == [1] and "no dump" in m.reasoning
+
+
+def test_dtype_mismatch(tmp_path):
+    dumps = {r: synth.dump(r, [synth.entry(1), synth.entry(2, dtype="Half" if r == 2 else "Float")],
+                           world=3) for r in range(3)}
+    m = only(run(tmp_path, dumps), "dtype")
+    assert (m.seq, m.culprit_ranks) == (2, [2])
+
+
+def test_all_gather_shape_rule(tmp_path):
+    # every rank agrees, but the output is not group-size x the input: torch's syntax check
+    dumps = {r: synth.dump(r, [synth.entry(1, "all_gather", sizes=((4,),), out_sizes=((8,),))],
+                           world=4) for r in range(4)}
+    m = only(run(tmp_path, dumps), "syntax")
+    assert "group size 4" in m.reasoning and m.culprit_ranks == [0, 1, 2, 3]
+
+
+def test_reduce_scatter_shape_rule_names_the_one_rank(tmp_path):
+    def ent(r):
+        out = (2,) if r == 1 else (4,)
+        return synth.entry(1, "reduce_scatter", sizes=((16,),), out_sizes=(out,))
+    dumps = {r: synth.dump(r, [ent(r)], world=4) for r in range(4)}
+    m = only(run(tmp_path, dumps), "syntax")
+    assert m.culprit_ranks == [1]
+
+
+def test_all_to_all_total_numel(tmp_path):
+    def ent(r):
+        return synth.entry(1, "all_to_all", sizes=((4 + r,),), out_sizes=((4,),))
+    dumps = {r: synth.dump(r, [ent(r)], world=3) for r in range(3)}
+    m = only(run(tmp_path, dumps), "size")
+    assert "total input numel 15 != total output numel 12" in m.reasoning
+    ok = {r: synth.dump(r, [synth.entry(1, "all_to_all", sizes=((4 + r,),), out_sizes=((5,),))],
+                        world=3) for r in range(3)}
+    assert run(tmp_path / "ok", ok).mismatches == []
+
+
+def test_subgroup_mismatch_is_reported_in_its_group_only(tmp_path):
+    groups = {"0": ("default_pg", [0, 1, 2, 3]), "1": ("tp", [0, 1]), "2": ("tp", [2, 3])}
+    dumps = {}
+    for r in range(4):
+        sub = ("1", "tp") if r < 2 else ("2", "tp")
+        ents = [synth.entry(1, record_id=0),
+                synth.entry(1, pg=sub, pg_id=int(sub[0]), record_id=1,
+                            sizes=((6,),) if r == 3 else ((4,),)),
+                synth.entry(2, record_id=2)]
+        dumps[r] = synth.dump(r, ents, groups=groups)
+    a = run(tmp_path, dumps)
+    assert [(m.pg, m.kind, m.seq) for m in a.mismatches] == [("2", "size", 1)]
+    m = a.mismatches[0]
+    assert "no majority" in m.reasoning and m.culprit_ranks == [2, 3]
+    assert {g.pg: g.ranks for g in a.groups} == {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3]}
+
+
+def test_coalesced_entries_compare_as_one_position(tmp_path):
+    def ents(r):
+        big = ((9,),) if r == 0 else ((4,),)
+        return [synth.entry(1, record_id=0),
+                synth.entry(2, record_id=1), synth.entry(2, record_id=2, sizes=big),
+                synth.entry(2, "coalesced", record_id=3, sizes=(), out_sizes=())]
+    a = run(tmp_path, {r: synth.dump(r, ents(r), world=3) for r in range(3)})
+    m = only(a, "size")
+    assert (m.seq, m.culprit_ranks) == (2, [0])
+
+
+def test_p2p_missing_recv_and_size_mismatch(tmp_path):
+    send = synth.p2p("send", 0, 1, 1)
+    recv = synth.p2p("recv", 0, 1, 1)
+    extra = synth.p2p("send", 0, 1, 2, state="started")
+    dumps = {0: synth.dump(0, [synth.entry(1), send, extra], world=2),
+             1: synth.dump(1, [synth.entry(1), recv], world=2)}
+    m = only(run(tmp_path, dumps), "p2p")
+    assert m.p2p and m.culprit_ranks == [1] and "never posted the matching recv" in m.reasoning
+    bad = {0: synth.dump(0, [synth.p2p("send", 0, 1, 1, sizes=((8,),))], world=2),
+           1: synth.dump(1, [synth.p2p("recv", 0, 1, 1)], world=2)}
+    m = only(run(tmp_path / "b", bad), "p2p")
+    assert m.culprit_ranks == [0, 1] and "disagree on size" in m.reasoning
+
+
+def test_nccl_states_and_pg_status_give_lag_and_waiting(tmp_path):
+    def ents(r):
+        last = 5 if r != 1 else 3
+        return [synth.entry(s, state="completed" if s < 3 else "started") for s in range(1, last + 1)]
+    a = run(tmp_path, {r: synth.dump(r, ents(r), world=3) for r in range(3)})
+    m = only(a, "missing")
+    assert (m.seq, m.culprit_ranks) == (4, [1])
+    assert [(lag.rank, lag.behind_by) for lag in a.lagging] == [(1, 2)]
+    assert a.groups[0].waiting_in == {0: 3, 1: 3, 2: 3}
+
+
+def test_old_format_2_3_without_dtypes_status_or_p2p_fields(tmp_path):
+    dumps = {r: synth.dump(r, [synth.entry(s, version="2.3", sizes=((5,),) if (r, s) == (1, 2) else ((4,),))
+                               for s in (1, 2)], world=3, version="2.3") for r in range(3)}
+    assert "pg_status" not in dumps[0] and "input_dtypes" not in dumps[0]["entries"][0]
+    m = only(run(tmp_path, dumps), "size")
+    assert m.culprit_ranks == [1]
+
+
+def test_gloo_dump_without_pg_config_uses_default_group(tmp_path):
+    dumps = synth.spmd_job(3, 4, fault="skip", culprit=1, at=3, backend="gloo")
+    for d in dumps.values():
+        d["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}  # what gloo writes
+        del d["rank"]
+    a = run(tmp_path, dumps)
+    assert a.groups[0].membership == "default group"
+    assert only(a, "missing").culprit_ranks == [1]
+    assert any("file name" in n for n in a.notes)
+
+
+def test_ring_buffer_windows_are_aligned(tmp_path):
+    dumps = synth.spmd_job(3, 20, fault="size", culprit=2, at=14)
+    dumps[0]["entries"] = dumps[0]["entries"][5:]  # rank 0 kept fewer entries
+    dumps[1]["entries"] = dumps[1]["entries"][2:]
+    a = run(tmp_path, dumps)
+    m = only(a, "size")
+    assert (m.seq, m.culprit_ranks) == (14, [2])
+    assert a.groups[0].compared_from == 6
+
+
+def test_rank_without_entries_is_left_out_of_votes(tmp_path):
+    dumps = synth.spmd_job(4, 5)
+    dumps[3]["entries"] = []
+    a = run(tmp_path, dumps)
+    assert a.mismatches == [] and any("recorded no entries" in n for n in a.notes)
+
+
+def test_call_site_strips_torch_frames_and_honours_n():
+    e = load_one_entry()
+    assert call_site(e, 1) == ["train_step at /job/train.py:10"]
+    assert call_site(e, 0) == []
+    assert is_torch_frame(Frame("x", "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", 1))
+    assert not is_torch_frame(Frame("x", "/home/me/torchtitan/train.py", 1))
+
+
+def load_one_entry():
+    from mldebug.fr.loader import _entry
+
+    return _entry(synth.entry(1))

@@ -1,0 +1,75 @@
+"""The fr command line: env lines, analyze output/JSON/--all, usage errors, no torch import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO, run_cli
+
+from mldebug.fr import synth
+
+
+def test_env_prints_current_and_old_names():
+    r = run_cli("fr", "env", "--dir", "/scratch/fr", "--buffer-size", "500")
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split("  #")[0].removeprefix("export ").split("=", 1)
+                 for line in r.stdout.splitlines() if line.startswith("export "))
+    assert lines["TORCH_FR_BUFFER_SIZE"] == "500" and lines["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+    assert lines["TORCH_FR_DUMP_ON_TIMEOUT"] == lines["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and lines["TORCH_NCCL_DESYNC_DEBUG"] == "1"
+    assert lines["TORCH_FR_DUMP_TEMP_FILE"] == "/scratch/fr/nccl/fr_rank"
+    assert lines["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/fr/nccl/fr_rank"
+    assert "before torch 2.9" in r.stdout
+
+
+def test_analyze_human_json_and_all(tmp_path):
+    synth.write(tmp_path, synth.spmd_job(4, 9, fault="skip", culprit=3, at=6))
+    r = run_cli("fr", "analyze", str(tmp_path), "--frames", "1", env={"NO_COLOR": "1", "PATH": ""})
+    assert r.returncode == 0, r.stderr
+    assert "Culprit rank(s): 3" in r.stdout and "gather_metrics at /job/train.py:57" in r.stdout
+    assert "main at /job/train.py:99" not in r.stdout  # --frames 1
+    j = run_cli("fr", "analyze", str(tmp_path), "--json")
+    doc = json.loads(j.stdout)
+    m = doc["mismatches"][0]
+    assert (m["pg"], m["seq"], m["kind"], m["culprit_ranks"]) == ("0", 6, "missing", [3])
+    assert m["call_sites"][0]["frames"][0] == "gather_metrics at /job/train.py:57"
+    assert doc["missing_ranks"] == [] and doc["never_enqueued"] == [3]
+    a = run_cli("fr", "analyze", str(tmp_path), "--all", env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert "0:#5" in a.stdout and "rank 3" in a.stdout
+
+
+def test_analyze_usage_errors(tmp_path):
+    r = run_cli("fr", "analyze", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    (tmp_path / "junk").write_bytes(b"\x80\x04junk")
+    r = run_cli("fr", "analyze", str(tmp_path))
+    assert r.returncode == 1 and "none of the files could be loaded" in r.stderr
+    r = run_cli("fr")
+    assert r.returncode == 2 and "subcommand" in r.stderr
+
+
+def test_trigger_with_nothing_registered_says_what_to_do(tmp_path):
+    r = run_cli("fr", "trigger", "--dir", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
+                "--timeout", "3")
+    assert r.returncode == 1
+    assert "does not exist" in r.stdout and "0 dump(s)" in r.stdout
+
+
+def test_cli_and_fr_package_do_not_import_torch():
+    code = ("import sys, mldebug.cli, mldebug.fr, mldebug.fr.analyze, mldebug.fr.collect, "
+            "mldebug.cli.fr; mldebug.cli.build_parser(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_node_script_is_stdlib_only():
+    import ast
+    from pathlib import Path
+
+    import mldebug.fr.node as node
+
+    tree = ast.parse(Path(node.__file__).read_text())
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert mods <= set(sys.stdlib_module_names) | {"__future__"}, mods

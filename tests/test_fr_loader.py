@@ -1,0 +1,111 @@
+"""Loading dumps safely: restricted unpickler, bad files named and skipped, ranks and dedupe."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from mldebug.fr import synth
+from mldebug.fr.analyze import analyze
+from mldebug.fr.loader import UnsafePickle, load, safe_loads
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (Path.touch, (Path(self.target),))  # type: ignore[attr-defined]
+
+
+def test_pickle_that_would_run_code_is_refused_and_not_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = _RunsCode()
+    evil.target = str(marker)  # type: ignore[attr-defined]
+    data = pickle.dumps({"version": "2.10", "entries": [], "x": evil})
+    with pytest.raises(UnsafePickle, match="touch"):
+        safe_loads(data)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "fr_rank0").write_bytes(data)
+    synth.write(tmp_path / "d", {1: synth.dump(1, [synth.entry(1)], world=2)})
+    ds = load([tmp_path / "d"])
+    assert not marker.exists()
+    assert list(ds.dumps) == [1]
+    (problem,) = ds.problems
+    assert problem.file.endswith("fr_rank0") and "refused" in problem.error
+    assert "may run code" in problem.error
+
+
+def test_os_system_global_is_refused():
+    data = b"cos\nsystem\n(S'echo hacked'\ntR."
+    with pytest.raises(UnsafePickle, match="os.system"):
+        safe_loads(data)
+
+
+def test_sets_and_plain_containers_load():
+    doc = {"version": "2.10", "entries": [], "s": {1, 2}, "t": (1, "a"), "f": 1.5, "n": None}
+    for proto in (2, 4, 5):
+        assert safe_loads(pickle.dumps(doc, protocol=proto)) == doc
+
+
+def test_truncated_empty_and_foreign_files_are_named_and_skipped(tmp_path):
+    good = synth.spmd_job(4, 10, fault="size", culprit=1, at=5)
+    synth.write(tmp_path, good)
+    data = (tmp_path / "rank_2").read_bytes()
+    (tmp_path / "rank_2").write_bytes(data[: len(data) // 2])
+    (tmp_path / "rank_7").write_bytes(b"")
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "rank_9.json").write_text(json.dumps({"no": "entries"}))
+    ds = load([tmp_path])
+    errors = {Path(p.file).name: p.error for p in ds.problems}
+    assert "truncated or corrupt" in errors["rank_2"]
+    assert "empty file" in errors["rank_7"]
+    assert "notes.txt" in errors and "rank_9.json" in errors
+    a = analyze(ds)
+    assert a.missing_ranks == [2]
+    assert a.mismatches[0].culprit_ranks == [1]  # the rest still analysed
+
+
+def test_rank_from_content_beats_file_name_and_duplicates_are_reported(tmp_path):
+    d0 = synth.dump(0, [synth.entry(1)], world=2)
+    d1 = synth.dump(1, [synth.entry(1)], world=2)
+    (tmp_path / "whatever_5").write_bytes(pickle.dumps(d0))
+    (tmp_path / "copy_of_rank_0").write_bytes(pickle.dumps(d0))
+    (tmp_path / "x").write_bytes(pickle.dumps(d1))
+    ds = load([tmp_path])
+    assert sorted(ds.dumps) == [0, 1]
+    assert [Path(f).name for f in ds.duplicates[0]] == ["copy_of_rank_0", "whatever_5"]
+
+
+def test_no_rank_anywhere_is_a_named_problem(tmp_path):
+    d = synth.dump(0, [synth.entry(1)], world=1, with_rank=False)
+    (tmp_path / "dump").write_bytes(pickle.dumps(d))
+    ds = load([tmp_path / "dump"])
+    assert not ds.dumps and "ends in no number" in ds.problems[0].error
+
+
+def test_json_dumps_load(tmp_path):
+    d = synth.dump(0, [synth.entry(1)], world=1)
+    (tmp_path / "fr_0.json").write_text(json.dumps(d))
+    ds = load([tmp_path])
+    assert list(ds.dumps) == [0] and ds.entries_of(0)[0].op == "all_reduce"
+
+
+def test_identical_timelines_are_stored_once(tmp_path):
+    synth.write(tmp_path, synth.spmd_job(16, 50, fault="size", culprit=5, at=20))
+    ds = load([tmp_path])
+    assert len(ds.timelines) == 2
+    assert sorted(len(t.ranks) for t in ds.timelines) == [1, 15]
+
+
+def test_worker_processes_give_the_same_result(tmp_path):
+    from mldebug.fr.loader import expand_inputs, load_files
+
+    synth.write(tmp_path, synth.spmd_job(12, 40, fault="extra", culprit=4, at=30))
+    (tmp_path / "rank_99").write_bytes(b"")
+    files = expand_inputs([tmp_path])
+    serial, parallel = load_files(files, workers=1), load_files(files, workers=2)
+    assert sorted(serial.dumps) == sorted(parallel.dumps) == list(range(12))
+    assert [sorted(t.ranks) for t in serial.timelines] == [sorted(t.ranks) for t in parallel.timelines]
+    assert [p.file for p in serial.problems] == [p.file for p in parallel.problems]
+    assert analyze(parallel).to_dict() == analyze(serial).to_dict()
