@@ -16,9 +16,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-import threading
 from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
