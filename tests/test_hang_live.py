@@ -184,3 +184,22 @@ def test_analyze_pasted_text_from_the_book_recipe():
     r = run_cli("hang", "analyze", str(Path(__file__).parent / "fixtures/hang/pdsh_pyspy_dump.txt"))
     assert r.returncode == 0
     assert "Suspect: gpu-node5:" in r.stdout
+
+
+def test_fr_option_adds_the_flight_recorder_verdict(tmp_path):
+    env = dict(os.environ, MLDEBUG_FR="1", MLDEBUG_FR_DIR=str(tmp_path / "frdir"))
+    job = torchrun("collective_mismatch.py", 4, tmp_path / "log", env=env)
+    try:
+        job.wait_ready()
+        r = run_cli("hang", "--pid", str(job.pid), "--fr", "--json", "--out",
+                    str(tmp_path / "out"), env=env)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert [s["rank"] for s in report["suspects"]] == [0]
+        fr = report["flight_recorder"]
+        assert len(fr["files"]) == 4
+        first = fr["analysis"]["mismatches"][0]
+        assert first["culprit_ranks"] == [0] and first["kind"] == "type"
+        assert len(list((tmp_path / "out" / "fr").iterdir())) == 4
+    finally:
+        job.stop()

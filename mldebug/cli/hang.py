@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--all-threads", action="store_true",
                    help="group by every thread's stack, not only the main thread's")
     a.add_argument("--out", metavar="DIR", help="save the raw dumps and the report in DIR")
+    a.add_argument("--fr", action="store_true",
+                   help="also make every rank that called mldebug.fr.enable() dump its "
+                        "flight recorder, and add the cross-rank analysis (docs/fr.md)")
     add_json_argument(a)
     add_target_arguments(p, default_timeout=20.0)
     sub = p.add_subparsers(dest="hang_action", metavar="[analyze]")
@@ -110,8 +113,50 @@ def run(args: argparse.Namespace) -> int:
         written = save(out, results, report.to_dict(), render_text(report))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
+    fr_doc, fr_analysis = (_flight_recorder(args, target, kw) if args.fr else (None, None))
     if args.json:
-        print_json(report.to_dict())
+        doc = report.to_dict()
+        if args.fr:
+            doc["flight_recorder"] = fr_doc
+        print_json(doc)
     else:
         render(report)
+        if args.fr:
+            _render_fr(fr_doc, fr_analysis)
     return 0 if report.processes else 1
+
+
+def _flight_recorder(args: argparse.Namespace, target: object,
+                     kw: dict[str, object]) -> tuple[dict[str, object], object]:
+    """Trigger flight-recorder dumps on the same nodes and analyse them across ranks."""
+    import tempfile
+
+    from mldebug.fr.analyze import analyze as fr_analyze
+    from mldebug.fr.collect import trigger
+    from mldebug.fr.loader import load_files
+
+    out = Path(args.out) / "fr" if args.out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
+    result = trigger(target, out, None, timeout=args.timeout, **kw)
+    doc: dict[str, object] = result.to_dict()
+    analysis = None
+    if result.files:
+        analysis = fr_analyze(load_files(result.files))
+        doc["analysis"] = analysis.to_dict()
+    else:
+        doc["analysis"] = None
+        doc["hint"] = ("no rank answered: only ranks that called mldebug.fr.enable() can dump "
+                       "on demand (docs/fr.md)")
+    return doc, analysis
+
+
+def _render_fr(doc: dict[str, object] | None, analysis: object) -> None:
+    assert doc is not None
+    print()
+    print(f"Flight recorder: {len(doc['files'])} dump(s) in {doc['out_dir']}/")  # type: ignore[arg-type]
+    if analysis is None:
+        print(f"  {doc.get('hint')}")
+        return
+    from mldebug.fr.report import render as fr_render
+    from mldebug.render import console
+
+    fr_render(analysis, console())  # type: ignore[arg-type]
