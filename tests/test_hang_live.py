@@ -166,6 +166,16 @@ def test_usage_errors_exit_2_with_a_fix(args, needle):
     assert needle in r.stderr
 
 
+def test_user_selection(mismatch_job):
+    report = hang_json("--pid", str(mismatch_job.pid), "--user", "root")
+    assert len(report["processes"]) == 4
+    r = run_cli("hang", "--pid", str(mismatch_job.pid), "--user", "nobody", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["processes"] == []
+    r = run_cli("hang", "--user", "no-such-user-xyz", "--json")
+    assert r.returncode == 1
+    assert json.loads(r.stdout)["errors"][0]["error"].startswith("no user 'no-such-user-xyz'")
+
+
 def test_no_job_running_exits_1_with_advice():
     r = run_cli("hang", "--pattern", "no-such-program-anywhere-xyz")
     assert r.returncode == 1

@@ -107,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mldebug: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mldebug ... | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _print_error(e: MldebugError) -> None:

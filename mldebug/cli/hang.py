@@ -37,8 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="this process, or its rank-carrying descendants if it is a launcher")
     t.add_argument("--pattern", metavar="REGEX",
                    help="Python processes whose command line matches (also without RANK)")
-    t.add_argument("--all-users", action="store_true",
-                   help="every user's processes (the default when root; else only yours)")
+    who = t.add_mutually_exclusive_group()
+    who.add_argument("--all-users", action="store_true",
+                     help="every user's processes (the default when root; else only yours)")
+    who.add_argument("--user", metavar="NAME",
+                     help="only this user's processes (a name or uid, resolved on each node)")
     d = p.add_argument_group("how to dump")
     d.add_argument("--native", action="store_true", help="include C/C++ frames (py-spy --native)")
     d.add_argument("--nonblocking", action="store_true",

@@ -25,6 +25,7 @@ class CollectOptions:
     pid: int | None = None
     pattern: str | None = None
     all_users: bool = False
+    user: str | None = None
     native: bool = False
     nonblocking: bool = False
     locals: bool = False
@@ -42,6 +43,8 @@ class CollectOptions:
             args += ["--pattern", self.pattern]
         if self.all_users:
             args.append("--all-users")
+        if self.user:
+            args += ["--user", self.user]
         for flag in ("native", "nonblocking", "locals"):
             if getattr(self, flag):
                 args.append(f"--{flag}")
@@ -198,18 +201,20 @@ def _host_from(f: Path) -> str:
 
 
 def options_from_args(args: argparse.Namespace) -> CollectOptions:
-    if args.pattern:
-        import re
+    import re
 
+    if args.pattern:
         try:
             re.compile(args.pattern)
         except re.error as e:
             raise UsageError(f"--pattern {args.pattern!r} is not a valid regular expression: {e}.",
                              "Quote it for the shell, e.g. --pattern 'train\\.py'.") from None
+    if args.user is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?", args.user):
+        raise UsageError(f"--user {args.user!r} is not a user name or uid.", "e.g. --user alice")
     if args.watch is not None and args.watch <= 0:
         raise UsageError("--watch must be a positive number of seconds.", "e.g. --watch 5")
     return CollectOptions(
-        pid=args.pid, pattern=args.pattern, all_users=args.all_users,
+        pid=args.pid, pattern=args.pattern, all_users=args.all_users, user=args.user,
         native=args.native, nonblocking=args.nonblocking, locals=args.locals,
         py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
         # py-spy --native is CPU-heavy and degrades when oversubscribed: one per CPU; plain

@@ -148,6 +148,18 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
     return targets, errors
 
 
+def resolve_user(user: str) -> int | None:
+    """A user name or numeric uid as a uid; None when this node has no such user."""
+    if user.isdigit():
+        return int(user)
+    import pwd
+
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
 def find_py_spy(explicit: str | None) -> str | None:
     if explicit:
         return explicit if os.path.exists(explicit) or shutil.which(explicit) else None
@@ -236,6 +248,12 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
                            "errors": [], "python": sys.executable}
     procs = list_processes()
     uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
+    if opts.user:
+        uid = resolve_user(opts.user)
+        if uid is None:
+            doc["errors"].append({"pid": None, "error": f"no user {opts.user!r} on {host}"})
+            doc["seconds"] = round(time.monotonic() - start, 3)
+            return doc
     targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host)
     doc["errors"].extend(errors)
     py_spy = find_py_spy(opts.py_spy)
@@ -268,6 +286,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pid", type=int, help="this process (or its rank-carrying descendants)")
     p.add_argument("--pattern", help="regular expression on the command line")
     p.add_argument("--all-users", action="store_true", help="not only this user's processes")
+    p.add_argument("--user", help="only this user's processes (name or uid)")
     p.add_argument("--native", action="store_true")
     p.add_argument("--nonblocking", action="store_true")
     p.add_argument("--locals", action="store_true")
