@@ -29,6 +29,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from mldebug.dist import identity
+
 PREFIX = "fr_rank"
 NATIVE_SUBDIR = "nccl"
 REGISTRY_PREFIX = ".mldebug-fr-"  # .mldebug-fr-<host>-<pid>.json / .done / .trigger
@@ -326,8 +328,7 @@ def _world_size() -> int | None:
             return int(dist.get_world_size())
     except Exception:
         pass
-    ws = os.environ.get("WORLD_SIZE")
-    return int(ws) if ws and ws.isdigit() else None
+    return identity().world_size
 
 
 def _fill_pg_config(doc: dict[str, Any]) -> None:
@@ -389,9 +390,8 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
             (d / NATIVE_SUBDIR).mkdir(exist_ok=True)
         except OSError:
             pass
-    rank_env = os.environ.get("RANK")
-    rec = Recorder(dump_dir=d, rank=int(rank_env) if rank_env and rank_env.isdigit() else None,
-                   host=socket.gethostname().split(".")[0],
+    me = identity()  # any launcher's variables; torch.distributed's rank wins below
+    rec = Recorder(dump_dir=d, rank=me.rank, host=me.host,
                    raw_copy=raw_copy or os.environ.get("MLDEBUG_FR_RAW") == "1")
     try:
         import torch.distributed as dist
