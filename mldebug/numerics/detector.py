@@ -61,6 +61,20 @@ _compiling = torch.compiler.is_compiling
 
 _PLAIN = (torch.Tensor, nn.Parameter)
 _INPUT_NAMES = tuple(f"input[{i}]" for i in range(16))
+_SCALARS = (bool, int, float, str)
+_KWARG_NAMES: dict[str, str] = {}
+
+
+def _kwarg_name(key: str) -> str:
+    """``input['x']`` for keyword argument ``x`` (as iter_leaves names it), cached."""
+    name = _KWARG_NAMES.get(key)
+    if name is None:
+        if len(_KWARG_NAMES) > 4096:
+            _KWARG_NAMES.clear()
+        name = _KWARG_NAMES[key] = f"input[{key!r}]"
+    return name
+
+
 _FAST_DTYPES = frozenset(["torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"])
 _DTYPES: dict[torch.dtype, tuple[str, float]] = {}
 
@@ -90,12 +104,21 @@ def _limits_tensor(limits: tuple[float, ...], fraction: float,
     return t
 
 
-@dataclass(slots=True)
-class _RawEntry:
-    ctx: str
-    kind: str
-    slot: int = -1  # index into the pass's device results, -1 when there are none
-    dtype: str | None = None
+# One recorded value: (ctx, kind, slot, dtype). ``slot`` indexes the pass's device results
+# (-1 when there are none). Plain tuples: a hook records a few per module call, and building
+# an object each time was a measurable part of the hooks' cost.
+_RawEntry = tuple[str, str, int, "str | None"]
+
+
+_FALSE: dict[torch.device, torch.Tensor] = {}
+
+
+def _false(device: torch.device) -> torch.Tensor:
+    """A 0-d False on ``device``, made once (only ever read, never written)."""
+    t = _FALSE.get(device)
+    if t is None:
+        t = _FALSE[device] = torch.zeros((), dtype=torch.bool, device=device)
+    return t
 
 
 @dataclass(slots=True)
@@ -128,52 +151,63 @@ class _Pass:
     def entry(self, ctx: str, value: Any, lazy: bool = False) -> _RawEntry:
         """Record one value. ``lazy`` (parameters in the default mode) defers the reduction
         to report time: a weight with inf/nan makes its module's output inf/nan, which is
-        what detection looks at, so the weight's numbers are only needed for the report."""
-        if value is None:
-            return _RawEntry(ctx, "none")
-        if not isinstance(value, torch.Tensor):
-            return _RawEntry(ctx, "not a tensor")
-        if type(value) not in _PLAIN or value.is_meta or not value.numel():
+        what detection looks at, so the weight's numbers are only needed for the report.
+
+        Hot path: every hook calls this for every value, so the common case (a plain tensor
+        of a float dtype) takes the fewest Python steps."""
+        plain = type(value) in _PLAIN
+        if plain:
+            if value.is_meta or not value.numel():
+                return (ctx, _tensors.classify(value), -1, None)
+        elif value is None:
+            return (ctx, "none", -1, None)
+        elif not isinstance(value, torch.Tensor):
+            return (ctx, "not a tensor", -1, None)
+        else:
             kind = _tensors.classify(value)
             if kind != "tensor":
-                return _RawEntry(ctx, kind)
-        seen = self._seen.get(id(value))
+                return (ctx, kind, -1, None)
         # inference tensors keep no version counter: never reuse their results
         version = -1 if value.is_inference() else value._version
-        if seen is not None and seen[0]() is value and seen[1] == version >= 0:
-            return _RawEntry(ctx, "tensor", seen[2], seen[3])
-        dtype, limit = _dtype_info(value.dtype)
+        seen = self._seen.get(id(value))
+        if seen is not None and seen[1] == version >= 0 and seen[0]() is value:
+            return (ctx, "tensor", seen[2], seen[3])
+        dtype, limit = _DTYPES.get(value.dtype) or _dtype_info(value.dtype)
+        slot = len(self.maxs)
         if lazy:
-            slot = len(self.maxs)
             self.mins.append(None)
             self.maxs.append(None)
             self.limits.append(limit)
             self.pending[slot] = value
-            return _RawEntry(ctx, "tensor", slot, dtype)
-        if dtype in _FAST_DTYPES and type(value) in _PLAIN:
-            r = torch.aminmax(value.detach().abs())
-            lo, hi = r.min, r.max
+            return (ctx, "tensor", slot, dtype)
+        if plain and dtype in _FAST_DTYPES:
+            # gradients and no-grad activations need no detach (a view, ~0.5 us)
+            lo, hi = torch.aminmax((value.detach() if value.requires_grad else value).abs())
+            self.mins.append(lo)
+            self.maxs.append(hi)
         else:
             lo, hi = _tensors.abs_min_max(value)
-        slot = len(self.maxs)
-        self.mins.append(lo)
-        self.maxs.append(hi)
+            self.mins.append(lo)
+            self.maxs.append(hi)
         self.limits.append(limit)
         if limit != math.inf:
             self.has_limits = True
         if version >= 0:
             self._seen[id(value)] = (weakref.ref(value), version, slot, dtype)
-        return _RawEntry(ctx, "tensor", slot, dtype)
-
-    def touch(self, frame: _RawFrame) -> None:
-        frame.order = next(self._order)
+        return (ctx, "tensor", slot, dtype)
 
     def flags(self, fraction: float) -> torch.Tensor:
         """A 2-element device tensor: (any inf/nan, any value above its headroom limit)."""
         groups: dict[torch.device, list[int]] = {}
         for i, t in enumerate(self.maxs):
-            if t is not None:
-                groups.setdefault(t.device, []).append(i)
+            # an integer tensor is always finite and has no headroom limit; leaving it out
+            # also keeps the stack below free of type promotion (3x slower)
+            if t is not None and t.is_floating_point():
+                group = groups.get(t.device)
+                if group is None:
+                    groups[t.device] = [i]
+                else:
+                    group.append(i)
         if not groups:
             return torch.zeros(2)
         parts = []
@@ -184,7 +218,7 @@ class _Pass:
                 warn = (mx > _limits_tensor(tuple(self.limits[i] for i in idx), fraction,
                                             device)).any()
             else:
-                warn = torch.zeros((), dtype=torch.bool, device=device)
+                warn = _false(device)
             parts.append(torch.stack([bad, warn]).float().cpu() if len(groups) > 1
                          else torch.stack([bad, warn]).float())
         if len(parts) == 1:
@@ -213,12 +247,11 @@ class _Pass:
         out = []
         for n, raw in enumerate(frames):
             entries = []
-            for e in raw.entries:
-                if e.slot >= 0:
-                    entries.append(Entry(e.ctx, "tensor", mins[e.slot], maxs[e.slot], e.dtype,
-                                         e.slot))
+            for ctx, kind, slot, dtype in raw.entries:
+                if slot >= 0:
+                    entries.append(Entry(ctx, "tensor", mins[slot], maxs[slot], dtype, slot))
                 else:
-                    entries.append(Entry(e.ctx, e.kind))  # type: ignore[arg-type]
+                    entries.append(Entry(ctx, kind))  # type: ignore[arg-type]
             out.append(Frame(raw.module, raw.cls, self.phase, self.batch_number, n, entries))
         return out
 
@@ -267,6 +300,7 @@ class DebugUnderflowOverflow:
         self._active = True
         self._handles: list[Any] = []
         self._names = {m: name for name, m in model.named_modules()}  # first name wins
+        self._info = {m: (name, type(m).__name__) for m, name in self._names.items()}
         self._fwd = _Pass("forward", 0)
         self._bwd = _Pass("backward", 0)
         self._bwd_callback_queued = False
@@ -324,49 +358,66 @@ class DebugUnderflowOverflow:
         if _compiling() or not self._active:
             return
         rec = self._fwd
-        name = self._names.get(module, "?")
-        cls = type(module).__name__
-        frame = _RawFrame(name, cls)
-        lazy = not self.sync_every_module and not self._tracing()
-        for pname, p in module._parameters.items():  # named_parameters() is slow per call
-            if p is not None:
-                frame.entries.append(rec.entry(pname, p, lazy=lazy))
-        if len(args) <= len(_INPUT_NAMES) and all(type(a) in _PLAIN for a in args):
-            inputs = list(zip(_INPUT_NAMES, args, strict=False))  # common case: no walk
+        name, cls = self._info[module]
+        tracing = self.batch_number in self.trace_batch_nums
+        lazy = not self.sync_every_module and not tracing
+        entry = rec.entry
+        entries = [entry(pname, p, lazy)  # named_parameters() is slow per call
+                   for pname, p in module._parameters.items() if p is not None]
+        n = len(args)
+        if n == 1 and type(args[0]) in _PLAIN:  # the common case: no walk
+            inputs = [("input[0]", args[0])]
+        elif n <= len(_INPUT_NAMES) and all(type(a) in _PLAIN for a in args):
+            inputs = list(zip(_INPUT_NAMES, args, strict=False))
         else:
             inputs = list(_tensors.iter_leaves(args, "input"))
         if kwargs:
-            inputs += _tensors.iter_leaves(kwargs, "input", keep_scalars=False)
+            # what iter_leaves(kwargs, "input", keep_scalars=False) yields, without a
+            # generator per argument: tensors directly, scalars and None dropped
+            for k, v in kwargs.items():
+                tv = type(v)
+                if tv in _PLAIN:
+                    inputs.append((_kwarg_name(k), v))
+                elif v is not None and tv not in _SCALARS:
+                    inputs.extend(_tensors.iter_leaves(v, _kwarg_name(k), keep_scalars=False,
+                                                       depth=1))
         if type(output) in _PLAIN:
             outputs = [("output", output)]
         else:
             outputs = list(_tensors.iter_leaves(output, "output"))
-        for ctx, value in itertools.chain(inputs, outputs):
-            frame.entries.append(rec.entry(ctx, value))
-        rec.frames.append(frame)
+        for ctx, value in inputs:
+            entries.append(entry(ctx, value))
+        for ctx, value in outputs:
+            entries.append(entry(ctx, value))
+        rec.frames.append(_RawFrame(name, cls, entries))
         key = (self.batch_number, next(self._calls))
         self._last_call[module] = key
         if self.check_backward and torch.is_grad_enabled():
-            self._hook_gradients(key, name, cls, inputs, outputs)
-        if self.sync_every_module and not self._tracing():
+            self._hook_gradients(key, name, cls, outputs)
+            self._hook_gradients(key, name, cls, inputs)
+        if self.sync_every_module and not tracing:
             self._check(rec)
         if module is self.model:
             self._end_of_forward(rec)
 
     def _hook_gradients(self, key: Any, name: str, cls: str,
-                        inputs: list[tuple[str, Any]], outputs: list[tuple[str, Any]]) -> None:
+                        values: list[tuple[str, Any]]) -> None:
         # One tensor hook per tensor per pass, however many modules saw it: a module's output
         # is usually the next one's input. The hook fans out to every (frame, ctx) it serves.
         targets = self._grad_targets
-        for ctx, value in itertools.chain(outputs, inputs):
-            if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        for ctx, value in values:
+            plain = type(value) in _PLAIN
+            if not (plain or isinstance(value, torch.Tensor)) or not value.requires_grad:
                 continue
             found = targets.get(id(value))
             version = -1 if value.is_inference() else value._version
-            if found is not None and found[0]() is value and found[1] == version:
+            if found is not None and found[1] == version and found[0]() is value:
                 found[2].append((key, name, cls, "grad_" + ctx))
                 continue
-            if _tensors.classify(value) != "tensor":
+            if plain:
+                if value.is_meta or not value.numel():
+                    continue
+            elif _tensors.classify(value) != "tensor":
                 continue
             # changed in place since (ReLU(inplace=True), x += y): a new autograd node made
             # the current value, so it gets its own hook
@@ -409,19 +460,18 @@ class DebugUnderflowOverflow:
             return
         rec = self._bwd if self._bwd_callback_queued else self._start_backward()
         first = rec.entry(serves[0][3], grad)
-        produced = False
+        by_key = rec.by_key
+        order = rec._order
         for key, name, cls, ctx in serves:
-            frame = rec.by_key.get(key)
+            frame = by_key.get(key)
             if frame is None:
-                frame = rec.by_key[key] = _RawFrame(name, cls)
+                frame = by_key[key] = _RawFrame(name, cls)
                 rec.frames.append(frame)
-            frame.entries.append(first if ctx == first.ctx
-                                 else _RawEntry(ctx, first.kind, first.slot, first.dtype))
-            rec.touch(frame)
-            produced = produced or not ctx.startswith("grad_output")
+            frame.entries.append(first if ctx == first[0] else (ctx,) + first[1:])
+            frame.order = next(order)
         # A gradient arriving at a module (grad_output) is the one its consumer produced
         # (grad_input): check once the producing side is filed, so the culprit rule sees it.
-        if self.sync_every_module and produced:
+        if self.sync_every_module and not all(s[3].startswith("grad_output") for s in serves):
             self._check(rec)
 
     def _node_grad_hook(self, serves: list[tuple[Any, str, str, str]], index: int,
