@@ -26,6 +26,7 @@ class CollectOptions:
     pattern: str | None = None
     all_users: bool = False
     user: str | None = None
+    slurm_job: str | None = None
     native: bool = False
     nonblocking: bool = False
     locals: bool = False
@@ -45,6 +46,8 @@ class CollectOptions:
             args.append("--all-users")
         if self.user:
             args += ["--user", self.user]
+        if self.slurm_job:
+            args += ["--slurm-job", self.slurm_job]
         for flag in ("native", "nonblocking", "locals"):
             if getattr(self, flag):
                 args.append(f"--{flag}")
@@ -215,6 +218,7 @@ def options_from_args(args: argparse.Namespace) -> CollectOptions:
         raise UsageError("--watch must be a positive number of seconds.", "e.g. --watch 5")
     return CollectOptions(
         pid=args.pid, pattern=args.pattern, all_users=args.all_users, user=args.user,
+        slurm_job=args.slurm_job,
         native=args.native, nonblocking=args.nonblocking, locals=args.locals,
         py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
         # py-spy --native is CPU-heavy and degrades when oversubscribed: one per CPU; plain

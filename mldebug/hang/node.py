@@ -88,7 +88,7 @@ def _ancestors(pid: int, procs: dict[int, dict[str, Any]]) -> list[int]:
 
 def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
                pattern: str | None = None, uid: int | None = None,
-               host: str | None = None,
+               host: str | None = None, slurm_job: str | None = None,
                environ: Callable[[int], dict[str, str]] = read_environ,
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Select the rank processes; returns (targets, errors).
@@ -123,6 +123,10 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
             env = environ(p)
         except OSError:
             env = {}
+        if slurm_job is not None and slurm_job not in (
+                env.get("SLURM_JOB_ID"),
+                f"{env.get('SLURM_ARRAY_JOB_ID')}_{env.get('SLURM_ARRAY_TASK_ID')}"):
+            continue  # another job's process on a shared node
         ident = identity_from_env(env, host)
         has_rank = any(v in env for v in RANK_VARS)
         if not has_rank and rx is None and p != pid:
@@ -254,7 +258,8 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
             doc["errors"].append({"pid": None, "error": f"no user {opts.user!r} on {host}"})
             doc["seconds"] = round(time.monotonic() - start, 3)
             return doc
-    targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host)
+    targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host,
+                                 slurm_job=opts.slurm_job)
     doc["errors"].extend(errors)
     py_spy = find_py_spy(opts.py_spy)
     doc["py_spy"] = py_spy
@@ -287,6 +292,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pattern", help="regular expression on the command line")
     p.add_argument("--all-users", action="store_true", help="not only this user's processes")
     p.add_argument("--user", help="only this user's processes (name or uid)")
+    p.add_argument("--slurm-job", help="only processes of this SLURM job (SLURM_JOB_ID)")
     p.add_argument("--native", action="store_true")
     p.add_argument("--nonblocking", action="store_true")
     p.add_argument("--locals", action="store_true")
