@@ -13,7 +13,6 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 from mldebug.hang.model import (
-    CollectError,
     Collection,
     Frame,
     Group,
@@ -431,11 +430,3 @@ def s_label(s: Suspect) -> str:
     if s.rank is not None:
         return f"rank {s.rank} ({s.host}, pid {s.pid})" if s.host else f"rank {s.rank} (pid {s.pid})"
     return proc_label(s.host, s.pid)
-
-
-def merge_errors(*lists: Iterable[CollectError]) -> list[CollectError]:
-    seen: dict[tuple[str, int | None, str], CollectError] = {}
-    for lst in lists:
-        for e in lst:
-            seen.setdefault((e.host, e.pid, e.error), e)
-    return list(seen.values())

@@ -7,11 +7,11 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mldebug.errors import MldebugError, UsageError
+from mldebug.errors import UsageError
 from mldebug.fanout import NodeResult, Target, bundle, run_script
 from mldebug.hang.model import CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
@@ -34,7 +34,6 @@ class CollectOptions:
     timeout: float = 20.0
     watch: float = 0.0
     jobs: int = 16
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def node_args(self) -> list[str]:
         args = ["--timeout", f"{self.timeout:g}", "--jobs", str(self.jobs)]
@@ -225,8 +224,3 @@ def options_from_args(args: argparse.Namespace) -> CollectOptions:
         # dumps mostly wait on the target, so several per CPU
         jobs=max(2, min(64, (os.cpu_count() or 2) * (1 if args.native else 4))),
     )
-
-
-def require_some(coll: Collection) -> None:
-    if not coll.processes and not coll.errors:
-        raise MldebugError("nothing was collected.", "Check --pid/--pattern and the host list.")
