@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -55,6 +56,8 @@ class LocalSlurm:
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\nReturnToService=2\n"
             "MpiDefault=none\nSwitchType=switch/none\nJobAcctGatherType=jobacct_gather/none\n"
             f"SlurmctldPort={_free_port()}\nSlurmdPort={_free_port()}\n"
+            # job ids unlike any earlier run's: a leftover process of "job 1" must not match
+            f"FirstJobId={random.randint(100_000, 60_000_000)}\n"  # MaxJobId: 67,043,328
             f"NodeName={host} CPUs={os.cpu_count() or 2} RealMemory=2000 State=UNKNOWN\n"
             f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP "
             "OverSubscribe=FORCE:8\n")
@@ -86,6 +89,27 @@ class LocalSlurm:
         subprocess.run(["scancel", job], env=self.env(), capture_output=True)
 
     def stop(self) -> None:
+        """Cancel every job, wait for it to end, then stop the daemons and any leftover."""
+        import psutil
+
+        env = self.env()
+        if self.procs and all(p.poll() is None for p in self.procs):
+            subprocess.run(["scancel", "--partition", "debug"], env=env, capture_output=True)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                r = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True)
+                if r.returncode != 0 or not r.stdout.strip():
+                    break
+                time.sleep(0.5)
         for p in self.procs:
             p.kill()
             p.wait(timeout=10)
+        # a job step killed with its daemon can leave its processes behind: they carry our
+        # SLURM_CONF in their environment (sbatch exports the submitter's)
+        me = os.getpid()
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != me and proc.environ().get("SLURM_CONF") == str(self.conf):
+                    proc.kill()
+            except (psutil.Error, OSError):
+                pass

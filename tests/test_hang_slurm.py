@@ -57,3 +57,12 @@ def test_slurm_job_names_the_culprit_and_ignores_other_jobs(slurm, tmp_path):
     finally:
         slurm.scancel(job)
         other.stop()
+
+
+def test_leftovers_of_earlier_runs_cannot_share_a_job_id(slurm, tmp_path):
+    # FirstJobId is random per cluster start: ids from an earlier run's leftovers differ
+    job = slurm.sbatch("sleep 60", tmp_path / "o")
+    try:
+        assert int(job) >= 100_000
+    finally:
+        slurm.scancel(job)
