@@ -8,6 +8,7 @@ every other field byte for byte, so trainer/normalizer specs survive untouched.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # SentencePiece.Type
@@ -108,8 +109,10 @@ def forced_ids(pieces: list[Piece]) -> set[int]:
     return keep
 
 
-def choose_kept(total: int, forced: set[int], n: int) -> list[int]:
-    """The lowest ids plus every forced id, ``n`` in all (sorted old ids)."""
+def choose_kept(candidates: Iterable[int], forced: set[int], n: int) -> list[int]:
+    """Every forced id, then candidates in order until ``n`` are kept (sorted old ids).
+
+    Shared by SentencePiece trimming and tokenizer.json shrinking."""
     if len(forced) > n:
         from mldebug.errors import UsageError
 
@@ -118,7 +121,7 @@ def choose_kept(total: int, forced: set[int], n: int) -> list[int]:
             "(special tokens plus the alphabet that lets it encode any text).",
             f"Pass --vocab {len(forced)} or more.")
     kept = set(forced)
-    for i in range(total):
+    for i in candidates:
         if len(kept) >= n:
             break
         kept.add(i)
@@ -130,7 +133,7 @@ def trim(data: bytes, n: int, keep_ids: set[int] | frozenset[int] = frozenset())
     pieces = read_pieces(data)
     forced = forced_ids(pieces) | {i for i in keep_ids if 0 <= i < len(pieces)}
     reserve = len({i for i in keep_ids if not 0 <= i < len(pieces)})
-    kept = choose_kept(len(pieces), forced, max(1, n - reserve))
+    kept = choose_kept(range(len(pieces)), forced, max(1, n - reserve))
     keep_set = set(kept)
     out = bytearray()
     idx = 0

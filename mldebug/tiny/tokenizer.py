@@ -113,7 +113,7 @@ def shrink_tokenizer_json(tj: dict[str, Any], n: int, keep_ids: set[int] | froze
     forced = {i for tok, i in items if tok in forced_tok} | set(added) | (set(keep_ids) & set(all_ids))
     # config ids the tokenizer lacks (an image token, say) need free slots of their own
     reserve = len(set(keep_ids) - set(all_ids))
-    kept = _choose(all_ids, forced, max(1, n - reserve))
+    kept = spm.choose_kept(all_ids, forced, max(1, n - reserve))
     old_to_new = {old: new for new, old in enumerate(kept)}
     if kind == "Unigram":
         model["vocab"] = [model["vocab"][i] if i in by_id else [added[i], 0.0] for i in kept]
@@ -129,20 +129,6 @@ def shrink_tokenizer_json(tj: dict[str, Any], n: int, keep_ids: set[int] | froze
     tok_to_new = {(by_id.get(i) or added[i]): old_to_new[i] for i in kept}
     _remap_post_processor(tj.get("post_processor"), tok_to_new)
     return tj, old_to_new
-
-
-def _choose(all_ids: list[int], forced: set[int], n: int) -> list[int]:
-    if len(forced) > n:
-        raise UsageError(
-            f"a vocab of {n} cannot hold the {len(forced)} tokens this tokenizer needs "
-            "(special tokens plus the alphabet that lets it encode any text).",
-            f"Pass --vocab {len(forced)} or more.")
-    kept = set(forced)
-    for i in all_ids:
-        if len(kept) >= n:
-            break
-        kept.add(i)
-    return sorted(kept)
 
 
 def _merge_kept(m: Any, vocab: dict[str, int]) -> bool:
