@@ -8,9 +8,7 @@ keeping their aspect ratio.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
+from mldebug.tiny.staging import staged
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
                  ".arrow": "arrow"}
@@ -160,12 +159,9 @@ def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, 
         notes.append(f"image columns {imgs}: written as parquet (jsonl cannot hold images)")
     if by and by not in first.column_names:
         raise UsageError(f"--by {by}: no such column.", f"Columns: {', '.join(first.column_names)}.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)
     splits: dict[str, dict[str, int]] = {}
     files: list[str] = []
-    try:
+    with staged(out) as tmp:
         (tmp / "data").mkdir()
         for split, ds in dd.items():
             values = ds[by] if by else None
@@ -185,13 +181,7 @@ def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, 
                                splits, list(first.column_names), imgs, files, notes, command)
         _write_card(tmp, report, seed)
         _validate(tmp, splits, imgs, image_size, cache_dir)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-        return report
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return report
 
 
 def _quiet() -> None:

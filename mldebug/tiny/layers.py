@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from mldebug.tiny.shrink import (
     reindex_layers,
     select_layers,
 )
+from mldebug.tiny.staging import staged
 
 STACK_RE = re.compile(r"^(?P<prefix>(?:.*\.)?(?:layers|layer|h|block|blocks))\.(?P<idx>\d+)\.(?P<rest>.+)$")
 SKIP_COPY = {".git", "original"}
@@ -262,31 +262,23 @@ def shrink_layers(model_dir: Path, n: int, *, out: Path | None, in_place: bool,
     if out.exists() and any(out.iterdir()) and not force:
         raise UsageError(f"{out} already exists and is not empty.",
                          "Pass --force to replace it, or another --out.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)
     try:
-        report.slice_stats = slice_safetensors(model_dir, tmp, plan.levels)
-        for p in model_dir.iterdir():
-            if p.name in SKIP_COPY or p.name.endswith(WEIGHT_SUFFIXES) \
-                    or p.name in ("config.json", "model.safetensors.index.json"):
-                continue
-            if p.is_file():
-                shutil.copy2(p, tmp / p.name)
-        (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
-        if measure:
-            time_load(tmp)  # warm-up (and proof the result loads): caches, lazy imports
-            report.load_s_before = time_load(model_dir)
-            report.load_s_after = time_load(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        with staged(out) as tmp:
+            report.slice_stats = slice_safetensors(model_dir, tmp, plan.levels)
+            for p in model_dir.iterdir():
+                if p.name in SKIP_COPY or p.name.endswith(WEIGHT_SUFFIXES) \
+                        or p.name in ("config.json", "model.safetensors.index.json"):
+                    continue
+                if p.is_file():
+                    shutil.copy2(p, tmp / p.name)
+            (tmp / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
+            if measure:
+                time_load(tmp)  # warm-up (and proof the result loads): caches, lazy imports
+                report.load_s_before = time_load(model_dir)
+                report.load_s_after = time_load(tmp)
     except MldebugError:
         raise
     except Exception as e:
         raise MldebugError(f"shrinking {model_dir} failed: {type(e).__name__}: {e}",
                            "Nothing was written; report this with the model's config.json.") from e
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return report

@@ -7,15 +7,13 @@ the model passed validation, so a failure leaves nothing half-written.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mldebug.errors import UsageError
 from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids, shrink_config
+from mldebug.tiny.staging import staged
 
 BYTES_PER = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 
@@ -104,10 +102,7 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
     src = resolve(source)
     if src.directory and out.resolve() == src.directory.resolve():
         raise UsageError("--out is the source directory.", "Pass another --out.")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    with staged(out) as tmp:
         notes: list[str] = []
         tok_info = None
         pins: dict[int, int] = {}
@@ -143,13 +138,7 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
             changes=result.changes, notes=notes, tokenizer=tok_info,
             generated=built.generated, image_checked=built.image_checked, command=command)
         write_card(tmp, report)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-        return report
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    return report
 
 
 def _quiet() -> None:
