@@ -25,15 +25,22 @@ def cluster_unavailable(reason: str) -> None:
     pytest.skip(f"local cluster unavailable: {reason}")
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """Three sshd nodes (node1..node3) in their own namespaces, reachable by pdsh."""
-    c = LocalCluster(tmp_path_factory.mktemp("cluster"), ["node1", "node2", "node3"])
+def start_cluster(workdir: Path, names: list[str],
+                  node_env: dict[str, dict[str, str]] | None = None) -> LocalCluster:
+    """A started LocalCluster, or fail/skip (see cluster_unavailable) when it cannot start."""
+    c = LocalCluster(workdir, names, node_env=node_env)
     try:
         c.start()
     except (ClusterUnavailable, OSError, subprocess.SubprocessError) as e:
         c.stop()
         cluster_unavailable(str(e))
+    return c
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three sshd nodes (node1..node3) in their own namespaces, reachable by pdsh."""
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), ["node1", "node2", "node3"])
     yield c
     c.stop()
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 
 import pytest
-from cluster import ClusterUnavailable, LocalCluster
-from conftest import cluster_unavailable, run_cli
+from cluster import LocalCluster
+from conftest import run_cli, start_cluster
 from test_env_cli import clean_env
 
 pytestmark = pytest.mark.cluster
@@ -17,15 +16,10 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def env_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """node1 and node2: same machine, different NCCL_SOCKET_IFNAME and NCCL_DEBUG (sshd SetEnv)."""
-    c = LocalCluster(tmp_path_factory.mktemp("envcluster"), ["node1", "node2"], node_env={
+    c = start_cluster(tmp_path_factory.mktemp("envcluster"), ["node1", "node2"], node_env={
         "node1": {"NCCL_SOCKET_IFNAME": "eth", "NCCL_DEBUG": "WARN"},
         "node2": {"NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"},
     })
-    try:
-        c.start()
-    except (ClusterUnavailable, OSError, subprocess.SubprocessError) as e:
-        c.stop()
-        cluster_unavailable(str(e))
     yield c
     c.stop()
 
