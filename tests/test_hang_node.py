@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from mldebug.fanout import MARKER, bundle
+from mldebug.hang.collect import NODE_MODULES
 from mldebug.hang.node import PTRACE_FIX, explain_pyspy_error, find_ranks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,7 +84,7 @@ def test_bin_collector_runs_with_the_stdlib_only(tmp_path):
 
 def test_bundled_node_script_runs_where_mldebug_is_not_installed(tmp_path):
     script = tmp_path / "node_script.py"
-    script.write_text(bundle(("mldebug.dist", "mldebug.hang.node"), "mldebug.hang.node"))
+    script.write_text(bundle(NODE_MODULES, "mldebug.hang.node"))
     r = subprocess.run([sys.executable, "-I", str(script), "--pid", str(os.getpid())],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -16,7 +16,7 @@ from mldebug.fanout import NodeResult, Target, bundle, run_script
 from mldebug.hang.model import CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 
-NODE_MODULES = ("mldebug.dist", "mldebug.hang.node")
+NODE_MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node")
 DUMP_FORMAT = "mldebug.hang.dump/1"
 
 

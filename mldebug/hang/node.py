@@ -1,7 +1,7 @@
 """The per-node part of ``mldebug hang``: find the rank processes here and py-spy each one.
 
-Stdlib only (it imports nothing of mldebug but ``mldebug.dist``, which is stdlib-only and
-travels with it), so it runs on nodes where mldebug is not installed: the fan-out sends this
+Stdlib only (it imports nothing of mldebug but ``mldebug.dist`` and ``mldebug.errors``, which
+are stdlib-only and travel with it), so it runs on nodes where mldebug is not installed: the fan-out sends this
 file's source and ``dist.py``'s inside the command line. It prints one JSON document (see
 ``mldebug.fanout.MARKER``). Run by hand: ``bin/mldebug-collect --help``.
 """
@@ -22,13 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
+from mldebug.errors import PTRACE_FIX
 
 MARKER = "MLDEBUG-JSON "
 NODE_VERSION = 1
-PTRACE_FIX = (
-    "Run as root, or allow ptrace: sudo sysctl -w kernel.yama.ptrace_scope=0 "
-    "(containers: --cap-add=SYS_PTRACE)."
-)
 
 
 def _read(path: str) -> str | None:
