@@ -21,7 +21,6 @@ import math
 import sys
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO, Any
 
@@ -75,7 +74,6 @@ def _kwarg_name(key: str) -> str:
     return name
 
 
-_FAST_DTYPES = frozenset(["torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"])
 _DTYPES: dict[torch.dtype, tuple[str, float]] = {}
 
 
@@ -104,10 +102,25 @@ def _limits_tensor(limits: tuple[float, ...], fraction: float,
     return t
 
 
-# One recorded value: (ctx, kind, slot, dtype). ``slot`` indexes the pass's device results
-# (-1 when there are none). Plain tuples: a hook records a few per module call, and building
-# an object each time was a measurable part of the hooks' cost.
-_RawEntry = tuple[str, str, int, "str | None"]
+# One recorded value: (ctx, slot or kind). An int indexes the pass's device results; a str
+# says why there is no number ("none", "not a tensor", "empty", "meta"). Plain tuples: a hook
+# records a few per module call, and building an object each time was a measurable cost.
+_RawEntry = tuple[str, "int | str"]
+# Who a gradient belongs to: (frame key, module, ctx such as "grad_output").
+_Serve = tuple[Any, nn.Module, str]
+
+_FAST = frozenset([torch.float32, torch.float16, torch.bfloat16, torch.float64])
+_GRAD_CTX: dict[str, str] = {}
+
+
+def _grad_ctx(ctx: str) -> str:
+    """``grad_output`` for ``output`` (cached: it is asked for every tensor of every call)."""
+    name = _GRAD_CTX.get(ctx)
+    if name is None:
+        if len(_GRAD_CTX) > 4096:
+            _GRAD_CTX.clear()
+        name = _GRAD_CTX[ctx] = "grad_" + ctx
+    return name
 
 
 _FALSE: dict[torch.device, torch.Tensor] = {}
@@ -121,80 +134,68 @@ def _false(device: torch.device) -> torch.Tensor:
     return t
 
 
-@dataclass(slots=True)
-class _RawFrame:
-    module: str
-    cls: str
-    entries: list[_RawEntry] = field(default_factory=list)
-    order: int = 0
-
-
 class _Pass:
-    """Everything recorded during one forward or one backward pass, still on the device."""
+    """Everything recorded during one forward or one backward pass, still on the device.
 
-    def __init__(self, phase: Phase, batch_number: int) -> None:
+    The hooks do the least they can: reduce each new tensor once (two 0-d results on its
+    device) and append one record. Frames, names, weights and the fan-out of a gradient to
+    every frame it belongs to are only built by :meth:`to_frames`, i.e. when a report needs
+    them."""
+
+    def __init__(self, phase: Phase, batch_number: int,
+                 info: dict[nn.Module, tuple[str, str]], eager_params: bool = False) -> None:
         self.phase: Phase = phase
         self.batch_number = batch_number
-        self.mins: list[torch.Tensor | None] = []
-        self.maxs: list[torch.Tensor | None] = []
-        # slot -> parameter whose reduction waits until a report needs it (see entry())
-        self.pending: dict[int, torch.Tensor] = {}
-        self.limits: list[float] = []
-        self.has_limits = False
-        self.frames: list[_RawFrame] = []
-        self.by_key: dict[Any, _RawFrame] = {}
-        # id -> (weakref, version, slot, dtype): a tensor seen twice in a pass (one module's
-        # output is the next one's input) is reduced once, unless it was changed in place
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int, str]] = {}
-        self._order = itertools.count()
+        self.info = info
+        # forward: the weights were reduced by the hook (sync_every_module) rather than
+        # when a report needs them
+        self.eager_params = eager_params
+        self.mins: list[torch.Tensor] = []
+        self.maxs: list[torch.Tensor] = []
+        self.dtypes: list[torch.dtype] = []
+        # forward: one (module, entries) per module call, in execution order
+        self.calls: list[tuple[nn.Module, list[_RawEntry]]] = []
+        # backward: one (serves, slot) per gradient, in the order they arrived
+        self.grads: list[tuple[list[_Serve], int | str]] = []
+        # id -> (weakref, version, slot): a tensor seen twice in a pass (one module's output
+        # is the next one's input) is reduced once, unless it was changed in place
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, int]] = {}
 
-    def entry(self, ctx: str, value: Any, lazy: bool = False) -> _RawEntry:
-        """Record one value. ``lazy`` (parameters in the default mode) defers the reduction
-        to report time: a weight with inf/nan makes its module's output inf/nan, which is
-        what detection looks at, so the weight's numbers are only needed for the report.
-
-        Hot path: every hook calls this for every value, so the common case (a plain tensor
-        of a float dtype) takes the fewest Python steps."""
-        plain = type(value) in _PLAIN
+    def reduce(self, value: Any) -> int | str:
+        """The slot of ``value``'s (abs min, abs max), reduced now on its device, or why a
+        value has no numbers. Hot path: every hook calls this for every value, so the
+        common case (a plain tensor of a float dtype) takes the fewest Python steps."""
+        tv = type(value)
+        plain = tv is torch.Tensor or tv is nn.Parameter
         if plain:
             if value.is_meta or not value.numel():
-                return (ctx, _tensors.classify(value), -1, None)
+                return _tensors.classify(value)
         elif value is None:
-            return (ctx, "none", -1, None)
+            return "none"
         elif not isinstance(value, torch.Tensor):
-            return (ctx, "not a tensor", -1, None)
+            return "not a tensor"
         else:
             kind = _tensors.classify(value)
             if kind != "tensor":
-                return (ctx, kind, -1, None)
+                return kind
         # inference tensors keep no version counter: never reuse their results
         version = -1 if value.is_inference() else value._version
         seen = self._seen.get(id(value))
         if seen is not None and seen[1] == version >= 0 and seen[0]() is value:
-            return (ctx, "tensor", seen[2], seen[3])
-        dtype, limit = _DTYPES.get(value.dtype) or _dtype_info(value.dtype)
+            return seen[2]
         slot = len(self.maxs)
-        if lazy:
-            self.mins.append(None)
-            self.maxs.append(None)
-            self.limits.append(limit)
-            self.pending[slot] = value
-            return (ctx, "tensor", slot, dtype)
-        if plain and dtype in _FAST_DTYPES:
+        dtype = value.dtype
+        if plain and dtype in _FAST:
             # gradients and no-grad activations need no detach (a view, ~0.5 us)
             lo, hi = torch.aminmax((value.detach() if value.requires_grad else value).abs())
-            self.mins.append(lo)
-            self.maxs.append(hi)
         else:
             lo, hi = _tensors.abs_min_max(value)
-            self.mins.append(lo)
-            self.maxs.append(hi)
-        self.limits.append(limit)
-        if limit != math.inf:
-            self.has_limits = True
+        self.mins.append(lo)
+        self.maxs.append(hi)
+        self.dtypes.append(dtype)
         if version >= 0:
-            self._seen[id(value)] = (weakref.ref(value), version, slot, dtype)
-        return (ctx, "tensor", slot, dtype)
+            self._seen[id(value)] = (weakref.ref(value), version, slot)
+        return slot
 
     def flags(self, fraction: float) -> torch.Tensor:
         """A 2-element device tensor: (any inf/nan, any value above its headroom limit)."""
@@ -202,7 +203,7 @@ class _Pass:
         for i, t in enumerate(self.maxs):
             # an integer tensor is always finite and has no headroom limit; leaving it out
             # also keeps the stack below free of type promotion (3x slower)
-            if t is not None and t.is_floating_point():
+            if t.is_floating_point():
                 group = groups.get(t.device)
                 if group is None:
                     groups[t.device] = [i]
@@ -212,11 +213,11 @@ class _Pass:
             return torch.zeros(2)
         parts = []
         for device, idx in groups.items():
-            mx = torch.stack([self.maxs[i] for i in idx]).float()  # type: ignore[misc]
+            mx = torch.stack([self.maxs[i] for i in idx]).float()
             bad = (~torch.isfinite(mx)).any()
-            if self.has_limits and fraction > 0:
-                warn = (mx > _limits_tensor(tuple(self.limits[i] for i in idx), fraction,
-                                            device)).any()
+            limits = tuple(_dtype_info(self.dtypes[i])[1] for i in idx)
+            if fraction > 0 and any(v != math.inf for v in limits):
+                warn = (mx > _limits_tensor(limits, fraction, device)).any()
             else:
                 warn = _false(device)
             parts.append(torch.stack([bad, warn]).float().cpu() if len(groups) > 1
@@ -225,34 +226,54 @@ class _Pass:
             return parts[0]
         return torch.stack(parts).amax(0)
 
+    def _raw_frames(self) -> list[tuple[nn.Module, list[_RawEntry]]]:
+        """(module, entries) per frame in execution order; reduces the weights if needed."""
+        if self.phase == "forward":
+            if self.eager_params:
+                return self.calls
+            reduce = self.reduce
+            return [(module, [(pname, reduce(p)) for pname, p in module._parameters.items()
+                              if p is not None] + entries)
+                    for module, entries in self.calls]
+        # backward: a gradient goes to every frame it serves (grad_output of the module that
+        # made the tensor, grad_input of each consumer); a frame's place is its last arrival
+        by_key: dict[Any, list[Any]] = {}
+        n = 0
+        for serves, slot in self.grads:
+            for key, module, ctx in serves:
+                frame = by_key.get(key)
+                if frame is None:
+                    frame = by_key[key] = [module, [], 0]
+                frame[1].append((ctx, slot))
+                frame[2] = n
+                n += 1
+        return [(f[0], f[1]) for f in sorted(by_key.values(), key=lambda f: f[2])]
+
     def to_frames(self) -> list[Frame]:
         """Bring every recorded number to the host (one transfer per device) as Frames."""
-        for slot, value in self.pending.items():
-            self.mins[slot], self.maxs[slot] = _tensors.abs_min_max(value)
-        self.pending.clear()
+        raw = self._raw_frames()
         mins: list[float] = [0.0] * len(self.mins)
         maxs: list[float] = [0.0] * len(self.maxs)
         groups: dict[torch.device, list[int]] = {}
         for i, t in enumerate(self.maxs):
-            assert t is not None
             groups.setdefault(t.device, []).append(i)
         for idx in groups.values():
-            lows = torch.stack([self.mins[i] for i in idx]).double()  # type: ignore[misc]
-            highs = torch.stack([self.maxs[i] for i in idx]).double()  # type: ignore[misc]
+            lows = torch.stack([self.mins[i] for i in idx]).double()
+            highs = torch.stack([self.maxs[i] for i in idx]).double()
             both = torch.stack([lows, highs], dim=1).tolist()
             for i, (lo, hi) in zip(idx, both, strict=True):
                 mins[i], maxs[i] = lo, hi
-        frames = sorted(self.frames, key=lambda f: f.order) if self.phase == "backward" \
-            else self.frames
         out = []
-        for n, raw in enumerate(frames):
+        for n, (module, raw_entries) in enumerate(raw):
+            name, cls = self.info.get(module) or ("?", type(module).__name__)
             entries = []
-            for ctx, kind, slot, dtype in raw.entries:
-                if slot >= 0:
-                    entries.append(Entry(ctx, "tensor", mins[slot], maxs[slot], dtype, slot))
+            for ctx, slot in raw_entries:
+                if isinstance(slot, int):
+                    entries.append(Entry(ctx, "tensor", mins[slot], maxs[slot],
+                                         _dtype_info(self.dtypes[slot])[0], slot))
                 else:
-                    entries.append(Entry(ctx, kind))  # type: ignore[arg-type]
-            out.append(Frame(raw.module, raw.cls, self.phase, self.batch_number, n, entries))
+                    entries.append(Entry(ctx, slot))  # type: ignore[arg-type]
+            out.append(Frame(name, cls, self.phase, self.batch_number, n, entries))
         return out
 
 
@@ -301,12 +322,12 @@ class DebugUnderflowOverflow:
         self._handles: list[Any] = []
         self._names = {m: name for name, m in model.named_modules()}  # first name wins
         self._info = {m: (name, type(m).__name__) for m, name in self._names.items()}
-        self._fwd = _Pass("forward", 0)
-        self._bwd = _Pass("backward", 0)
+        self._fwd = _Pass("forward", 0, self._info)
+        self._bwd = _Pass("backward", 0, self._info)
         self._bwd_callback_queued = False
         self._calls = itertools.count()
         self._last_call: dict[nn.Module, Any] = {}
-        self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], int, list[Any]]] = {}
+        self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], int, list[_Serve]]] = {}
         self._register()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -318,13 +339,12 @@ class DebugUnderflowOverflow:
                 module.register_forward_hook(self._forward_hook, with_kwargs=True))
         if self.check_backward:
             seen: set[int] = set()
-            for module, name in self._names.items():
+            for module in self._names:
                 for pname, p in module.named_parameters(recurse=False):
                     if id(p) in seen or not p.requires_grad:
                         continue
                     seen.add(id(p))
-                    hook = functools.partial(self._param_grad_hook, module, name,
-                                             type(module).__name__, f"{pname}.grad")
+                    hook = functools.partial(self._param_grad_hook, module, f"{pname}.grad")
                     self._handles.append(p.register_hook(hook))
 
     def detach(self) -> None:
@@ -346,24 +366,25 @@ class DebugUnderflowOverflow:
         return self.batch_number in self.trace_batch_nums
 
     def _root_pre_hook(self, module: nn.Module, args: Any, kwargs: Any) -> None:
-        if _compiling() or not self._active:
+        if not self._active or _compiling():
             return
-        self._fwd = _Pass("forward", self.batch_number)
+        self._fwd = _Pass("forward", self.batch_number, self._info,
+                          eager_params=self.sync_every_module)
         self._grad_targets.clear()
         if torch._C._current_graph_task_id() == -1:
             # not inside a backward: a backward that raised midway never ran its callback
             self._bwd_callback_queued = False
 
     def _forward_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if _compiling() or not self._active:
+        if not self._active or _compiling():
             return
         rec = self._fwd
-        name, cls = self._info[module]
-        tracing = self.batch_number in self.trace_batch_nums
-        lazy = not self.sync_every_module and not tracing
-        entry = rec.entry
-        entries = [entry(pname, p, lazy)  # named_parameters() is slow per call
-                   for pname, p in module._parameters.items() if p is not None]
+        reduce = rec.reduce
+        if rec.eager_params:  # sync_every_module: the weights are checked with the module
+            entries: list[_RawEntry] = [(pname, reduce(p)) for pname, p in
+                                        module._parameters.items() if p is not None]
+        else:  # reduced when a report needs them (an inf weight shows in the output)
+            entries = []
         n = len(args)
         if n == 1 and type(args[0]) in _PLAIN:  # the common case: no walk
             inputs = [("input[0]", args[0])]
@@ -386,42 +407,47 @@ class DebugUnderflowOverflow:
         else:
             outputs = list(_tensors.iter_leaves(output, "output"))
         for ctx, value in inputs:
-            entries.append(entry(ctx, value))
+            entries.append((ctx, reduce(value)))
         for ctx, value in outputs:
-            entries.append(entry(ctx, value))
-        rec.frames.append(_RawFrame(name, cls, entries))
-        key = (self.batch_number, next(self._calls))
-        self._last_call[module] = key
+            entries.append((ctx, reduce(value)))
+        rec.calls.append((module, entries))
         if self.check_backward and torch.is_grad_enabled():
-            self._hook_gradients(key, name, cls, outputs)
-            self._hook_gradients(key, name, cls, inputs)
-        if self.sync_every_module and not tracing:
+            key = next(self._calls)
+            self._last_call[module] = key
+            self._hook_gradients(key, module, outputs)
+            self._hook_gradients(key, module, inputs)
+        if self.sync_every_module and self.batch_number not in self.trace_batch_nums:
             self._check(rec)
         if module is self.model:
             self._end_of_forward(rec)
 
-    def _hook_gradients(self, key: Any, name: str, cls: str,
-                        values: list[tuple[str, Any]]) -> None:
-        # One tensor hook per tensor per pass, however many modules saw it: a module's output
-        # is usually the next one's input. The hook fans out to every (frame, ctx) it serves.
+    def _hook_gradients(self, key: int, module: nn.Module, values: list[tuple[str, Any]]) -> None:
+        # One hook per tensor per pass, however many modules saw it: a module's output is
+        # usually the next one's input. The hook fans out to every (frame, ctx) it serves.
         targets = self._grad_targets
         for ctx, value in values:
-            plain = type(value) in _PLAIN
-            if not (plain or isinstance(value, torch.Tensor)) or not value.requires_grad:
+            tv = type(value)
+            if tv is torch.Tensor:
+                if not value.requires_grad:
+                    continue
+            elif tv is nn.Parameter or not isinstance(value, torch.Tensor) \
+                    or not value.requires_grad:
+                # a weight's gradient has its own hook (see _register); one more here each
+                # step would pile up on the weight for good
                 continue
             found = targets.get(id(value))
             version = -1 if value.is_inference() else value._version
             if found is not None and found[1] == version and found[0]() is value:
-                found[2].append((key, name, cls, "grad_" + ctx))
+                found[2].append((key, module, _GRAD_CTX.get(ctx) or _grad_ctx(ctx)))
                 continue
-            if plain:
+            if tv is torch.Tensor:
                 if value.is_meta or not value.numel():
                     continue
             elif _tensors.classify(value) != "tensor":
                 continue
             # changed in place since (ReLU(inplace=True), x += y): a new autograd node made
             # the current value, so it gets its own hook
-            serves = [(key, name, cls, "grad_" + ctx)]
+            serves = [(key, module, _GRAD_CTX.get(ctx) or _grad_ctx(ctx))]
             targets[id(value)] = (weakref.ref(value), version, serves)
             node = value.grad_fn
             if node is not None:
@@ -446,43 +472,32 @@ class DebugUnderflowOverflow:
 
     # ---- backward --------------------------------------------------------------------------
     def _start_backward(self) -> _Pass:
-        self._bwd = _Pass("backward", max(self.batch_number - 1, 0))
+        self._bwd = _Pass("backward", max(self.batch_number - 1, 0), self._info)
         self._bwd_callback_queued = True
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         return self._bwd
 
-    def _tensor_grad_hook(self, serves: list[tuple[Any, str, str, str]], grad: Any) -> None:
-        """The gradient of one tensor: reduce it once, file it in every frame it belongs to
-        (grad_output of the module that made the tensor, grad_input of each consumer)."""
-        if _compiling() or not self._active or not isinstance(grad, torch.Tensor):
+    def _tensor_grad_hook(self, serves: list[_Serve], grad: Any) -> None:
+        """The gradient of one tensor: reduce it once and note whom it serves (the frames
+        are only built for a report)."""
+        if not self._active or _compiling() or not isinstance(grad, torch.Tensor):
             return
         if self.batch_number - 1 in self.trace_batch_nums:
             return
         rec = self._bwd if self._bwd_callback_queued else self._start_backward()
-        first = rec.entry(serves[0][3], grad)
-        by_key = rec.by_key
-        order = rec._order
-        for key, name, cls, ctx in serves:
-            frame = by_key.get(key)
-            if frame is None:
-                frame = by_key[key] = _RawFrame(name, cls)
-                rec.frames.append(frame)
-            frame.entries.append(first if ctx == first[0] else (ctx,) + first[1:])
-            frame.order = next(order)
+        rec.grads.append((serves, rec.reduce(grad)))
         # A gradient arriving at a module (grad_output) is the one its consumer produced
         # (grad_input): check once the producing side is filed, so the culprit rule sees it.
-        if self.sync_every_module and not all(s[3].startswith("grad_output") for s in serves):
+        if self.sync_every_module and not all(s[2].startswith("grad_output") for s in serves):
             self._check(rec)
 
-    def _node_grad_hook(self, serves: list[tuple[Any, str, str, str]], index: int,
-                        grad_outputs: Any) -> None:
+    def _node_grad_hook(self, serves: list[_Serve], index: int, grad_outputs: Any) -> None:
         if index < len(grad_outputs):
             self._tensor_grad_hook(serves, grad_outputs[index])
 
-    def _param_grad_hook(self, module: nn.Module, name: str, cls: str, ctx: str,
-                         grad: Any) -> None:
-        key = self._last_call.get(module, ("param", name))
-        self._tensor_grad_hook([(key, name, cls, ctx)], grad)
+    def _param_grad_hook(self, module: nn.Module, ctx: str, grad: Any) -> None:
+        key = self._last_call.get(module, ("param", module))
+        self._tensor_grad_hook([(key, module, ctx)], grad)
 
     def _end_of_backward(self) -> None:
         self._bwd_callback_queued = False
