@@ -110,6 +110,8 @@ _RawEntry = tuple[str, "int | str"]
 _Serve = tuple[Any, nn.Module, str]
 
 _FAST = frozenset([torch.float32, torch.float16, torch.bfloat16, torch.float64])
+_LIMITED = frozenset(d for d in (getattr(torch, n.removeprefix("torch."), None) for n in DTYPE_MAX)
+                     if d is not None)
 _GRAD_CTX: dict[str, str] = {}
 
 
@@ -153,6 +155,8 @@ class _Pass:
         self.mins: list[torch.Tensor] = []
         self.maxs: list[torch.Tensor] = []
         self.dtypes: list[torch.dtype] = []
+        self.floating: list[int] = []  # slots of floating results: the ones flags() checks
+        self.limited = False  # a dtype with a headroom limit (fp16, bf16, fp8) was seen
         # forward: one (module, entries) per module call, in execution order
         self.calls: list[tuple[nn.Module, list[_RawEntry]]] = []
         # backward: one (serves, slot) per gradient, in the order they arrived
@@ -193,38 +197,42 @@ class _Pass:
         self.mins.append(lo)
         self.maxs.append(hi)
         self.dtypes.append(dtype)
+        if dtype.is_floating_point:
+            self.floating.append(slot)
+            if dtype in _LIMITED:
+                self.limited = True
         if version >= 0:
             self._seen[id(value)] = (weakref.ref(value), version, slot)
         return slot
 
     def flags(self, fraction: float) -> torch.Tensor:
-        """A 2-element device tensor: (any inf/nan, any value above its headroom limit)."""
-        groups: dict[torch.device, list[int]] = {}
-        for i, t in enumerate(self.maxs):
-            # an integer tensor is always finite and has no headroom limit; leaving it out
-            # also keeps the stack below free of type promotion (3x slower)
-            if t.is_floating_point():
-                group = groups.get(t.device)
-                if group is None:
-                    groups[t.device] = [i]
-                else:
-                    group.append(i)
-        if not groups:
+        """A 2-element tensor: (any inf/nan, any value above its headroom limit); on the
+        device of the results when they all live on one (the common case), else on the CPU.
+
+        Only floating results count: an integer tensor is always finite and has no headroom
+        limit, and leaving it out keeps the stack free of int/float promotion (3x slower)."""
+        idx = self.floating
+        if not idx:
             return torch.zeros(2)
-        parts = []
-        for device, idx in groups.items():
-            mx = torch.stack([self.maxs[i] for i in idx]).float()
-            bad = (~torch.isfinite(mx)).any()
+        maxs = self.maxs
+        try:
+            mx = torch.stack([maxs[i] for i in idx])
+        except RuntimeError:  # results on several devices: one check per device
+            groups: dict[torch.device, list[int]] = {}
+            for i in idx:
+                groups.setdefault(maxs[i].device, []).append(i)
+            return torch.stack([self._flags(torch.stack([maxs[i] for i in g]), g, fraction)
+                                .cpu() for g in groups.values()]).amax(0)
+        return self._flags(mx, idx, fraction)
+
+    def _flags(self, mx: torch.Tensor, idx: list[int], fraction: float) -> torch.Tensor:
+        bad = (~torch.isfinite(mx)).any()
+        if fraction > 0 and self.limited:
             limits = tuple(_dtype_info(self.dtypes[i])[1] for i in idx)
-            if fraction > 0 and any(v != math.inf for v in limits):
-                warn = (mx > _limits_tensor(limits, fraction, device)).any()
-            else:
-                warn = _false(device)
-            parts.append(torch.stack([bad, warn]).float().cpu() if len(groups) > 1
-                         else torch.stack([bad, warn]).float())
-        if len(parts) == 1:
-            return parts[0]
-        return torch.stack(parts).amax(0)
+            warn = (mx > _limits_tensor(limits, fraction, mx.device)).any()
+        else:
+            warn = _false(mx.device)
+        return torch.stack([bad, warn]).float()
 
     def _raw_frames(self) -> list[tuple[nn.Module, list[_RawEntry]]]:
         """(module, entries) per frame in execution order; reduces the weights if needed."""
