@@ -227,6 +227,32 @@ def test_detach_and_context_manager_remove_every_hook() -> None:
     assert hooks_left(model) == 0
 
 
+class WeightAsInput(nn.Module):
+    """A weight handed to a child module as its input (tied embeddings, adapters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4, 4))
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.lin(self.w).sum()
+
+
+def test_a_weight_passed_as_input_gathers_no_hooks_step_after_step() -> None:
+    model = WeightAsInput()
+    with DebugUnderflowOverflow(model, print_report=False) as debug:
+        attached = hooks_left(model)
+        for _ in range(5):
+            model(torch.randn(2, 4)).sum().backward()
+        assert hooks_left(model) == attached  # one hook per weight, not one more per step
+        model.w.data[0, 0] = float("inf")  # and an inf in it is still found
+        with pytest.raises(OverflowDetected):
+            model(torch.randn(2, 4)).sum().backward()
+    assert debug.report is not None
+    assert hooks_left(model) == 0
+
+
 def test_headroom_warning_is_printed_once_and_kept() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).half()
     with torch.no_grad():
