@@ -64,14 +64,19 @@ _SCALARS = (bool, int, float, str)
 _KWARG_NAMES: dict[str, str] = {}
 
 
-def _kwarg_name(key: str) -> str:
-    """``input['x']`` for keyword argument ``x`` (as iter_leaves names it), cached."""
-    name = _KWARG_NAMES.get(key)
+def _cached_name(cache: dict[str, str], key: str, fmt: str) -> str:
+    """``fmt.format(key)``, kept: hooks ask for the same few names on every call."""
+    name = cache.get(key)
     if name is None:
-        if len(_KWARG_NAMES) > 4096:
-            _KWARG_NAMES.clear()
-        name = _KWARG_NAMES[key] = f"input[{key!r}]"
+        if len(cache) > 4096:
+            cache.clear()
+        name = cache[key] = fmt.format(key)
     return name
+
+
+def _kwarg_name(key: str) -> str:
+    """``input['x']`` for keyword argument ``x`` (as iter_leaves names it)."""
+    return _cached_name(_KWARG_NAMES, key, "input[{!r}]")
 
 
 _DTYPES: dict[torch.dtype, tuple[str, float]] = {}
@@ -116,13 +121,8 @@ _GRAD_CTX: dict[str, str] = {}
 
 
 def _grad_ctx(ctx: str) -> str:
-    """``grad_output`` for ``output`` (cached: it is asked for every tensor of every call)."""
-    name = _GRAD_CTX.get(ctx)
-    if name is None:
-        if len(_GRAD_CTX) > 4096:
-            _GRAD_CTX.clear()
-        name = _GRAD_CTX[ctx] = "grad_" + ctx
-    return name
+    """``grad_output`` for ``output``."""
+    return _cached_name(_GRAD_CTX, ctx, "grad_{}")
 
 
 _FALSE: dict[torch.device, torch.Tensor] = {}
