@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from mldebug.errors import UsageError
 from mldebug.fanout import Target
@@ -61,3 +63,13 @@ def fanout_kwargs(args: argparse.Namespace) -> dict[str, object]:
 def add_json_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the whole report as JSON (schema in docs/)")
+
+
+def print_report(report: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """``--json``: the report's ``to_dict()`` as JSON on stdout; otherwise ``render(report)``."""
+    if as_json:
+        from mldebug.render import print_json
+
+        print_json(report.to_dict())
+    else:
+        render(report)

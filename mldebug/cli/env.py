@@ -9,6 +9,7 @@ from mldebug.cli._common import (
     add_json_argument,
     add_target_arguments,
     fanout_kwargs,
+    print_report,
     target_from_args,
 )
 from mldebug.errors import UsageError
@@ -69,13 +70,10 @@ def run(args: argparse.Namespace) -> int:
 
     from mldebug.envcheck.collect import collect
     from mldebug.envcheck.report import build_report, render
-    from mldebug.render import console, print_json
+    from mldebug.render import console
 
     facts, failed = collect(target, torch_timeout=args.torch_timeout, ports=ports,
                             torch_import=args.torch_import, fanout=fanout_kwargs(args))
     report = build_report(facts, {r.host: r.error or "no answer" for r in failed})
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        render(report, console())
+    print_report(report, args.json, lambda r: render(r, console()))
     return 1 if report.has_errors else 0

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from mldebug.cli._common import print_report
 from mldebug.errors import UsageError
 
 HELP = "make a tiny random model + tokenizer of any transformers architecture (offline)"
@@ -102,12 +103,7 @@ def run(args: argparse.Namespace) -> int:
     report = make_tiny(args.source, Path(args.out), spec, dtype=args.dtype,
                        tokenizer=not args.no_tokenizer, force=args.force,
                        command=rebuild_command(args))
-    if args.json:
-        from mldebug.render import print_json
-
-        print_json(report.to_dict())
-    else:
-        render(report)
+    print_report(report, args.json, render)
     return 0
 
 

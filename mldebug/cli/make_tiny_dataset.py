@@ -7,6 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from mldebug.cli._common import print_report
+
 HELP = "make a tiny dataset (first/random/stratified N records) as plain jsonl/parquet files"
 DESCRIPTION = """\
 SOURCE: a jsonl/json/csv/parquet/arrow file, a directory of such files, or a datasets
@@ -49,12 +51,7 @@ def run(args: argparse.Namespace) -> int:
     report = make_tiny_dataset(args.source, Path(args.out), args.n, fmt=args.format,
                                image_size=args.image_size, seed=args.seed, select=args.select,
                                by=args.by, force=args.force, command=rebuild_command(args))
-    if args.json:
-        from mldebug.render import print_json
-
-        print_json(report.to_dict())
-    else:
-        render(report)
+    print_report(report, args.json, render)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mldebug.cli._common import add_json_argument
+from mldebug.cli._common import add_json_argument, print_report
 
 HELP = "summarise NCCL_DEBUG=INFO logs: versions, transports, interfaces, init, WARNs, collective counts"
 DESCRIPTION = """\
@@ -32,12 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from mldebug.envcheck.nccllog import analyze, load
     from mldebug.envcheck.nccllog_render import render
-    from mldebug.render import console, print_json
+    from mldebug.render import console
 
     report = analyze(load(args.files, args.split))
     report.split = bool(args.split)
-    if args.json:
-        print_json(report.to_dict())
-    else:
-        render(report, console())
+    print_report(report, args.json, lambda r: render(r, console()))
     return 0

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mldebug.cli._common import print_report
 from mldebug.errors import UsageError
 
 HELP = "cut a local model's layer stack to N layers (one of each block type kept)"
@@ -44,12 +45,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--out is MODEL_DIR.", "Use --in-place to edit it, or pass another --out.")
     report = shrink_layers(model_dir, args.layers, out=out, in_place=args.in_place,
                            measure=not args.no_measure, force=args.force)
-    if args.json:
-        from mldebug.render import print_json
-
-        print_json(report.to_dict())
-    else:
-        render(report)
+    print_report(report, args.json, render)
     return 0
 
 
