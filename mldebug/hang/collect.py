@@ -13,7 +13,7 @@ from typing import Any
 
 from mldebug.errors import UsageError
 from mldebug.fanout import NodeResult, Target, bundle, run_script
-from mldebug.hang.model import CollectError, Collection, Process
+from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 
 NODE_MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node")
@@ -77,12 +77,8 @@ def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 
 
 def process_from_node(host: str, p: dict[str, Any]) -> Process:
     ident = p.get("identity") or {}
-    proc = Process(
-        host=host, pid=int(p["pid"]), rank=ident.get("rank"), local_rank=ident.get("local_rank"),
-        world_size=ident.get("world_size"), local_world_size=ident.get("local_world_size"),
-        node_rank=ident.get("node_rank"), launcher=ident.get("launcher"),
-        run_id=ident.get("run_id"), cmdline=list(p.get("cmdline") or []),
-    )
+    known: dict[str, Any] = {k: ident.get(k) for k in IDENTITY_FIELDS}
+    proc = Process(host=host, pid=int(p["pid"]), cmdline=list(p.get("cmdline") or []), **known)
     if p.get("dump") is not None:
         proc.threads = threads_from_json(p["dump"])
     if p.get("dump_later") is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from mldebug.dist import Identity
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,11 @@ class Thread:
     active: bool | None = None
     owns_gil: bool | None = None
     frames: list[Frame] = field(default_factory=list)  # innermost first
+
+
+# What a Process knows of its place in the job: mldebug.dist.Identity's fields (host aside),
+# copied flat so the JSON of a dump stays one level deep.
+IDENTITY_FIELDS = tuple(f.name for f in fields(Identity) if f.name != "host")
 
 
 @dataclass
@@ -161,9 +168,7 @@ def thread_to_dict(t: Thread) -> dict[str, Any]:
 
 def process_to_dict(p: Process) -> dict[str, Any]:
     d: dict[str, Any] = {
-        "host": p.host, "pid": p.pid, "rank": p.rank, "local_rank": p.local_rank,
-        "world_size": p.world_size, "local_world_size": p.local_world_size,
-        "node_rank": p.node_rank, "launcher": p.launcher, "run_id": p.run_id,
+        "host": p.host, "pid": p.pid, **{k: getattr(p, k) for k in IDENTITY_FIELDS},
         "cmdline": p.cmdline, "threads": [thread_to_dict(t) for t in p.threads],
     }
     if p.threads_later is not None:
