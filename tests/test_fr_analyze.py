@@ -133,6 +133,19 @@ def test_subgroup_mismatch_is_reported_in_its_group_only(tmp_path):
     assert {g.pg: g.ranks for g in a.groups} == {"0": [0, 1, 2, 3], "1": [0, 1], "2": [2, 3]}
 
 
+def test_p2p_recv_without_send_names_the_rank_that_skipped_the_send(tmp_path):
+    send = synth.p2p("send", 0, 1, 1)
+    recv = synth.p2p("recv", 0, 1, 1)
+    extra = synth.p2p("recv", 0, 1, 2, state="started")
+    dumps = {0: synth.dump(0, [synth.entry(1), send], world=2),
+             1: synth.dump(1, [synth.entry(1), recv, extra], world=2)}
+    m = only(run(tmp_path, dumps), "p2p")
+    assert m.culprit_ranks == [0]
+    assert m.reasoning == ("rank 1 posted recv #2 from rank 0, which never posted the matching "
+                           "send (it posted 1): rank 0 skipped a send, or rank 1 has an extra recv.")
+    assert [g.ranks for g in m.groups][1:] == [[0]] and "(no matching send to 1)" in str(m.groups[1])
+
+
 def test_coalesced_entries_compare_as_one_position(tmp_path):
     def ents(r):
         big = ((9,),) if r == 0 else ((4,),)
