@@ -471,23 +471,20 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
         src, dst = pair
         s, rv = sends.get(pair, []), recvs.get(pair, [])
         for i in range(max(len(s), len(rv))):
-            if i >= len(s):
-                e = rv[i]
-                issues.append(Mismatch(pg.name, pg.desc, e.p2p_seq, "p2p", [src], (
-                    f"rank {dst} posted recv #{i + 1} from rank {src}, which never posted the "
-                    f"matching send (it posted {len(s)}): rank {src} skipped a send, or rank "
-                    f"{dst} has an extra recv."),
-                    [_sig_group([dst], [e], frames),
-                     SignatureGroup([src], f"(no matching send to {dst})")], p2p=True))
-                break
-            if i >= len(rv):
-                e = s[i]
-                issues.append(Mismatch(pg.name, pg.desc, e.p2p_seq, "p2p", [dst], (
-                    f"rank {src} posted send #{i + 1} to rank {dst}, which never posted the "
-                    f"matching recv (it posted {len(rv)}): rank {dst} skipped a recv, or rank "
-                    f"{src} has an extra send."),
-                    [_sig_group([src], [e], frames),
-                     SignatureGroup([dst], f"(no matching recv from {src})")], p2p=True))
+            if i >= len(s) or i >= len(rv):
+                # one side posted more than the other: the other skipped one, or it has an extra
+                if i >= len(s):
+                    op, other, toward, back, poster, peer, e, theirs = (
+                        "recv", "send", "from", "to", dst, src, rv[i], len(s))
+                else:
+                    op, other, toward, back, poster, peer, e, theirs = (
+                        "send", "recv", "to", "from", src, dst, s[i], len(rv))
+                issues.append(Mismatch(pg.name, pg.desc, e.p2p_seq, "p2p", [peer], (
+                    f"rank {poster} posted {op} #{i + 1} {toward} rank {peer}, which never "
+                    f"posted the matching {other} (it posted {theirs}): rank {peer} skipped a "
+                    f"{other}, or rank {poster} has an extra {op}."),
+                    [_sig_group([poster], [e], frames),
+                     SignatureGroup([peer], f"(no matching {other} {back} {poster})")], p2p=True))
                 break
             a, b = s[i], rv[i]
             if a.input_sizes != b.output_sizes or set(a.input_dtypes) != set(b.output_dtypes):
