@@ -50,7 +50,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     culprit = min(2, world - 1)
     dist.all_reduce(torch.ones(4, device=device))  # collective #1: fine everywhere
-    print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+    os.write(1, f"rank {rank} pid {os.getpid()} ready\n".encode())  # one write: never interleaved
     step(rank, culprit, device)  # collective #2: sizes differ on the culprit
     dist.barrier()
     print(f"rank {rank} finished (gloo/nccl accepted mismatched sizes?)", flush=True)

@@ -48,7 +48,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.ones(4, device=device)
     dist.all_reduce(t)  # collective #1: every rank
-    print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+    os.write(1, f"rank {rank} pid {os.getpid()} ready\n".encode())  # one write: never interleaved
     sync_metrics(rank, world, t)  # collective #2: all but the last rank
     if rank == world - 1:
         time.sleep(args.timeout * 3)  # "other work": no further collective
