@@ -424,7 +424,7 @@ class DebugUnderflowOverflow:
             self._last_call[module] = key
             self._hook_gradients(key, module, outputs)
             self._hook_gradients(key, module, inputs)
-        if self.sync_every_module and self.batch_number not in self.trace_batch_nums:
+        if self.sync_every_module and not self._tracing():
             self._check(rec)
         if module is self.model:
             self._end_of_forward(rec)
