@@ -13,6 +13,7 @@ import fcntl
 import io
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -27,7 +28,9 @@ DEFAULT_FORMAT = "[{host}:{rank}]"
 
 _lock_fd: int | None = None
 _lock_path: str | None = None
+_lock_pid = -1
 _thread_lock = threading.Lock()
+_warned: set[str] = set()
 
 
 def lock_path() -> str:
@@ -37,25 +40,57 @@ def lock_path() -> str:
     )
 
 
-def _fd() -> int:
+def open_lock_file(path: str) -> int:
+    """Open (or create, 0600) the lock file without following a symlink; it must be ours.
+
+    /tmp is shared: another user could plant a link or a file of theirs under our name.
+    Raises OSError (ELOOP for a link) or PermissionError naming the owner.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(f"{path} is owned by uid {st.st_uid} (not a regular file of "
+                              f"uid {os.geteuid()})")
+    return fd
+
+
+def _fd() -> int | None:
     # One descriptor per process: flock locks belong to the open file description, so a
     # descriptor inherited over fork would be shared, and would not exclude the parent.
-    global _lock_fd, _lock_path
     path = lock_path()
     if _lock_fd is None or _lock_path != path or _lock_pid != os.getpid():
         _reset(path)
-    assert _lock_fd is not None
     return _lock_fd
-
-
-_lock_pid = -1
 
 
 def _reset(path: str) -> None:
     global _lock_fd, _lock_path, _lock_pid
-    _lock_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    _lock_path = path
-    _lock_pid = os.getpid()
+    _lock_path, _lock_pid = path, os.getpid()
+    try:
+        _lock_fd = open_lock_file(path)
+    except OSError as e:
+        _lock_fd = None
+        if path not in _warned:  # a print must never fail a rank: warn once, print unlocked
+            _warned.add(path)
+            sys.stderr.write(f"mldebug.printflock: not using the lock file {path} ({e}); "
+                             "lines may interleave. Remove it or set MLDEBUG_PRINT_LOCK to a "
+                             "path of yours.\n")
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread printed inherits a held lock: start afresh."""
+    global _thread_lock, _lock_fd, _lock_pid
+    _thread_lock = threading.Lock()
+    if _lock_fd is not None:
+        try:
+            os.close(_lock_fd)
+        except OSError:
+            pass
+    _lock_fd, _lock_pid = None, -1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextlib.contextmanager
@@ -63,6 +98,9 @@ def output_lock() -> Iterator[None]:
     """Hold the cross-process print lock (and a thread lock) for the duration."""
     with _thread_lock:
         fd = _fd()
+        if fd is None:
+            yield
+            return
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
@@ -133,14 +171,22 @@ def rank_print(*args: Any, sep: str = " ", end: str = "\n", file: IO[str] | None
 
 
 def install_excepthook(fmt: str = DEFAULT_FORMAT, *, numeric_host: bool = False,
-                       file: IO[str] | None = None) -> None:
-    """Print uncaught exceptions (main thread and threads) whole, prefixed, under the lock."""
+                       file: IO[str] | None = None, debug: bool = False) -> None:
+    """Print uncaught exceptions (main thread and threads) whole, prefixed, under the lock.
+
+    ``debug=True``: then open a debugger at the frame that raised (``mldebug.post_mortem``:
+    on the terminal, or a session for ``mldebug pdb connect`` when there is none).
+    """
 
     def _emit(exc_type: type[BaseException], exc: BaseException,
               tb: TracebackType | None) -> None:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
         prefix = make_prefix(fmt, numeric_host=numeric_host)
         _write_locked(prefix_lines(text, prefix), file if file is not None else sys.stderr)
+        if debug and tb is not None and not issubclass(exc_type, KeyboardInterrupt):
+            from mldebug.debugger.hooks import post_mortem
+
+            post_mortem(tb)
 
     def _thread_hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:

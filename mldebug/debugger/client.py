@@ -1,0 +1,155 @@
+"""The terminal side of a remote pdb session (``mldebug pdb connect``).
+
+It runs where the session's registration is readable - on the rank's node, as the rank's
+user - either in the ``mldebug`` process (same host) or as a script sent over ``ssh -t`` to
+the node (stdlib only), so no port is ever opened beyond 127.0.0.1. Line editing, history and
+tab completion come from readline; completions are computed by the rank in its own frame.
+Ctrl-C while a command runs is sent to the rank as an interrupt; at the prompt it clears the
+line. Ctrl-D detaches and leaves the rank stopped, connectable again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+from mldebug.debugger import registry, wire
+
+HISTORY = os.path.expanduser("~/.mldebug_pdb_history")
+
+
+class Terminal:
+    """Input with readline when there is a terminal; completion asks the rank."""
+
+    def __init__(self, sender: wire.Sender, sock: socket.socket) -> None:
+        self.sender = sender
+        self.sock = sock
+        self.readline: Any = None
+        if sys.stdin.isatty():
+            try:
+                import readline
+            except ImportError:  # pragma: no cover - readline is in every CPython on Linux
+                return
+            self.readline = readline
+            readline.set_completer_delims(" \t\n`~!@#$%^&*()=+[{]}\\|;:'\",<>/?")
+            readline.set_completer(self.complete)
+            readline.parse_and_bind("tab: complete")
+            try:
+                readline.read_history_file(HISTORY)
+            except OSError:
+                pass
+        self._matches: list[str] = []
+
+    def complete(self, text: str, state: int) -> str | None:
+        if state == 0:
+            rl = self.readline
+            line = rl.get_line_buffer()
+            req = {"text": text, "line": line, "begidx": rl.get_begidx(), "endidx": rl.get_endidx()}
+            self._matches = []
+            if self.sender.send("C", json.dumps(req)):
+                try:
+                    frame = wire.recv(self.sock)
+                except (OSError, wire.FrameError):
+                    frame = None
+                if frame is not None and frame[0] == "c":
+                    self._matches = [str(m) for m in json.loads(frame[1])]
+        return self._matches[state] if state < len(self._matches) else None
+
+    def save(self) -> None:
+        if self.readline is not None:
+            try:
+                fd = os.open(HISTORY, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                os.close(fd)
+                self.readline.set_history_length(2000)
+                self.readline.write_history_file(HISTORY)
+            except OSError:
+                pass
+
+
+def run(port: int, token: str, *, reconnect_hint: str = "") -> int:
+    """Talk to the session on 127.0.0.1:``port``; returns an exit code."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    except OSError as e:
+        print(f"mldebug pdb: cannot reach the session on 127.0.0.1:{port} ({e.strerror}); the "
+              "rank has continued or exited (mldebug pdb list shows the open sessions)",
+              file=sys.stderr)
+        return 1
+    sock.settimeout(None)
+    sender = wire.Sender(sock)
+    sender.send("A", token)
+    term = Terminal(sender, sock)
+    out = sys.stdout
+    partial = ""
+    try:
+        while True:
+            try:
+                frame = wire.recv(sock)
+            except KeyboardInterrupt:
+                sender.send("I")
+                out.write("^C\n")
+                out.flush()
+                continue
+            if frame is None:
+                out.write(partial + "\nmldebug pdb: the session closed the connection\n")
+                return 1
+            kind, text = frame
+            if kind == "O":
+                out.write(partial + text)
+                partial = ""
+                out.flush()
+            elif kind == "P":
+                line = _read_line(partial + text)
+                partial = ""
+                if line is None:
+                    sender.send("D")
+                    hint = f": {reconnect_hint}" if reconnect_hint else ""
+                    out.write(f"\nmldebug pdb: detached; the rank stays stopped (reconnect"
+                              f"{hint})\n")
+                    return 0
+                sender.send("L", line)
+            elif kind == "E":
+                out.write(partial + f"mldebug pdb: {text}\n")
+                return 0
+            elif kind == "R":
+                print(f"mldebug pdb: the session {text}", file=sys.stderr)
+                return 1
+    finally:
+        term.save()
+        sock.close()
+
+
+def _read_line(prompt: str) -> str | None:
+    """One input line; None on Ctrl-D. Ctrl-C at the prompt starts a fresh line, as in pdb."""
+    while True:
+        try:
+            return input(prompt)
+        except KeyboardInterrupt:
+            sys.stdout.write("\n--KeyboardInterrupt--\n")
+        except EOFError:
+            return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run on the node: find the session by port/rank/pid in the private dir and connect."""
+    p = argparse.ArgumentParser(prog="mldebug-pdb-client")
+    p.add_argument("--dir", help="session directory (default: /tmp/mldebug-pdb-UID)")
+    p.add_argument("--port", type=int)
+    p.add_argument("--rank", type=int)
+    p.add_argument("--pid", type=int)
+    args = p.parse_args(argv)
+    try:
+        doc = registry.find(args.dir, port=args.port, rank=args.rank, pid=args.pid)
+    except (registry.RegistryError, OSError) as e:
+        print(f"mldebug pdb: {e}", file=sys.stderr)
+        return 1
+    return run(doc["port"], doc["token"],
+               reconnect_hint=f"mldebug pdb connect {doc['host']}:{doc['port']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
