@@ -79,3 +79,92 @@ def test_excepthook_prints_the_whole_traceback_prefixed(tmp_path):
     assert lines[0].endswith(":3] Traceback (most recent call last):")
     assert all(":3] " in line for line in lines)
     assert lines[-2].endswith("ValueError: boom") and lines[-1].endswith("] second line")
+
+
+FORK_WHILE_PRINTING = r"""
+import os, sys, threading, time
+from mldebug import printflock
+stop = False
+def chatter():
+    while not stop:
+        printflock("thread line " + "x" * 2000, file=open(os.devnull, "w"))
+threading.Thread(target=chatter, daemon=True).start()
+time.sleep(0.2)
+pids = []
+for i in range(100):
+    pid = os.fork()
+    if pid == 0:
+        printflock("child", i, file=open(os.devnull, "w"))
+        os._exit(0)
+    pids.append(pid)
+deadline = time.monotonic() + 20
+hung = set(pids)
+while hung and time.monotonic() < deadline:
+    for pid in list(hung):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            hung.discard(pid)
+    time.sleep(0.05)
+for pid in hung:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+stop = True
+print("hung", len(hung), flush=True)
+"""
+
+
+def test_children_forked_while_a_thread_prints_never_hang(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLDEBUG_PRINT_LOCK=str(tmp_path / "lock"))
+    r = subprocess.run([sys.executable, "-c", FORK_WHILE_PRINTING], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "hung 0"
+
+
+def test_a_planted_symlink_is_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    link = tmp_path / "lock"
+    link.symlink_to(victim)
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLDEBUG_PRINT_LOCK=str(link))
+    r = subprocess.run([sys.executable, "-c", "from mldebug import printflock; printflock('hi')"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == "hi\n"
+    assert "not using the lock file" in r.stderr
+    assert victim.read_text() == "precious\n" and link.is_symlink()
+
+
+SECOND_USER = "mldebugtest2"
+
+
+def second_user() -> tuple[int, int]:
+    """(uid, gid) of an unprivileged local user, created if needed; skips when impossible."""
+    import pwd
+    import shutil
+
+    import pytest
+
+    try:
+        pw = pwd.getpwnam(SECOND_USER)
+    except KeyError:
+        if os.geteuid() != 0 or shutil.which("useradd") is None:
+            pytest.skip("a second local user is needed: run as root with useradd available")
+        r = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                            SECOND_USER], capture_output=True, text=True)
+        if r.returncode not in (0, 9):  # 9: created meanwhile by a parallel test
+            pytest.skip(f"useradd {SECOND_USER} failed: {r.stderr.strip()}")
+        pw = pwd.getpwnam(SECOND_USER)
+    return pw.pw_uid, pw.pw_gid
+
+
+def test_another_users_lock_file_is_refused(tmp_path):
+    uid, gid = second_user()
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    os.chown(lock, uid, gid)
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLDEBUG_PRINT_LOCK=str(lock))
+    r = subprocess.run([sys.executable, "-c", "from mldebug import printflock; printflock('hi')"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and r.stdout == "hi\n"
+    assert f"owned by uid {uid}" in r.stderr
+    assert os.stat(lock).st_uid == uid
