@@ -1,0 +1,87 @@
+"""mldebug pdb: the debugger sessions of ranks without a terminal - list, connect, attach."""
+
+from __future__ import annotations
+
+import argparse
+
+from mldebug.cli._common import (
+    add_json_argument,
+    add_target_arguments,
+    fanout_kwargs,
+    target_from_args,
+)
+
+HELP = "list and connect to the pdb sessions that ranks opened at mldebug.breakpoint()"
+DESCRIPTION = """\
+A rank without a terminal (every torchrun/srun batch job) that reaches
+mldebug.breakpoint(rank=N) - or raises under install_excepthook(debug=True) - serves pdb on
+127.0.0.1 with a random token and prints the command to reach it. This command finds and
+opens those sessions, on this host or any node (through ssh; nothing listens beyond
+127.0.0.1):
+
+  mldebug pdb list                               # sessions on this host
+  mldebug pdb list --nodes node[1-64] --json     # on every node
+  mldebug pdb connect 2                          # rank 2's session (here)
+  mldebug pdb connect 2 --slurm-job 123456       # rank 2, wherever it runs in the job
+  mldebug pdb connect node37:41234               # the line the rank printed
+  mldebug pdb attach 4242                        # no breakpoint in the code (Python 3.14+)
+
+In a session: line editing, history and tab completion; Ctrl-C interrupts the command that
+runs; Ctrl-D detaches and leaves the rank stopped; 'c' continues it (so does 'q': a session
+never ends a rank). Exit codes: 0 done, 1 nothing to connect to, 2 usage error."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="pdb_action", metavar="{list,connect,attach}", required=True)
+    ls = sub.add_parser("list", help="the open sessions: rank, host, pid, where it stopped",
+                        description="The open debugger sessions on this host or the given nodes.")
+    add_json_argument(ls)
+    _dir_argument(ls)
+    add_target_arguments(ls, default_timeout=20.0)
+    co = sub.add_parser("connect", help="open the terminal of a session: RANK or HOST:PORT",
+                        description="Connect to a session: a rank (found with the same "
+                                    "--nodes/--slurm-job as list) or HOST:PORT as printed by "
+                                    "the rank.")
+    co.add_argument("session", metavar="RANK|HOST:PORT", help="a rank number or HOST:PORT")
+    _dir_argument(co)
+    add_target_arguments(co, default_timeout=20.0)
+    at = sub.add_parser("attach", help="pdb in a running process with no breakpoint (Python 3.14+)",
+                        description="Attach pdb to a running Python process (python -m pdb -p, "
+                                    "Python 3.14+ in the target); older targets are refused "
+                                    "with the way that works for them.")
+    at.add_argument("pid", type=int, help="the process id on its host")
+    at.add_argument("--host", help="the node the process runs on (reached with ssh -t)")
+    at.add_argument("--remote-python", metavar="PATH", help="Python on the node (default: python3)")
+    at.add_argument("--ssh-args", metavar="ARGS", help="extra ssh options")
+
+
+def _dir_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", metavar="DIR",
+                   help="the session directory on the nodes (default: $MLDEBUG_PDB_DIR, "
+                        "else /tmp/mldebug-pdb-UID of the user)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from mldebug.debugger import connect
+
+    if args.pdb_action == "attach":
+        return connect.attach(args.pid, args.host, remote_python=args.remote_python,
+                              ssh_args=args.ssh_args)
+    directory = args.dir or os.environ.get("MLDEBUG_PDB_DIR")
+    target = target_from_args(args)
+    fan = fanout_kwargs(args)
+    if args.pdb_action == "connect":
+        return connect.connect(args.session, target, directory=directory, fan=fan)
+    report = connect.list_sessions(target, directory, args.slurm_job, fan)
+    if args.json:
+        from mldebug.render import print_json
+
+        print_json(report.to_dict())
+    else:
+        from mldebug.debugger.report import render
+        from mldebug.render import console
+
+        render(report, console())
+    return 0 if report.sessions else 1

@@ -1,0 +1,40 @@
+"""Reaching the nodes for ``mldebug pdb``: the one place that calls the fan-out.
+
+``node_answers`` runs the stdlib-only node script (``node.py`` + ``registry.py``) here or on
+every target node; ``node_command`` is the shell command that runs the terminal client (or
+the 3.14 attach wrapper) on a node over ``ssh -t``, so no port is opened beyond 127.0.0.1
+anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mldebug import fanout
+
+NODE_MODULES = ("mldebug.debugger.registry", "mldebug.debugger.node")
+# what runs on the node under ssh -t: the terminal client, or the Python 3.14 attach wrapper
+SCRIPTS = {
+    "client": ("mldebug.debugger.registry", "mldebug.debugger.wire", "mldebug.debugger.client"),
+    "attach": ("mldebug.debugger.attach",),
+}
+
+
+def node_answers(target: fanout.Target, node_args: list[str], fan: dict[str, Any] | None = None,
+                 ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+    """(host, document or None, error) for each node (this host alone when ``target`` is
+    local). With ``client_command``, every use of the fan-out by ``mldebug pdb`` is here."""
+    if target.is_local:
+        from mldebug.debugger import node
+
+        doc = node.collect(node.parser().parse_args(node_args))
+        return [(doc["host"], doc, None)]
+    results = fanout.run_script(fanout.bundle(NODE_MODULES, "mldebug.debugger.node"),
+                                node_args, target, **(fan or {}))
+    return [(r.host, r.data, r.error) for r in results]
+
+
+def node_command(script: str, args: list[str], remote_python: str | None = None) -> str:
+    """The shell command a node runs (under ``ssh -t``) for ``script`` ("client" or "attach")."""
+    modules = SCRIPTS[script]
+    return fanout.remote_command(fanout.bundle(modules, modules[-1]), args, remote_python)

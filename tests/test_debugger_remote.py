@@ -1,0 +1,306 @@
+"""Remote pdb with real processes: ranks without a terminal serve a session; the CLI lists and
+connects to it through a real pty (pexpect); other users are refused; only 127.0.0.1 listens."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+from conftest import REPO, run_cli
+
+TORCHRUN_JOB = r"""
+import datetime, time
+import torch.distributed as dist
+import mldebug
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+rank = dist.get_rank()
+mldebug.breakpoint(rank=BP_RANK)
+stopped_here = rank * 10
+print(f"rank {rank} after t={time.time():.3f}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+STOP_LINE = 8  # the line after mldebug.breakpoint(): where pdb stops
+
+POST_MORTEM = r"""
+from mldebug.printing import install_excepthook
+install_excepthook(debug=True)
+
+def inner(scale):
+    local_value = 1234 * scale
+    raise ValueError("boom")
+
+inner(1)
+"""
+RAISE_LINE = 7
+
+
+def job_env(session_dir: Path) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
+                MLDEBUG_PDB_DIR=str(session_dir), MLDEBUG_PRINT_LOCK=str(session_dir) + ".lock")
+
+
+def start_batch(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a process as a batch scheduler would: no terminal, stdin /dev/null."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes] | None,
+             timeout: float = 120) -> re.Match[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, log.read_text(errors="replace"))
+        if m:
+            return m
+        if proc is not None and proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not in the log:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def listening(pid: int | None = None) -> list[tuple[str, int]]:
+    """(address, port) of the LISTEN sockets of ``pid`` (every process when None), from /proc."""
+    inodes: set[str] | None = None
+    if pid is not None:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                if cols[3] != "0A":  # LISTEN
+                    continue
+                if inodes is not None and cols[9] not in inodes:
+                    continue
+                addr, port = cols[1].split(":")
+                found.append((_address(addr, width), int(port, 16)))
+    return found
+
+
+def _address(hexaddr: str, width: int) -> str:
+    if width == 8:
+        return ".".join(str(int(hexaddr[i:i + 2], 16)) for i in (6, 4, 2, 0))
+    return "ipv6:" + hexaddr
+
+
+def spawn_cli(args: list[str], env: dict[str, str], cwd: Path) -> pexpect.spawn:
+    env = dict(env, PYTHONPATH=str(REPO))
+    return pexpect.spawn(sys.executable, ["-m", "mldebug", *args], env=env, cwd=str(cwd),
+                         encoding="utf-8", timeout=60, dimensions=(50, 200))
+
+
+def after_times(log: Path) -> dict[int, float]:
+    return {int(r): float(t) for r, t in re.findall(r"rank (\d) after t=([0-9.]+)", log.read_text())}
+
+
+def drive_session(child: pexpect.spawn, rank: int) -> float:
+    """p dist.get_rank(), n, c in a connected session; returns the time just before 'c'."""
+    child.expect(rf"attached to rank {rank} on")
+    child.expect(r"-> stopped_here = rank \* 10")
+    child.expect(r"\(Pdb\) ")
+    child.sendline("p dist.get_rank()")
+    child.expect(rf"\r\n{rank}\r\n")
+    child.expect(r"\(Pdb\) ")
+    child.send("p dist.get_world_si\t")  # tab completion, computed on the rank's side
+    child.expect("get_world_size")
+    child.sendline(")")
+    child.expect(r"\r\n4\r\n")
+    child.expect(r"\(Pdb\) ")
+    child.sendline("n")
+    child.expect(r"-> print\(f\"rank")
+    child.expect(r"\(Pdb\) ")
+    child.sendline("p stopped_here")
+    child.expect(rf"\r\n{rank * 10}\r\n")
+    child.expect(r"\(Pdb\) ")
+    before_c = time.time()
+    child.sendline("c")
+    child.expect(r"continues; session closed")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    return before_c
+
+
+@pytest.mark.slow
+def test_rank2_of_a_batch_torchrun_job_is_listed_and_debugged(tmp_path):
+    script = tmp_path / "tr.py"
+    script.write_text(TORCHRUN_JOB.replace("BP_RANK", "2"))
+    env = job_env(tmp_path / "sessions")
+    log = tmp_path / "job.log"
+    job = start_batch([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node=4", str(script)], env, log)
+    try:
+        m = wait_for(log, r"waiting for a debugger: (mldebug pdb connect (\S+):(\d+))", job)
+        port = int(m[3])
+        wait_for(log, r"the other ranks wait \(up to 3600s\) while rank\(s\) 2 is debugged", job)
+        r = run_cli("pdb", "list", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        [s] = doc["sessions"]
+        assert (s["rank"], s["line"], s["function"], s["kind"], s["port"]) == (2, STOP_LINE, "<module>", "pdb", port)
+        assert s["file"] == str(script) and s["world_size"] == 4 and "token" not in s
+        text = run_cli("pdb", "list", env=env).stdout
+        assert re.search(rf"^2\s+\S+\s+{s['pid']}\s+pdb\s+tr.py:{STOP_LINE} in <module>\s+{m[2]}:{port}$",
+                         text, re.M), text
+        # the session listens on 127.0.0.1 only, and nothing else uses its port
+        assert [a for a in listening() if a[1] == port] == [("127.0.0.1", port)]
+        assert ("127.0.0.1", port) in listening(s["pid"])
+        time.sleep(1.0)
+        assert after_times(log) == {}, "a rank went on before the debugger continued"
+        before_c = drive_session(spawn_cli(["pdb", "connect", "2"], env, tmp_path), 2)
+        assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+    times = after_times(log)
+    assert sorted(times) == [0, 1, 2, 3]
+    assert all(t > before_c for t in times.values()), (times, before_c)
+    assert not list((tmp_path / "sessions").iterdir()), "the registration was left behind"
+
+
+def test_post_mortem_session_at_the_raising_frame_and_reconnect(tmp_path):
+    script = tmp_path / "pm.py"
+    script.write_text(POST_MORTEM)
+    env = job_env(tmp_path / "sessions")
+    log = tmp_path / "pm.log"
+    proc = start_batch([sys.executable, str(script)], env, log)
+    try:
+        m = wait_for(log, r"post-mortem at pm.py:(\d+), waiting for a debugger: mldebug pdb connect (\S+:\d+)", proc)
+        assert int(m[1]) == RAISE_LINE
+        assert "ValueError: boom" in log.read_text()  # the traceback printed first, as usual
+        # nothing of this process listens beyond 127.0.0.1
+        socks = listening(proc.pid)
+        assert socks and all(addr == "127.0.0.1" for addr, _ in socks), socks
+        child = spawn_cli(["pdb", "connect", m[2]], env, tmp_path)
+        child.expect(r"-> raise ValueError")
+        child.expect(r"\(Pdb\) ")
+        child.sendline("p local_value")
+        child.expect(r"\r\n1234\r\n")
+        child.expect(r"\(Pdb\) ")
+        child.sendcontrol("d")  # detach: the process stays in the session
+        child.expect("detached; the rank stays stopped")
+        child.expect(pexpect.EOF)
+        time.sleep(0.5)
+        assert proc.poll() is None
+        child = spawn_cli(["pdb", "connect", m[2]], env, tmp_path)
+        child.expect(r"-> raise ValueError")  # where it stands, shown again on attach
+        child.expect(r"\(Pdb\) ")
+        child.sendline("p scale + 1")
+        child.expect(r"\r\n2\r\n")
+        child.expect(r"\(Pdb\) ")
+        child.sendline("q")  # 'q' never ends a process from a session: it continues
+        child.expect(r"does not stop a rank")
+        child.expect(pexpect.EOF)
+        assert proc.wait(timeout=30) == 1  # the exception ends the program, as without us
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+INTERRUPTIBLE = r"""
+import time
+import mldebug
+def slow():
+    while True:
+        time.sleep(0.05)
+mldebug.breakpoint()
+print("done", flush=True)
+"""
+
+
+def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text(INTERRUPTIBLE)
+    env = job_env(tmp_path / "sessions")
+    log = tmp_path / "slow.log"
+    proc = start_batch([sys.executable, str(script)], env, log)
+    try:
+        m = wait_for(log, r"mldebug pdb connect (\S+:\d+)", proc)
+        child = spawn_cli(["pdb", "connect", m[1]], env, tmp_path)
+        child.expect(r"\(Pdb\) ")
+        child.sendline("p slow()")
+        time.sleep(1.0)
+        child.sendintr()
+        child.expect("KeyboardInterrupt")
+        child.expect(r"\(Pdb\) ")
+        child.sendline("p 6 * 7")  # still connected, still stopped
+        child.expect(r"\r\n42\r\n")
+        child.sendline("c")
+        child.expect(pexpect.EOF)
+        assert proc.wait(timeout=30) == 0
+        assert "done" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+
+
+OTHER_USER_CLIENT = r"""
+import socket, sys
+from mldebug.debugger import registry, wire
+port = int(sys.argv[1])
+for first in (("A", "0" * 32), ("L", "p 1")):
+    s = socket.create_connection(("127.0.0.1", port), timeout=15)
+    wire.Sender(s).send(*first)
+    print(wire.recv(s))
+try:
+    registry.find(sys.argv[2], port=port)
+except (registry.RegistryError, OSError) as e:
+    print("find:", type(e).__name__, e)
+"""
+
+
+def test_another_user_cannot_connect_and_is_logged(tmp_path):
+    from test_printing import second_user
+
+    uid, gid = second_user()
+    script = tmp_path / "pm.py"
+    script.write_text(POST_MORTEM)
+    # under /tmp itself, so the other user can reach the directory and meet its owner check
+    sessions = Path(tempfile.mkdtemp(prefix="mldebug-pdb-test-")) / "sessions"
+    os.chmod(sessions.parent, 0o755)
+    env = job_env(sessions)
+    log = tmp_path / "pm.log"
+    proc = start_batch([sys.executable, str(script)], env, log)
+    try:
+        m = wait_for(log, r"mldebug pdb connect (\S+):(\d+)", proc)
+        r = subprocess.run(["/usr/bin/python3", "-c", OTHER_USER_CLIENT, m[2], str(sessions)],
+                           capture_output=True, text=True, timeout=60, user=uid, group=gid,
+                           extra_groups=[], cwd="/",
+                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0] == "('R', 'refused: wrong token')"
+        assert lines[1] == "('R', 'refused: no token')"
+        assert lines[2].startswith("find: RegistryError") and "owned by uid 0" in lines[2]
+        text = log.read_text()
+        assert "refused a connection from 127.0.0.1" in text and ": wrong token" in text
+        assert ": no token" in text
+        # the owner still gets in and ends the session
+        child = spawn_cli(["pdb", "connect", f"{m[1]}:{m[2]}"], env, tmp_path)
+        child.expect(r"\(Pdb\) ")
+        child.sendline("c")
+        child.expect(pexpect.EOF)
+        assert proc.wait(timeout=30) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        shutil.rmtree(sessions.parent, ignore_errors=True)
