@@ -78,10 +78,13 @@ def breakpoint(rank: Ranks = 0, *, frame: FrameType | None = None, ide: str | bo
     elif wanted is not None and me is not None and me not in wanted:
         return
     if ide:
+        if ide not in (True, "debugpy"):
+            raise ValueError(f"ide must be 'debugpy' (or True), not {ide!r}")
         from mldebug.debugger.ide import debugpy_session
 
-        debugpy_session(on_continue=release, directory=directory)
-    elif has_terminal():
+        if debugpy_session(on_continue=release, directory=directory):
+            return
+    if has_terminal():
         debugger = ForkedPdb(on_continue=release)
         debugger.message(f"mldebug.breakpoint: rank {me} stopped; 'c' releases the other ranks.")
         debugger.set_trace(caller)

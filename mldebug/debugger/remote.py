@@ -25,18 +25,41 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from mldebug.debugger import registry, wire
-from mldebug.dist import identity
+from mldebug.dist import Identity, identity
 
 AUTH_TIMEOUT_S = 5.0
 
 
-def _log(text: str) -> None:
+def log(text: str) -> None:
     """A line on the rank's own stderr (the job log): whole, never interleaved by us."""
     try:
         sys.__stderr__.write(text + "\n")  # type: ignore[union-attr]
         sys.__stderr__.flush()  # type: ignore[union-attr]
     except (OSError, AttributeError, ValueError):
         pass
+
+
+def session_doc(kind: str, ident: Identity, port: int, token: str,
+                frame: FrameType | None) -> dict[str, Any]:
+    """The registration of a session of this process stopped in ``frame``."""
+    code = frame.f_code if frame is not None else None
+    return {
+        "format": registry.FORMAT, "kind": kind, "host": ident.host,
+        "pid": os.getpid(), "start": registry.process_start(os.getpid()),
+        "rank": ident.rank, "local_rank": ident.local_rank,
+        "world_size": ident.world_size, "run_id": ident.run_id,
+        "port": port, "token": token,
+        "file": code.co_filename if code else None,
+        "line": frame.f_lineno if frame is not None else None,
+        "function": code.co_name if code else None,
+        "updated": registry.now(),
+    }
+
+
+def label(ident: Identity) -> str:
+    """How a message names this process: ``rank 2 on node1 (pid 4242)``."""
+    who = f"rank {ident.rank}" if ident.rank is not None else "process"
+    return f"{who} on {ident.host} (pid {os.getpid()})"
 
 
 class Channel:
@@ -131,7 +154,7 @@ class Channel:
             reason = "wrong token"
         else:
             return True
-        _log(f"mldebug.breakpoint: {self.label} refused a connection from "
+        log(f"mldebug.breakpoint: {self.label} refused a connection from "
              f"{peer[0]}:{peer[1]} on 127.0.0.1:{self.port}: {reason}")
         wire.Sender(conn).send("R", f"refused: {reason}")
         return False
@@ -197,8 +220,7 @@ class RemotePdb(_pdb.Pdb):
         self.ident = identity()
         self.directory = registry.private_dir(directory)
         self.token = registry.new_token()
-        who = f"rank {self.ident.rank}" if self.ident.rank is not None else "process"
-        self.label = f"{who} on {self.ident.host} (pid {os.getpid()})"
+        self.label = label(self.ident)
         self.channel = Channel(self.token, self._replay, self.remote_complete, self.label)
         super().__init__(stdin=self.channel, stdout=self.channel, nosigint=True)  # type: ignore[arg-type]
         self.use_rawinput = False
@@ -207,20 +229,6 @@ class RemotePdb(_pdb.Pdb):
         self._done = False
 
     # -- registration ----------------------------------------------------------------
-    def registration(self, frame: FrameType | None) -> dict[str, Any]:
-        code = frame.f_code if frame is not None else None
-        return {
-            "format": registry.FORMAT, "kind": self.kind, "host": self.ident.host,
-            "pid": os.getpid(), "start": registry.process_start(os.getpid()),
-            "rank": self.ident.rank, "local_rank": self.ident.local_rank,
-            "world_size": self.ident.world_size, "run_id": self.ident.run_id,
-            "port": self.channel.port, "token": self.token,
-            "file": code.co_filename if code else None,
-            "line": frame.f_lineno if frame is not None else None,
-            "function": code.co_name if code else None,
-            "updated": registry.now(),
-        }
-
     def connect_command(self) -> str:
         return f"mldebug pdb connect {self.ident.host}:{self.channel.port}"
 
@@ -231,13 +239,13 @@ class RemotePdb(_pdb.Pdb):
             while tb.tb_next is not None:
                 tb = tb.tb_next
             where = tb.tb_frame
-        doc = self.registration(where)
+        doc = session_doc(self.kind, self.ident, self.channel.port, self.token, where)
         first = self._registration is None
         self._registration = registry.write(self.directory, doc)
         if first:
             at = f"{os.path.basename(doc['file'] or '?')}:{doc['line']}"
             what = "post-mortem at" if self.kind == "post-mortem" else "stopped at"
-            _log(f"mldebug.breakpoint: {self.label} {what} {at}, waiting for a debugger: "
+            log(f"mldebug.breakpoint: {self.label} {what} {at}, waiting for a debugger: "
                  f"{self.connect_command()}")
         super().interaction(frame, tb, *args, **kwargs)
 
