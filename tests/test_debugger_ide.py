@@ -4,7 +4,6 @@ local variable of the frame that called mldebug.breakpoint()."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import sys
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import run_cli
-from test_debugger_remote import job_env, listening, start_batch, wait_for
+from test_debugger_remote import job_env, kill_tree, listening, start_batch, wait_for
 
 pytest.importorskip("debugpy")
 
@@ -130,4 +129,4 @@ def test_an_ide_attaches_over_dap_and_reads_a_local(tmp_path):
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+            kill_tree(proc)

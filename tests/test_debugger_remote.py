@@ -56,6 +56,22 @@ def start_batch(argv: list[str], env: dict[str, str], log: Path) -> subprocess.P
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """End a test job and every process under it (torchrun starts ranks in new sessions)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=30)
+
+
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes] | None,
              timeout: float = 120) -> re.Match[str]:
     deadline = time.monotonic() + timeout
@@ -112,7 +128,7 @@ def after_times(log: Path) -> dict[int, float]:
     return {int(r): float(t) for r, t in re.findall(r"rank (\d) after t=([0-9.]+)", log.read_text())}
 
 
-def drive_session(child: pexpect.spawn, rank: int) -> float:
+def drive_session(child: pexpect.spawn, rank: int, world: int = 4) -> float:
     """p dist.get_rank(), n, c in a connected session; returns the time just before 'c'."""
     child.expect(rf"attached to rank {rank} on")
     child.expect(r"-> stopped_here = rank \* 10")
@@ -123,7 +139,7 @@ def drive_session(child: pexpect.spawn, rank: int) -> float:
     child.send("p dist.get_world_si\t")  # tab completion, computed on the rank's side
     child.expect("get_world_size")
     child.sendline(")")
-    child.expect(r"\r\n4\r\n")
+    child.expect(rf"\r\n{world}\r\n")
     child.expect(r"\(Pdb\) ")
     child.sendline("n")
     child.expect(r"-> print\(f\"rank")
@@ -170,7 +186,7 @@ def test_rank2_of_a_batch_torchrun_job_is_listed_and_debugged(tmp_path):
         assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, 9)
+            kill_tree(job)
     times = after_times(log)
     assert sorted(times) == [0, 1, 2, 3]
     assert all(t > before_c for t in times.values()), (times, before_c)
@@ -213,7 +229,7 @@ def test_post_mortem_session_at_the_raising_frame_and_reconnect(tmp_path):
         assert proc.wait(timeout=30) == 1  # the exception ends the program, as without us
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+            kill_tree(proc)
 
 
 INTERRUPTIBLE = r"""
@@ -250,7 +266,7 @@ def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path):
         assert "done" in log.read_text()
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+            kill_tree(proc)
 
 
 OTHER_USER_CLIENT = r"""
@@ -302,5 +318,5 @@ def test_another_user_cannot_connect_and_is_logged(tmp_path):
         assert proc.wait(timeout=30) == 1
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, 9)
+            kill_tree(proc)
         shutil.rmtree(sessions.parent, ignore_errors=True)
