@@ -167,7 +167,7 @@ def test_rank2_of_a_batch_torchrun_job_is_listed_and_debugged(tmp_path):
     try:
         m = wait_for(log, r"waiting for a debugger: (mldebug pdb connect (\S+):(\d+))", job)
         port = int(m[3])
-        wait_for(log, r"the other ranks wait \(up to 3600s\) while rank\(s\) 2 is debugged", job)
+        wait_for(log, r"the other ranks wait \(up to 3600s\) while rank 2 is debugged", job)
         r = run_cli("pdb", "list", "--json", env=env)
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
@@ -222,6 +222,9 @@ def test_post_mortem_session_at_the_raising_frame_and_reconnect(tmp_path):
         child.expect(r"\(Pdb\) ")
         child.sendline("p scale + 1")
         child.expect(r"\r\n2\r\n")
+        child.expect(r"\(Pdb\) ")
+        child.sendline("up")  # the whole traceback is there, not only the last frame
+        child.expect(r"-> inner\(1\)")
         child.expect(r"\(Pdb\) ")
         child.sendline("q")  # 'q' never ends a process from a session: it continues
         child.expect(r"does not stop a rank")

@@ -17,6 +17,7 @@ from typing import Any
 from mldebug.debugger import wait
 from mldebug.debugger.forked import ForkedPdb, has_terminal
 from mldebug.dist import identity
+from mldebug.render import fold_ints
 
 Ranks = int | str | Iterable[int] | None
 
@@ -63,7 +64,8 @@ def breakpoint(rank: Ranks = 0, *, frame: FrameType | None = None, ide: str | bo
     release: Callable[[], None] | None = None
     if dist is not None:
         name, bound = wait.next_name(), wait.timeout_s(timeout)
-        debugged = "every rank" if wanted is None else "rank(s) " + ",".join(map(str, sorted(wanted)))
+        debugged = ("every rank" if wanted is None else
+                    f"rank{'s' if len(wanted) > 1 else ''} {fold_ints(wanted)}")
 
         def release() -> None:
             wait.barrier(dist, name, bound, f"the debugger on {debugged}")
@@ -71,7 +73,8 @@ def breakpoint(rank: Ranks = 0, *, frame: FrameType | None = None, ide: str | bo
         if wanted is not None and me not in wanted:
             if me == min(set(range(int(dist.get_world_size()))) - wanted, default=None):
                 sys.stderr.write(f"mldebug.breakpoint: the other ranks wait (up to {bound:g}s) "
-                                 f"while {debugged} is debugged\n")
+                                 f"while {debugged} {'are' if len(wanted) > 1 else 'is'} "
+                                 "debugged\n")
                 sys.stderr.flush()
             release()
             return

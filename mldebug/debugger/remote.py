@@ -236,9 +236,10 @@ class RemotePdb(_pdb.Pdb):
                     **kwargs: Any) -> None:
         where = frame
         if where is None and isinstance(tb, TracebackType):
-            while tb.tb_next is not None:
-                tb = tb.tb_next
-            where = tb.tb_frame
+            last = tb
+            while last.tb_next is not None:
+                last = last.tb_next
+            where = last.tb_frame
         doc = session_doc(self.kind, self.ident, self.channel.port, self.token, where)
         first = self._registration is None
         self._registration = registry.write(self.directory, doc)
