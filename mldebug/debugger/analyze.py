@@ -36,6 +36,7 @@ def session_from_doc(host: str, d: Any) -> Session:
                    kind=_opt_str(d.get("kind"), 32) or "pdb", rank=_opt_int(d.get("rank")),
                    local_rank=_opt_int(d.get("local_rank")),
                    world_size=_opt_int(d.get("world_size")), run_id=_opt_str(d.get("run_id"), 255),
+                   slurm_job=_opt_str(d.get("slurm_job"), 64),
                    file=_opt_str(d.get("file")), line=_opt_int(d.get("line")),
                    function=_opt_str(d.get("function"), 255))
 

@@ -30,6 +30,11 @@ def debugpy_session(*, on_continue: Callable[[], None] | None = None,
     Returns False (after saying why) when debugpy is not installed, so the caller falls back
     to a pdb session rather than failing the rank.
     """
+    import os
+
+    # debugpy warns about frozen stdlib modules on every start; it concerns stepping into
+    # the stdlib only, and would be one more unexplained line per rank in the job log
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     try:
         import debugpy
     except ImportError:

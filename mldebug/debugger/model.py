@@ -22,6 +22,7 @@ class Session:
     local_rank: int | None = None
     world_size: int | None = None
     run_id: str | None = None
+    slurm_job: str | None = None
     file: str | None = None
     line: int | None = None
     function: str | None = None

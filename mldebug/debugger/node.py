@@ -14,8 +14,8 @@ from typing import Any
 from mldebug.debugger import registry
 
 MARKER = "MLDEBUG-JSON "
-PUBLIC = ("kind", "host", "pid", "rank", "local_rank", "world_size", "run_id", "port", "file",
-          "line", "function", "updated")
+PUBLIC = ("kind", "host", "pid", "rank", "local_rank", "world_size", "run_id", "slurm_job",
+          "port", "file", "line", "function", "updated")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         doc["error"] = str(e)
         return doc
     for s in found:
-        if args.slurm_job and str(s.get("run_id")) != args.slurm_job:
+        if args.slurm_job and str(s.get("slurm_job")) != args.slurm_job:
             continue
         doc["sessions"].append({k: s.get(k) for k in PUBLIC})
     doc["skipped"] = skipped
