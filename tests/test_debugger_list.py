@@ -161,3 +161,19 @@ def test_a_batch_rank_with_stdin_devnull_no_longer_dies(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_node_script_filters_by_slurm_job_and_never_sends_tokens(tmp_path):
+    from mldebug.debugger import node
+
+    d = registry.private_dir(str(tmp_path / "s"))
+    base = {"format": registry.FORMAT, "host": registry.short_host(), "pid": os.getpid(),
+            "start": registry.process_start(os.getpid()), "token": "secret-token", "rank": 0}
+    registry.write(d, dict(base, port=4000, slurm_job="777"))
+    registry.write(d, dict(base, port=4001, slurm_job="778", rank=1))
+    registry.write(d, dict(base, port=4002, host="othernode"))  # a /tmp shared with another node
+    doc = node.collect(node.parser().parse_args(["--dir", d, "--slurm-job", "777"]))
+    assert [s["port"] for s in doc["sessions"]] == [4000]
+    doc = node.collect(node.parser().parse_args(["--dir", d]))
+    assert sorted(s["port"] for s in doc["sessions"]) == [4000, 4001]
+    assert "secret-token" not in json.dumps(doc)

@@ -323,3 +323,57 @@ def test_another_user_cannot_connect_and_is_logged(tmp_path):
         if proc.poll() is None:
             kill_tree(proc)
         shutil.rmtree(sessions.parent, ignore_errors=True)
+
+
+ALL_THEN_TIMEOUT = r"""
+import datetime, time
+import torch.distributed as dist
+import mldebug
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+rank = dist.get_rank()
+mldebug.breakpoint(rank="all")
+print(f"rank {rank} after t={time.time():.3f}", flush=True)
+mldebug.breakpoint(rank=0, timeout=3)
+print(f"rank {rank} second t={time.time():.3f}", flush=True)
+dist.barrier()
+"""
+
+
+def connect_and_continue(env: dict[str, str], cwd: Path, rank: int) -> float:
+    child = spawn_cli(["pdb", "connect", str(rank)], env, cwd)
+    child.expect(rf"attached to rank {rank} on")
+    child.expect(r"\(Pdb\) ")
+    before_c = time.time()
+    child.sendline("c")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    return before_c
+
+
+@pytest.mark.slow
+def test_every_rank_debugged_then_a_wait_that_times_out(tmp_path):
+    script = tmp_path / "all.py"
+    script.write_text(ALL_THEN_TIMEOUT)
+    env = job_env(tmp_path / "sessions")
+    log = tmp_path / "job.log"
+    job = start_batch([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node=2", str(script)], env, log)
+    try:
+        wait_for(log, r"(?s)rank [01] on .*rank [01] on .*waiting", job)
+        listed = json.loads(run_cli("pdb", "list", "--json", env=env).stdout)
+        assert sorted(s["rank"] for s in listed["sessions"]) == [0, 1]
+        connect_and_continue(env, tmp_path, 1)
+        time.sleep(1.0)
+        assert after_times(log) == {}, "rank 1 went on while rank 0 was still debugged"
+        released = connect_and_continue(env, tmp_path, 0)
+        wait_for(log, r"rank 1 waited 3s for the debugger on rank 0 and continues without it", job)
+        connect_and_continue(env, tmp_path, 0)
+        assert job.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            kill_tree(job)
+    times = after_times(log)
+    assert sorted(times) == [0, 1] and all(t > released for t in times.values())
+    second = {int(r): float(t) for r, t in re.findall(r"rank (\d) second t=([0-9.]+)", log.read_text())}
+    assert second[1] < second[0]  # rank 1 gave up waiting before rank 0 was continued
