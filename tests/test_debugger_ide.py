@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import re
 import socket
-import sys
 import time
 from typing import Any
 
 import pytest
 from conftest import run_cli
-from test_debugger_remote import job_env, kill_tree, listening, start_batch, wait_for
+from test_debugger_remote import kill_tree, listening, start_script, wait_for
 
 pytest.importorskip("debugpy")
 
@@ -81,11 +80,7 @@ class Dap:
 
 
 def test_an_ide_attaches_over_dap_and_reads_a_local(tmp_path):
-    script = tmp_path / "ide.py"
-    script.write_text(IDE_JOB)
-    env = job_env(tmp_path / "sessions")
-    log = tmp_path / "ide.log"
-    proc = start_batch([sys.executable, str(script)], env, log)
+    proc, log, env = start_script(tmp_path, IDE_JOB, "ide.py")
     try:
         m = wait_for(log, r"waits for an IDE \(debugpy\) on 127.0.0.1:(\d+)", proc)
         port = int(m[1])

@@ -56,6 +56,17 @@ def start_batch(argv: list[str], env: dict[str, str], log: Path) -> subprocess.P
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+def start_script(tmp_path: Path, source: str, name: str, *launcher: str
+                 ) -> tuple[subprocess.Popen[bytes], Path, dict[str, str]]:
+    """Write ``source`` to tmp_path/name and start it batch-style: (process, log, env)."""
+    script = tmp_path / name
+    script.write_text(source)
+    env = job_env(tmp_path / "sessions")
+    log = tmp_path / (name + ".log")
+    launch = [sys.executable, *launcher] if launcher else [sys.executable]
+    return start_batch([*launch, str(script)], env, log), log, env
+
+
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """End a test job and every process under it (torchrun starts ranks in new sessions)."""
     import psutil
@@ -147,6 +158,11 @@ def drive_session(child: pexpect.spawn, rank: int, world: int = 4) -> float:
     child.sendline("p stopped_here")
     child.expect(rf"\r\n{rank * 10}\r\n")
     child.expect(r"\(Pdb\) ")
+    return continue_session(child)
+
+
+def continue_session(child: pexpect.spawn) -> float:
+    """Type 'c' at the prompt; the client ends cleanly. Returns the time just before 'c'."""
     before_c = time.time()
     child.sendline("c")
     child.expect(r"continues; session closed")
@@ -159,11 +175,8 @@ def drive_session(child: pexpect.spawn, rank: int, world: int = 4) -> float:
 @pytest.mark.slow
 def test_rank2_of_a_batch_torchrun_job_is_listed_and_debugged(tmp_path):
     script = tmp_path / "tr.py"
-    script.write_text(TORCHRUN_JOB.replace("BP_RANK", "2"))
-    env = job_env(tmp_path / "sessions")
-    log = tmp_path / "job.log"
-    job = start_batch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       "--nproc_per_node=4", str(script)], env, log)
+    job, log, env = start_script(tmp_path, TORCHRUN_JOB.replace("BP_RANK", "2"), script.name,
+                                 "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4")
     try:
         m = wait_for(log, r"waiting for a debugger: (mldebug pdb connect (\S+):(\d+))", job)
         port = int(m[3])
@@ -194,11 +207,7 @@ def test_rank2_of_a_batch_torchrun_job_is_listed_and_debugged(tmp_path):
 
 
 def test_post_mortem_session_at_the_raising_frame_and_reconnect(tmp_path):
-    script = tmp_path / "pm.py"
-    script.write_text(POST_MORTEM)
-    env = job_env(tmp_path / "sessions")
-    log = tmp_path / "pm.log"
-    proc = start_batch([sys.executable, str(script)], env, log)
+    proc, log, env = start_script(tmp_path, POST_MORTEM, "pm.py")
     try:
         m = wait_for(log, r"post-mortem at pm.py:(\d+), waiting for a debugger: mldebug pdb connect (\S+:\d+)", proc)
         assert int(m[1]) == RAISE_LINE
@@ -247,11 +256,7 @@ print("done", flush=True)
 
 
 def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path):
-    script = tmp_path / "slow.py"
-    script.write_text(INTERRUPTIBLE)
-    env = job_env(tmp_path / "sessions")
-    log = tmp_path / "slow.log"
-    proc = start_batch([sys.executable, str(script)], env, log)
+    proc, log, env = start_script(tmp_path, INTERRUPTIBLE, "slow.py")
     try:
         m = wait_for(log, r"mldebug pdb connect (\S+:\d+)", proc)
         child = spawn_cli(["pdb", "connect", m[1]], env, tmp_path)
@@ -343,22 +348,13 @@ def connect_and_continue(env: dict[str, str], cwd: Path, rank: int) -> float:
     child = spawn_cli(["pdb", "connect", str(rank)], env, cwd)
     child.expect(rf"attached to rank {rank} on")
     child.expect(r"\(Pdb\) ")
-    before_c = time.time()
-    child.sendline("c")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
-    return before_c
+    return continue_session(child)
 
 
 @pytest.mark.slow
 def test_every_rank_debugged_then_a_wait_that_times_out(tmp_path):
-    script = tmp_path / "all.py"
-    script.write_text(ALL_THEN_TIMEOUT)
-    env = job_env(tmp_path / "sessions")
-    log = tmp_path / "job.log"
-    job = start_batch([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       "--nproc_per_node=2", str(script)], env, log)
+    job, log, env = start_script(tmp_path, ALL_THEN_TIMEOUT, "all.py", "-m",
+                                 "torch.distributed.run", "--standalone", "--nproc_per_node=2")
     try:
         wait_for(log, r"(?s)rank [01] on .*rank [01] on .*waiting", job)
         listed = json.loads(run_cli("pdb", "list", "--json", env=env).stdout)

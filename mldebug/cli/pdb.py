@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from mldebug.cli._common import (
     add_json_argument,
@@ -33,18 +34,13 @@ never ends a rank). Exit codes: 0 done, 1 nothing to connect to, 2 usage error."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="pdb_action", metavar="{list,connect,attach}", required=True)
-    ls = sub.add_parser("list", help="the open sessions: rank, host, pid, where it stopped",
-                        description="The open debugger sessions on this host or the given nodes.")
+    ls = _session_parser(sub, "list", "the open sessions: rank, host, pid, where it stopped",
+                         "The open debugger sessions on this host or the given nodes.")
     add_json_argument(ls)
-    _dir_argument(ls)
-    add_target_arguments(ls, default_timeout=20.0)
-    co = sub.add_parser("connect", help="open the terminal of a session: RANK or HOST:PORT",
-                        description="Connect to a session: a rank (found with the same "
-                                    "--nodes/--slurm-job as list) or HOST:PORT as printed by "
-                                    "the rank.")
+    co = _session_parser(sub, "connect", "open the terminal of a session: RANK or HOST:PORT",
+                         "Connect to a session: a rank (found with the same --nodes/--slurm-job "
+                         "as list) or HOST:PORT as printed by the rank.")
     co.add_argument("session", metavar="RANK|HOST:PORT", help="a rank number or HOST:PORT")
-    _dir_argument(co)
-    add_target_arguments(co, default_timeout=20.0)
     at = sub.add_parser("attach", help="pdb in a running process with no breakpoint (Python 3.14+)",
                         description="Attach pdb to a running Python process (python -m pdb -p, "
                                     "Python 3.14+ in the target); older targets are refused "
@@ -55,10 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     at.add_argument("--ssh-args", metavar="ARGS", help="extra ssh options")
 
 
-def _dir_argument(p: argparse.ArgumentParser) -> None:
+def _session_parser(sub: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand that finds sessions: --dir and where to look (--nodes, --slurm-job, ...)."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
     p.add_argument("--dir", metavar="DIR",
                    help="the session directory on the nodes (default: $MLDEBUG_PDB_DIR, "
                         "else /tmp/mldebug-pdb-UID of the user)")
+    add_target_arguments(p, default_timeout=20.0)
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
