@@ -177,3 +177,17 @@ def test_node_script_filters_by_slurm_job_and_never_sends_tokens(tmp_path):
     doc = node.collect(node.parser().parse_args(["--dir", d]))
     assert sorted(s["port"] for s in doc["sessions"]) == [4000, 4001]
     assert "secret-token" not in json.dumps(doc)
+
+
+def test_an_unsafe_session_directory_never_stops_the_rank(tmp_path):
+    """A planted symlink as the session directory: the rank says why and runs on."""
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "planted")
+    env = dict(os.environ, PYTHONPATH=str(REPO), MLDEBUG_PDB_DIR=str(tmp_path / "planted"))
+    code = ("import mldebug\nmldebug.breakpoint()\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n"
+            "    mldebug.post_mortem()\nprint('ran on')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=60, stdin=subprocess.DEVNULL, start_new_session=True)
+    assert r.returncode == 0 and r.stdout == "ran on\n"
+    assert r.stderr.count("cannot open a debugger session") == 2
+    assert "symbolic link" in r.stderr and not os.listdir(tmp_path / "elsewhere")

@@ -94,7 +94,26 @@ def breakpoint(rank: Ranks = 0, *, frame: FrameType | None = None, ide: str | bo
     else:
         from mldebug.debugger.remote import RemotePdb
 
-        RemotePdb(directory=directory, on_continue=release).set_trace(caller)
+        debugger = _remote(lambda: RemotePdb(directory=directory, on_continue=release))
+        if debugger is None:
+            if release is not None:
+                release()
+            return
+        debugger.set_trace(caller)
+
+
+def _remote(make: Callable[[], Any]) -> Any:
+    """A remote debugger, or None (said on stderr) when its private directory is unsafe:
+    a rank goes on without a debugger rather than fail."""
+    from mldebug.debugger.registry import RegistryError
+
+    try:
+        return make()
+    except (RegistryError, OSError) as e:
+        sys.stderr.write(f"mldebug.breakpoint: cannot open a debugger session: {e}; "
+                         "continuing without one.\n")
+        sys.stderr.flush()
+        return None
 
 
 def post_mortem(tb: TracebackType | None = None, *, directory: str | None = None) -> None:
@@ -112,6 +131,10 @@ def post_mortem(tb: TracebackType | None = None, *, directory: str | None = None
         debugger.reset()
         debugger.interaction(None, tb)
     else:
-        from mldebug.debugger.remote import post_mortem as remote_post_mortem
+        from mldebug.debugger.remote import RemotePdb
 
-        remote_post_mortem(tb, directory=directory)
+        debugger = _remote(lambda: RemotePdb(kind="post-mortem", directory=directory))
+        if debugger is not None:
+            debugger.reset()
+            debugger.interaction(None, tb)
+            debugger.finish(f"{debugger.label}: post-mortem session closed.")

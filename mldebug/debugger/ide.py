@@ -46,8 +46,12 @@ def debugpy_session(*, on_continue: Callable[[], None] | None = None,
     ident = identity()
     _, port = debugpy.listen(("127.0.0.1", 0))
     caller = sys._getframe(2)
-    path = registry.write(registry.private_dir(directory),
-                          session_doc("debugpy", ident, int(port), "", caller))
+    try:
+        path: str | None = registry.write(registry.private_dir(directory),
+                                          session_doc("debugpy", ident, int(port), "", caller))
+    except (registry.RegistryError, OSError) as e:  # the IDE can still attach: say why unlisted
+        log(f"mldebug.breakpoint: the debugpy session is not listed by mldebug pdb list ({e})")
+        path = None
     who = label(ident)
     log(f"mldebug.breakpoint: {who} waits for an IDE (debugpy) on 127.0.0.1:{port}.\n"
         f"  forward the port: ssh -N -L {port}:127.0.0.1:{port} {ident.host}\n"
@@ -55,7 +59,8 @@ def debugpy_session(*, on_continue: Callable[[], None] | None = None,
         "  debugpy has no token: any user on this node may attach first.")
     debugpy.wait_for_client()
     debugpy.breakpoint()  # the IDE stops on the next line; the caller is one frame up
-    registry.remove(path)
+    if path is not None:
+        registry.remove(path)
     if on_continue is not None:
         on_continue()
     return True

@@ -81,6 +81,7 @@ class Channel:
         self._held = ""  # output after the last newline: the prompt, until pdb reads
         self._prompt: str | None = None  # the prompt pdb is waiting at, for a late client
         self._closed = threading.Event()
+        self._attach_lock = threading.Lock()
         self._main = threading.get_ident() == threading.main_thread().ident
         threading.Thread(target=self._accept_loop, name="mldebug-pdb-accept", daemon=True).start()
 
@@ -165,10 +166,13 @@ class Channel:
             if not self._authenticate(conn, peer):
                 return
             sender = wire.Sender(conn)
-            if self._client is not None or self._closed.is_set():
+            with self._attach_lock:
+                busy = self._client is not None or self._closed.is_set()
+                if not busy:
+                    self._client = sender
+            if busy:
                 sender.send("R", "another client is attached to this session")
                 return
-            self._client = sender
             try:
                 sender.send("O", f"mldebug: attached to {self.label}. Ctrl-D detaches (the "
                                  f"rank stays stopped), 'c' continues the rank.\n")
@@ -243,7 +247,15 @@ class RemotePdb(_pdb.Pdb):
             where = last.tb_frame
         doc = session_doc(self.kind, self.ident, self.channel.port, self.token, where)
         first = self._registration is None
-        self._registration = registry.write(self.directory, doc)
+        try:
+            self._registration = registry.write(self.directory, doc)
+        except (registry.RegistryError, OSError) as e:
+            # a debugger must never end the rank: without a registration nobody can connect
+            log(f"mldebug.breakpoint: {self.label} cannot register its session ({e}); "
+                + ("continuing without a debugger." if first else "the session stays open."))
+            if first:
+                self.set_continue()
+                return
         if first:
             at = f"{os.path.basename(doc['file'] or '?')}:{doc['line']}"
             what = "post-mortem at" if self.kind == "post-mortem" else "stopped at"
@@ -258,7 +270,7 @@ class RemotePdb(_pdb.Pdb):
         self.channel.flush()
 
     # -- the end of the session --------------------------------------------------------
-    def _finish(self, message: str) -> None:
+    def finish(self, message: str) -> None:
         if self._done:
             return
         self._done = True
@@ -271,7 +283,7 @@ class RemotePdb(_pdb.Pdb):
 
     def set_continue(self) -> None:
         super().set_continue()
-        self._finish(f"{self.label} continues; session closed.")
+        self.finish(f"{self.label} continues; session closed.")
 
     def set_quit(self) -> None:
         # A remote 'q' must not raise BdbQuit in a rank: it would kill a job nobody can see.
@@ -307,17 +319,3 @@ class RemotePdb(_pdb.Pdb):
                     break
                 matches.append(m)
         return sorted(set(matches))
-
-
-def open_session(frame: FrameType, *, on_continue: Callable[[], None] | None = None,
-                 directory: str | None = None) -> None:
-    """Stop in ``frame`` and serve pdb until a client continues."""
-    RemotePdb(directory=directory, on_continue=on_continue).set_trace(frame)
-
-
-def post_mortem(tb: TracebackType, *, directory: str | None = None) -> None:
-    """Serve pdb at the frame that raised; returns when the client continues."""
-    debugger = RemotePdb(kind="post-mortem", directory=directory)
-    debugger.reset()
-    debugger.interaction(None, tb)
-    debugger._finish(f"{debugger.label}: post-mortem session closed.")
