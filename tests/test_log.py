@@ -175,3 +175,36 @@ def test_real_torchrun_job_stuck_rank(tmp_path: Path) -> None:
     report = analyze(load([str(log)]))
     assert report.verdict is not None and report.verdict.code == "log-silent-rank"
     assert report.culprits == [1]
+
+
+_LINE_PARTS = [
+    "[rank3]:", "[default1]:", "12: ", "[1,2]<stderr>:", "\x1b[0m", "【2025-09-25 14:27:49】",
+    "Traceback (most recent call last):", '  File "/x/train.py", line 7, in main',
+    "ValueError: x", "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "[Rank 9] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=", "OpType=ALLREDUCE",
+    "Timeout(ms)=", "[PG 1 Rank 2] Timeout at NCCL work: 5, last enqueued NCCL work: 99999999999999999999",
+    ", last completed NCCL work: -3.", "Failures:", "[0]:", "  rank      : ", "  exitcode  : -9 (pid: ",
+    "Root Cause (first observed failure):", "=====", "NCCL WARN ", "Killed", "[E0321 02:07:08.4 ",
+    "9" * 5000, "  exitcode  : " + "9" * 5000, "[rank" + "7" * 5000 + "]:", "\udcff", "\x00", "inf", "nan", ")", "]", "(", "[",
+]
+
+
+def test_parser_never_raises_on_garbage() -> None:
+    """Property: any mix of the pieces real logs are made of parses (or is ignored), fast."""
+    import time
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    line = st.lists(st.sampled_from(_LINE_PARTS) | st.text(max_size=40), max_size=8).map("".join)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(line, max_size=60))
+    def check(lines: list[str]) -> None:
+        t = time.monotonic()
+        report = analyze(parse_lines(lines))
+        assert report.findings
+        report.to_dict()
+        assert time.monotonic() - t < 2.0
+
+    check()

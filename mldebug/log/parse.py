@@ -32,8 +32,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PREFIX = re.compile(
     r"^\s*(?:"
     r"(?P<ts>[【\[](?:\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d[^\]】]*)[\]】]\s*)"  # [2025-01-01 12:00:00]
-    r"|\[(?:rank|default|RANK |Rank )(?P<r1>\d+)\]:\s?"  # torch [rank3]: / torchrun --tee [default3]:
-    r"|\[\d+,(?P<r2>\d+)\]<std(?:out|err)>:\s?"  # mpirun --tag-output
+    r"|\[(?:rank|default|RANK |Rank )(?P<r1>\d{1,7})\]:\s?"  # torch [rank3]: / torchrun --tee [default3]:
+    r"|\[\d{1,7},(?P<r2>\d{1,7})\]<std(?:out|err)>:\s?"  # mpirun --tag-output
     r"|(?P<r3>\d{1,6}): "  # srun -l / torchrun --tee older form
     r"|\(\w*(?:pid|Pid)=\d+(?:, ip=[\d.]+)?\)\s"  # Ray (pid=N)
     r")"
@@ -45,18 +45,18 @@ _WD_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCC
 _SEQ = re.compile(r"SeqNum=(\d{1,18})")
 _OP = re.compile(r"OpType=(\w{1,40})")
 _TMO = re.compile(r"Timeout\(ms\)=(\d{1,12})")
-_PG_RANK = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)[^\]]{0,200}?Rank (?P<rank>\d+)\]")
-_RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d+)\]")
+_PG_RANK = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})[^\]]{0,200}?Rank (?P<rank>\d{1,7})\]")
+_RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d{1,7})\]")
 _ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last completed (?:NCCL )?work: (?P<comp>-?\d{1,18})")
 
 _TB_START = "Traceback (most recent call last):"
 _TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200}?(?:Error|Exception|Interrupt|Exit|Failure|Fault)\w*)(?::\s?(?P<msg>.*))?$")
 
-_TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d+)\]:\s*$")
+_TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d{1,7})\]:\s*$")
 _TABLE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<val>.*)$")
-_TABLE_RANK = re.compile(r"^(?P<rank>\d+)")
-_TABLE_EXIT = re.compile(r"^(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
+_TABLE_RANK = re.compile(r"^(?P<rank>\d{1,7})\b")
+_TABLE_EXIT = re.compile(r"^(?P<code>-?\d{1,4})\b(?: \(pid: (?P<pid>\d{1,10})\))?")
 
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _SRC_TAG = re.compile(r"\[[^\]\s]{1,300}\.(?:cc|cpp|h|hpp|cu|py):\d+\] ")  # [/path/pair.cc:553]
