@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "fr": "mldebug.cli.fr",
     "env": "mldebug.cli.env",
     "nccl-log": "mldebug.cli.nccl_log",
+    "log": "mldebug.cli.log",
     "dist-test": "mldebug.cli.dist_test",
     "make-tiny": "mldebug.cli.make_tiny",
     "shrink-layers": "mldebug.cli.shrink_layers",

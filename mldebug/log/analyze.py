@@ -1,0 +1,329 @@
+"""From per-rank log state to a verdict (pure).
+
+The verdict rules run in order; the first that matches names the culprit. Adding a rule is
+one function and one entry in ``RULES``. Rules see ``Facts``: the parsed logs plus what is
+derived once (who timed out, who failed, who said nothing).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mldebug.findings import Finding, Severity
+from mldebug.log.model import Event, LogReport, ParsedLogs, RankLog
+from mldebug.render import fold_ints
+
+FAILURE_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error")
+FATAL_SIGNALS = {-int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)}
+
+
+@dataclass
+class Facts:
+    parsed: ParsedLogs
+    ranks: dict[int, RankLog]
+    known: set[int]  # every rank the logs mention
+    waited: set[int] = field(default_factory=set)  # ranks that timed out or lost a peer
+    failed: list[tuple[int, Event]] = field(default_factory=list)  # first real failure per rank
+
+    @classmethod
+    def of(cls, parsed: ParsedLogs) -> Facts:
+        ranks = parsed.ranks
+        known = set(ranks)
+        if parsed.world_size:
+            known |= set(range(min(parsed.world_size, 1 << 20)))
+        f = cls(parsed, ranks, known)
+        for r, st in ranks.items():
+            if st.consequences or st.timeouts:
+                f.waited.add(r)
+            ev = st.first_primary
+            if ev is not None and ev.kind in FAILURE_KINDS:
+                f.failed.append((r, ev))
+        return f
+
+    def others(self, culprits: set[int]) -> str:
+        rest = sorted(self.waited - culprits)
+        if not rest:
+            return ""
+        return (f"Then rank{'s' if len(rest) > 1 else ''} {fold_ints(rest)} timed out or lost "
+                f"their peer: consequences, not causes.")
+
+
+@dataclass
+class Verdict:
+    finding: Finding
+    culprits: list[int]
+
+
+Rule = Callable[[Facts], "Verdict | None"]
+
+
+def _order(ev: Event, use_time: bool) -> tuple[float, int]:
+    return ((ev.time or 0.0) if use_time else 0.0, ev.line)
+
+
+def _hosts(facts: Facts, ranks: list[int]) -> tuple[str, ...]:
+    return tuple(sorted({h for r in ranks if (h := facts.ranks[r].host)}))
+
+
+_FIXES = {
+    "exception": "Fix the error at {where}; the other ranks only stopped because this rank "
+                 "left the collective.",
+    "cuda-oom": "Out of GPU memory on this rank: lower its batch/sequence size or activation "
+                "memory (activation checkpointing), check for imbalance across ranks "
+                "(mldebug mem top), and set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                "against fragmentation.",
+    "cuda-error": "Rerun with CUDA_LAUNCH_BLOCKING=1 (and TORCH_USE_CUDA_DSA builds) so the "
+                  "error points at the kernel that caused it; an illegal memory access is "
+                  "usually an out-of-range index or a bad custom kernel on this rank.",
+    "nccl-error": "Rerun with NCCL_DEBUG=INFO and read that output with `mldebug nccl-log`: "
+                  "the WARN line before 'unhandled ... error' names the cause.",
+}
+
+
+def first_failure(facts: Facts) -> Verdict | None:
+    """The rank whose real error (not a timeout) came first."""
+    if not facts.failed:
+        return None
+    use_time = all(ev.time is not None for _, ev in facts.failed)
+    rank, ev = min(facts.failed, key=lambda x: _order(x[1], use_time))
+    same = sorted(r for r, e in facts.failed if r != rank and e.message == ev.message)
+    where = ev.frame or ev.source
+    detail = [f"at {where} ({ev.source})"]
+    if same:
+        detail.append(f"Rank{'s' if len(same) > 1 else ''} {fold_ints(same)} failed with the same error later.")
+    other = sorted({r for r, _ in facts.failed} - {rank} - set(same))
+    if other:
+        detail.append(f"Also failed (later): rank{'s' if len(other) > 1 else ''} {fold_ints(other)}.")
+    tail = facts.others({rank, *same, *other})
+    if tail:
+        detail.append(tail)
+    detail.append("Order: " + ("by the times on the lines." if use_time else
+                                "by position in the log (the lines carry no times)."))
+    return Verdict(Finding(
+        Severity.ERROR, f"rank {rank} failed first: {ev.message[:200]}", "\n".join(detail),
+        _FIXES[ev.kind].format(where=where), code=f"log-first-failure-{ev.kind}",
+        hosts=_hosts(facts, [rank])), [rank])
+
+
+def killed(facts: Facts) -> Verdict | None:
+    """A rank ended by SIGKILL: the kernel's OOM killer leaves nothing else behind."""
+    ranks = sorted(r for r, st in facts.ranks.items()
+                   if st.exitcode == -int(signal.SIGKILL)
+                   or (st.first_primary is not None and st.first_primary.kind == "killed"))
+    if not ranks:
+        return None
+    hosts = _hosts(facts, ranks)
+    on = f" on {', '.join(hosts)}" if hosts else ""
+    detail = [f"Exit code -9 (SIGKILL){on}, no Python traceback: nothing in the process chose "
+              "to exit."]
+    tail = facts.others(set(ranks))
+    if tail:
+        detail.append(tail)
+    return Verdict(Finding(
+        Severity.ERROR, f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)} killed by SIGKILL",
+        "\n".join(detail),
+        "Most often the kernel OOM killer (host RAM, not GPU memory): run "
+        "`dmesg -T | grep -i -E 'out of memory|killed process'` on the host, check the job's "
+        "memory limit (cgroup, SLURM --mem), and measure the peak with `mldebug mem peak -- CMD`; "
+        "DataLoader workers and pinned memory are the usual growth.",
+        code="log-killed", hosts=hosts), ranks)
+
+
+def fatal_signal(facts: Facts) -> Verdict | None:
+    """A crash by signal (segfault, bus error) or an abort that no timeout explains."""
+    hits = []
+    for r, st in facts.ranks.items():
+        code = st.exitcode
+        if code is None:
+            continue
+        if code in FATAL_SIGNALS or (code == -int(signal.SIGABRT) and not st.timeouts
+                                     and not st.consequences):
+            hits.append((r, code))
+    if not hits:
+        return None
+    ranks = sorted(r for r, _ in hits)
+    names = sorted({signal.Signals(-c).name for _, c in hits})
+    return Verdict(Finding(
+        Severity.ERROR, f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)} crashed "
+        f"({', '.join(names)})", facts.others(set(ranks)),
+        "A native crash: run that rank under `PYTHONFAULTHANDLER=1` (Python stack at the "
+        "crash) or gdb; look for a bad custom op, a driver problem or a corrupted shared-memory "
+        "segment (/dev/shm too small).", code="log-crash", hosts=_hosts(facts, ranks)), ranks)
+
+
+def behind(facts: Facts) -> Verdict | None:
+    """PyTorch's enqueued/completed work numbers: the ranks that never enqueued what others did."""
+    by_pg: dict[str, dict[int, int]] = defaultdict(dict)
+    for r, st in facts.ranks.items():
+        for pg, e0 in st.enqueued.items():
+            by_pg[pg][r] = e0
+    for pg in sorted(by_pg, key=lambda p: (p != "0", p)):
+        enq = by_pg[pg]
+        top = max(enq.values())
+        late = sorted(r for r, e in enq.items() if e < top)
+        if late and len(late) < len(enq):
+            ahead = sorted(r for r, e in enq.items() if e == top)
+            low = min(enq[r] for r in late)
+            return Verdict(Finding(
+                Severity.ERROR,
+                f"rank{'s' if len(late) > 1 else ''} {fold_ints(late)} never enqueued NCCL work "
+                f"#{low + 1} of process group {pg}",
+                f"Their last enqueued work is {fold_ints(sorted({enq[r] for r in late}))}; ranks "
+                f"{fold_ints(ahead)} reached #{top} and waited for them until the timeout.",
+                "The others waited for these ranks: find what they did instead (a data loader, a "
+                "rank-dependent branch, a slow host). Next time run `mldebug hang` while it hangs, "
+                "or add `mldebug.watchdog()` to dump every rank's stack at a stall.",
+                code="log-rank-behind", hosts=_hosts(facts, late)), late)
+    return None
+
+
+def mismatch(facts: Facts) -> Verdict | None:
+    """Ranks that timed out in a different collective type at the same sequence number."""
+    at: dict[tuple[str, int], dict[int, str]] = defaultdict(dict)
+    for r, st in facts.ranks.items():
+        for t in st.timeouts:
+            if t.seq is not None and t.op:
+                at[(t.pg, t.seq)][r] = t.op
+    ops_only: dict[str, dict[int, str]] = defaultdict(dict)
+    for r, st in facts.ranks.items():
+        for t in st.timeouts:
+            if t.seq is None and t.op:
+                ops_only[t.pg][r] = t.op
+    groups: list[tuple[tuple[str, int], dict[int, str]]] = list(at.items())
+    groups += [((pg, -1), v) for pg, v in ops_only.items()]
+    for (pg, seq), ops in groups:
+        count = Counter(ops.values())
+        if len(count) < 2:
+            continue
+        major, _ = count.most_common(1)[0]
+        odd = sorted(r for r, op in ops.items() if op != major)
+        odd_ops = sorted({ops[r] for r in odd})
+        where = f"#{seq} of process group {pg}" if seq >= 0 else f"process group {pg}"
+        return Verdict(Finding(
+            Severity.ERROR,
+            f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} issued {', '.join(odd_ops)} "
+            f"where the others issued {major} ({where})",
+            f"{count[major]} ranks timed out in {major}; {len(odd)} in {', '.join(odd_ops)}. "
+            "Collectives must be called in the same order on every rank.",
+            "Find the rank-dependent branch that calls a different collective (often code run "
+            "only on rank 0: logging, checkpointing, evaluation, or uneven data at the end of an "
+            "epoch). `mldebug fr` on flight-recorder dumps shows the call sites.",
+            code="log-collective-mismatch", hosts=_hosts(facts, odd)), odd)
+    return None
+
+
+def silent(facts: Facts) -> Verdict | None:
+    """Ranks that said nothing while the others timed out: they never reached the collective."""
+    if not facts.waited:
+        return None
+    quiet = sorted(r for r in facts.known - facts.waited
+                   if (st := facts.ranks.get(r)) is None or st.first_primary is None)
+    if not quiet or len(quiet) >= len(facts.known):
+        return None
+    waits = Counter((t.op, t.seq) for r in facts.waited for t in facts.ranks[r].timeouts)
+    what = ""
+    if waits:
+        (op, seq), _ = waits.most_common(1)[0]
+        what = f" ({op or 'a collective'}{f' #{seq}' if seq is not None else ''})"
+    return Verdict(Finding(
+        Severity.ERROR,
+        f"rank{'s' if len(quiet) > 1 else ''} {fold_ints(quiet)} never reached the collective "
+        f"the others timed out in{what}",
+        f"Ranks {fold_ints(sorted(facts.waited))} timed out or lost their peer; rank"
+        f"{'s' if len(quiet) > 1 else ''} {fold_ints(quiet)} reported neither an error nor a "
+        "timeout: stuck outside any collective until the launcher stopped "
+        f"{'them' if len(quiet) > 1 else 'it'}. (A launcher's 'Root Cause' names the first rank "
+        "to exit, which is one of the waiting ranks.)",
+        "Find what these ranks were doing: next time run `mldebug hang` while the job hangs, or "
+        "add `mldebug.watchdog()` so each rank dumps its stack at a stall.",
+        code="log-silent-rank", hosts=_hosts(facts, quiet)), quiet)
+
+
+def all_waiting(facts: Facts) -> Verdict | None:
+    """Every rank timed out in the same collective: the collective itself never finished."""
+    if not facts.waited:
+        return None
+    waits = Counter((t.pg, t.op, t.seq) for r in facts.waited for t in facts.ranks[r].timeouts[:1])
+    desc = ""
+    if waits:
+        (pg, op, seq), _ = waits.most_common(1)[0]
+        desc = f" ({op or 'collective'}{f' #{seq}' if seq is not None else ''}, process group {pg})"
+    return Verdict(Finding(
+        Severity.WARNING, f"every rank timed out in the same collective{desc}",
+        f"Ranks {fold_ints(sorted(facts.waited))} all waited; no rank failed or stayed away in "
+        "these logs.",
+        "The collective itself did not complete: a rank missing from these logs, or the "
+        "network. Check the NCCL WARN lines (`mldebug nccl-log`), rerun with NCCL_DEBUG=INFO, "
+        "and set TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get flight-recorder dumps for `mldebug fr "
+        "analyze`.", code="log-all-waiting"), [])
+
+
+def exit_only(facts: Facts) -> Verdict | None:
+    """A rank that exited non-zero without leaving a traceback in these logs."""
+    ranks = sorted(r for r, st in facts.ranks.items()
+                   if st.exitcode is not None and st.exitcode > 0 and st.first_primary is None
+                   and not st.consequences)
+    if not ranks:
+        return None
+    return Verdict(Finding(
+        Severity.ERROR, f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)} exited with "
+        f"code {fold_ints(sorted({facts.ranks[r].exitcode or 0 for r in ranks}))} and no traceback "
+        "in these logs", "",
+        "Keep each rank's output: torchrun --tee 3 (or --log-dir), and decorate main() with "
+        "torch.distributed.elastic.multiprocessing.errors.record so the traceback reaches the "
+        "launcher.", code="log-exit-no-traceback", hosts=_hosts(facts, ranks)), ranks)
+
+
+RULES: list[Rule] = [first_failure, killed, fatal_signal, behind, mismatch, silent, exit_only,
+                     all_waiting]
+
+
+def _nccl_findings(parsed: ParsedLogs) -> list[Finding]:
+    out = []
+    for msg, ranks in sorted(parsed.nccl_warns.items(), key=lambda kv: -len(kv[1]))[:5]:
+        who = f" (ranks {fold_ints(sorted(set(ranks)))})" if ranks else ""
+        out.append(Finding(
+            Severity.WARNING, f"NCCL WARN{who}: {msg[:160]}",
+            f"{parsed.nccl_warn_lines} NCCL WARN lines in all.",
+            "Run `mldebug nccl-log` on the same files: it names the cause of NCCL's warnings.",
+            code="log-nccl-warn"))
+    return out
+
+
+def _launcher_note(parsed: ParsedLogs, culprits: list[int]) -> list[Finding]:
+    roots = [f for f in parsed.launcher if f.root]
+    if not roots or not culprits or roots[0].rank in culprits:
+        return []
+    root = roots[0]
+    return [Finding(
+        Severity.INFO,
+        f"torchrun's 'Root Cause' names rank {root.rank} (exit code {root.exitcode}), not the culprit",
+        "torchrun reports the first rank to EXIT; a rank that waited for the culprit often exits "
+        "first.", "Trust the verdict above; the launcher table only orders exits.",
+        code="log-launcher-root")]
+
+
+def analyze(parsed: ParsedLogs) -> LogReport:
+    facts = Facts.of(parsed)
+    verdict: Verdict | None = None
+    for rule in RULES:
+        verdict = rule(facts)
+        if verdict is not None:
+            break
+    findings: list[Finding] = []
+    culprits: list[int] = []
+    if verdict is not None:
+        findings.append(verdict.finding)
+        culprits = verdict.culprits
+    elif parsed.nccl_warn_lines == 0:
+        findings.append(Finding(
+            Severity.INFO, f"no failure found in {parsed.lines} lines",
+            "No traceback, watchdog timeout, launcher failure table or NCCL WARN line.",
+            "Pass every rank's log (torchrun --log-dir / srun --output=log-%t) or the launcher's "
+            "whole output; `-` reads standard input.", code="log-nothing"))
+    findings += _nccl_findings(parsed)
+    findings += _launcher_note(parsed, culprits)
+    return LogReport(parsed, findings, culprits)

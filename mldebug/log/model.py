@@ -1,0 +1,135 @@
+"""Plain data for ``mldebug log``: what each rank left in the logs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mldebug.findings import Finding, findings_to_json
+
+# Kinds of events a rank can leave. "Primary" kinds can start a failure; the others are
+# what a rank says when a peer failed (a timeout, a lost connection, an abort).
+PRIMARY_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error", "killed", "signal", "exit")
+
+
+@dataclass
+class Event:
+    """One failure line (or the last line of a traceback) attributed to a rank."""
+
+    kind: str  # exception, cuda-oom, cuda-error, nccl-error, killed, signal, exit, timeout, peer-lost
+    message: str
+    line: int  # global order: line number across all inputs, in reading order
+    source: str  # file:line
+    time: float | None = None  # seconds since the start of the year, when the line had a time
+    frame: str | None = None  # the user frame of its traceback: "file.py:12 in func"
+    primary: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "source": self.source,
+                "time": self.time, "frame": self.frame, "primary": self.primary}
+
+
+@dataclass
+class WatchdogTimeout:
+    """PyTorch's ProcessGroupNCCL watchdog: the collective a rank timed out in."""
+
+    pg: str
+    seq: int | None
+    op: str | None
+    timeout_ms: int | None
+    line: int
+
+
+@dataclass
+class RankLog:
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    lines: int = 0
+    first_primary: Event | None = None
+    first_event: Event | None = None
+    consequences: int = 0
+    timeouts: list[WatchdogTimeout] = field(default_factory=list)
+    enqueued: dict[str, int] = field(default_factory=dict)  # pg -> last enqueued work
+    completed: dict[str, int] = field(default_factory=dict)  # pg -> last completed work
+    exitcode: int | None = None
+    exit_time: str | None = None
+    nccl_warns: int = 0
+
+    def add(self, ev: Event) -> None:
+        if self.first_event is None:
+            self.first_event = ev
+        if ev.primary:
+            if self.first_primary is None:
+                self.first_primary = ev
+        else:
+            self.consequences += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "host": self.host, "pid": self.pid, "lines": self.lines,
+            "first_error": self.first_primary.to_dict() if self.first_primary else None,
+            "first_event": self.first_event.to_dict() if self.first_event else None,
+            "timeouts": [{"pg": t.pg, "seq": t.seq, "op": t.op, "timeout_ms": t.timeout_ms}
+                         for t in self.timeouts],
+            "last_enqueued": self.enqueued, "last_completed": self.completed,
+            "exitcode": self.exitcode, "nccl_warns": self.nccl_warns,
+        }
+
+
+@dataclass
+class LauncherFailure:
+    """One entry of torchrun's ChildFailedError table."""
+
+    rank: int
+    host: str | None = None
+    exitcode: int | None = None
+    pid: int | None = None
+    time: str | None = None
+    message: str = ""
+    root: bool = False
+
+
+@dataclass
+class ParsedLogs:
+    """Everything read from the inputs, per rank; bounded by the number of ranks."""
+
+    ranks: dict[int, RankLog] = field(default_factory=dict)
+    launcher: list[LauncherFailure] = field(default_factory=list)
+    launcher_events: list[Event] = field(default_factory=list)  # unattributed failures
+    nccl_warns: dict[str, list[int]] = field(default_factory=dict)  # message -> ranks (capped)
+    nccl_warn_lines: int = 0
+    sources: list[str] = field(default_factory=list)
+    lines: int = 0
+    world_size: int | None = None
+
+    def rank(self, r: int) -> RankLog:
+        got = self.ranks.get(r)
+        if got is None:
+            got = self.ranks[r] = RankLog(r)
+        return got
+
+
+@dataclass
+class LogReport:
+    parsed: ParsedLogs
+    findings: list[Finding]
+    culprits: list[int] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.parsed
+        return {
+            "sources": p.sources,
+            "lines": p.lines,
+            "world_size": p.world_size,
+            "culprits": self.culprits,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "findings": findings_to_json(self.findings),
+            "ranks": [p.ranks[r].to_dict() for r in sorted(p.ranks)],
+            "launcher": [vars(f) for f in p.launcher],
+            "nccl_warn_lines": p.nccl_warn_lines,
+        }

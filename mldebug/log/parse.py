@@ -1,0 +1,353 @@
+"""Turn log lines into per-rank state, one line at a time (pure: no I/O).
+
+Reads what PyTorch, torchrun and NCCL print when a job dies:
+
+- Python tracebacks, attributed to a rank by the launcher prefix (``[rank3]:``,
+  ``[default3]:``, ``3: ``, ``[1,3]<stderr>:``) or by the file they came from;
+- ProcessGroupNCCL's watchdog: ``[Rank N] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=S, OpType=OP, ..., Timeout(ms)=T)`` and ``[PG P Rank N] Exception (either an
+  error or timeout) detected by watchdog at work: W, last enqueued NCCL work: E, last
+  completed NCCL work: C`` (also ``Timeout at NCCL work: ...``);
+- torchrun's ``ChildFailedError`` table (rank, host, exitcode, signal);
+- ``NCCL WARN`` lines (counted and grouped) and a bare ``Killed`` from the shell.
+
+Memory is bounded by the number of ranks, not the number of lines: a traceback keeps only
+its last user frame, WARN messages are grouped and their rank lists capped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mldebug.log.model import Event, LauncherFailure, ParsedLogs, WatchdogTimeout
+
+MAX_LINE = 16384  # characters of one line that are looked at
+MAX_WARN_GROUPS = 200
+MAX_WARN_RANKS = 4096
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Launcher/logger prefixes, outermost first; each may be followed by another.
+_PREFIX = re.compile(
+    r"^\s*(?:"
+    r"(?P<ts>[【\[](?:\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d[^\]】]*)[\]】]\s*)"  # [2025-01-01 12:00:00]
+    r"|\[(?:rank|default|RANK |Rank )(?P<r1>\d{1,7})\]:\s?"  # torch [rank3]: / torchrun --tee [default3]:
+    r"|\[\d{1,7},(?P<r2>\d{1,7})\]<std(?:out|err)>:\s?"  # mpirun --tag-output
+    r"|(?P<r3>\d{1,6}): "  # srun -l / torchrun --tee older form
+    r"|\(\w*(?:pid|Pid)=\d+(?:, ip=[\d.]+)?\)\s"  # Ray (pid=N)
+    r")"
+)
+_TIME_GLOG = re.compile(r"^\[?[EWIFD](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:\.\d+)?)")
+_TIME_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:[.,]\d+)?)")
+
+_WD_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(")
+_SEQ = re.compile(r"SeqNum=(\d{1,18})")
+_OP = re.compile(r"OpType=(\w{1,40})")
+_TMO = re.compile(r"Timeout\(ms\)=(\d{1,12})")
+_PG_RANK = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})[^\]]{0,200}?Rank (?P<rank>\d{1,7})\]")
+_RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d{1,7})\]")
+_ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last completed (?:NCCL )?work: (?P<comp>-?\d{1,18})")
+
+_TB_START = "Traceback (most recent call last):"
+_TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200}?(?:Error|Exception|Interrupt|Exit|Failure|Fault)\w*)(?::\s?(?P<msg>.*))?$")
+
+_TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d{1,7})\]:\s*$")
+_TABLE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<val>.*)$")
+_TABLE_RANK = re.compile(r"^(?P<rank>\d{1,7})\b")
+_TABLE_EXIT = re.compile(r"^(?P<code>-?\d{1,4})\b(?: \(pid: (?P<pid>\d{1,10})\))?")
+
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
+_SRC_TAG = re.compile(r"\[[^\]\s]{1,300}\.(?:cc|cpp|h|hpp|cu|py):\d+\] ")  # [/path/pair.cc:553]
+
+# What a rank says when a PEER failed: these never make a rank the culprit on their own.
+_CONSEQUENCE = re.compile(
+    r"timed out|timeout|watchdog caught|connection closed by peer|connection reset by peer"
+    r"|broken pipe|communicator was aborted|remote worker|remote process|some nccl operations"
+    r"|ncclremoteerror|sigterm|heartbeat monitor|store->get|recvbytes failed|sendbytes failed"
+    r"|socket has failed to connect|processgroupnccl is aborted|terminating the process",
+    re.IGNORECASE,
+)
+_SUFFIXES = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen", "/torch/")
+
+
+def classify(message: str) -> tuple[str, bool]:
+    """(kind, primary) of an error message: is it a failure, or a reaction to a peer's?"""
+    low = message.lower()
+    if "out of memory" in low and ("cuda" in low or "outofmemory" in low or "hip" in low):
+        return "cuda-oom", True
+    if "illegal memory access" in low or "device-side assert" in low:
+        return "cuda-error", True
+    if _CONSEQUENCE.search(message):
+        return ("timeout" if "time" in low else "peer-lost"), False
+    if "cuda error" in low or "cublas_status" in low or "cudnn_status" in low or "cudaerror" in low:
+        return "cuda-error", True
+    if ("nccl error" in low or "unhandled system error" in low or "unhandled cuda error" in low
+            or "ncclinternalerror" in low or "ncclsystemerror" in low or "ncclinvalidusage" in low):
+        return "nccl-error", True
+    return "exception", True
+
+
+def time_key(text: str) -> float | None:
+    """Seconds since the start of the year from a glog (``E0321 02:07:08.4``) or ISO time at
+    the start of ``text``; the year is ignored (logs carry it rarely)."""
+    m = _TIME_GLOG.match(text) or _TIME_ISO.match(text)
+    if not m:
+        return None
+    try:
+        secs = float(m["s"].replace(",", "."))
+        return (((int(m["mo"]) * 31 + int(m["d"])) * 24 + int(m["h"])) * 60 + int(m["mi"])) * 60 + secs
+    except ValueError:
+        return None
+
+
+def split_prefix(line: str) -> tuple[int | None, float | None, str]:
+    """Strip launcher/logger prefixes: (rank from the prefix, time if one was there, rest)."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    rank: int | None = None
+    when: float | None = None
+    for _ in range(4):
+        m = _PREFIX.match(line)
+        if not m:
+            break
+        if m["ts"]:
+            when = time_key(m["ts"].strip("[]【】 "))
+        r = m["r1"] or m["r2"] or m["r3"]
+        if r is not None and rank is None:
+            rank = int(r)
+        line = line[m.end():]
+    return rank, when, line
+
+
+def _user_frame(file: str, line: str, func: str) -> str | None:
+    if any(s in file for s in _SUFFIXES):
+        return None
+    return f"{file.rsplit('/', 1)[-1]}:{line} in {func}"
+
+
+@dataclass
+class _Stream:
+    """Traceback state of one rank (or of the unattributed stream)."""
+
+    in_tb: bool = False
+    frame: str | None = None
+    any_frame: str | None = None
+
+
+@dataclass
+class LogParser:
+    """Feed lines with ``feed``; read the result from ``parsed``."""
+
+    parsed: ParsedLogs = field(default_factory=ParsedLogs)
+    _streams: dict[int | None, _Stream] = field(default_factory=dict)
+    _table: LauncherFailure | None = None
+    _in_table: bool = False
+    _root_section: bool = False
+    _last_time: dict[int | None, float] = field(default_factory=dict)
+
+    def feed_source(self, lines: Iterable[str], source: str, file_rank: int | None = None) -> None:
+        """Every line of one input; ``file_rank`` is the rank a per-rank file belongs to."""
+        self.parsed.sources.append(source)
+        self._streams.clear()
+        for i, raw in enumerate(lines, 1):
+            self.feed(raw, f"{source}:{i}", file_rank)
+        self._flush_table()
+
+    def feed(self, raw: str, where: str, file_rank: int | None = None) -> None:
+        p = self.parsed
+        p.lines += 1
+        if len(raw) > MAX_LINE:
+            raw = raw[:MAX_LINE]
+        raw = raw.rstrip("\r\n")
+        rank, when, text = split_prefix(raw)
+        if rank is None:
+            rank = file_rank
+        stripped = text.lstrip()
+        if when is None and stripped[:1] in "[EWIFD" and len(stripped) > 12:
+            when = time_key(stripped)
+        if when is not None:
+            self._last_time[rank] = when
+        if rank is not None:
+            p.rank(rank).lines += 1
+
+        # torchrun's ChildFailedError table (printed by the launcher, no rank prefix).
+        if self._table_line(text):
+            return
+        stream = self._streams.get(rank)
+        if stream is None:
+            stream = self._streams[rank] = _Stream()
+        if stripped.startswith(_TB_START):
+            stream.in_tb, stream.frame, stream.any_frame = True, None, None
+            return
+        if stream.in_tb:
+            m = _TB_FILE.match(text)
+            if m:
+                uf = _user_frame(m["file"], m["line"], m["func"])
+                stream.any_frame = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']} in {m['func']}"
+                if uf:
+                    stream.frame = uf
+                return
+            if text.startswith((" ", "\t")) or not text.strip():
+                return
+            if text.startswith(("During handling", "The above exception")):
+                return
+            m = _EXC_LINE.match(text)
+            if m:
+                stream.in_tb = False
+                if m["type"].endswith("ChildFailedError"):
+                    return  # the launcher's own traceback; its table follows
+                msg = f"{m['type'].rsplit('.', 1)[-1]}: {m['msg'] or ''}".strip().rstrip(":")
+                self._event(rank, msg, where, when, stream.frame or stream.any_frame)
+                return
+            stream.in_tb = False
+        self._scan(rank, text, where, when)
+
+    # -- single lines ------------------------------------------------------------------
+    def _scan(self, rank: int | None, text: str, where: str, when: float | None) -> None:
+        p = self.parsed
+        if "NCCL WARN" in text or (" WARN " in text and "NCCL" not in text and ".cc:" in text):
+            self._nccl_warn(rank, text)
+            return
+        if "Watchdog" in text or "NCCL work" in text or "watchdog" in text:
+            if self._watchdog(rank, text, where, when):
+                return
+        if text.strip() == "Killed":
+            self._event(rank, "Killed (SIGKILL from the kernel or the scheduler)", where, when,
+                        None, kind="killed")
+            return
+        if "failed (exitcode:" in text and "local_rank" in text:
+            return  # torchrun's one-line summary; the table carries the same with the rank
+        low = text.lower()
+        if ("error" in low or "exception" in low) and (
+                "cuda out of memory" in low or "cuda error" in low
+                or "terminated with exception" in low or "nccl error" in low):
+            msg = text.strip()
+            cut = msg.find("] ")
+            if msg.startswith("[") and 0 < cut < 200:
+                msg = msg[cut + 2:]
+            self._event(rank, msg, where, when, None)
+        _ = p
+
+    def _watchdog(self, rank: int | None, text: str, where: str, when: float | None) -> bool:
+        m = _PG_RANK.search(text)
+        pg = m["pg"] if m else "0"
+        if m is None:
+            m = _RANK_ONLY.search(text)
+        msg_rank = int(m["rank"]) if m else None
+        r = rank if rank is not None else (msg_rank if pg == "0" else None)
+        if _WD_TIMEOUT.search(text):
+            seq = _SEQ.search(text)
+            op = _OP.search(text)
+            tmo = _TMO.search(text)
+            if r is not None:
+                self.parsed.rank(r).timeouts.append(WatchdogTimeout(
+                    pg, int(seq.group(1)) if seq else None, op.group(1) if op else None,
+                    int(tmo.group(1)) if tmo else None, self.parsed.lines))
+            what = f"collective timeout in {op.group(1) if op else 'a collective'}"
+            if seq:
+                what += f" #{seq.group(1)}"
+            self._event(r, what, where, when, None, kind="timeout", primary=False)
+            return True
+        e = _ENQ.search(text)
+        if e and r is not None:
+            st = self.parsed.rank(r)
+            st.enqueued[pg] = int(e["enq"])
+            st.completed[pg] = int(e["comp"])
+            if "Timeout at" in text or "detected by watchdog" in text:
+                self._event(r, f"watchdog: timeout or error at NCCL work {e['comp']}+1 (process group {pg})",
+                            where, when, None, kind="timeout", primary=False)
+            return True
+        return False
+
+    def _nccl_warn(self, rank: int | None, text: str) -> None:
+        p = self.parsed
+        p.nccl_warn_lines += 1
+        if rank is not None:
+            p.rank(rank).nccl_warns += 1
+        i = text.find("WARN ")
+        msg = _NUMBERS.sub("N", text[i + 5:].strip())[:300]
+        ranks = p.nccl_warns.get(msg)
+        if ranks is None:
+            if len(p.nccl_warns) >= MAX_WARN_GROUPS:
+                return
+            ranks = p.nccl_warns[msg] = []
+        if rank is not None and len(ranks) < MAX_WARN_RANKS:
+            ranks.append(rank)
+
+    def _event(self, rank: int | None, msg: str, where: str, when: float | None,
+               frame: str | None, *, kind: str | None = None, primary: bool | None = None) -> None:
+        k, prim = classify(msg)
+        msg = _SRC_TAG.sub("", msg)
+        ev = Event(kind or k, msg[:500], self.parsed.lines, where,
+                   when if when is not None else self._last_time.get(rank), frame,
+                   prim if primary is None else primary)
+        if rank is None:
+            if len(self.parsed.launcher_events) < 1000:
+                self.parsed.launcher_events.append(ev)
+        else:
+            self.parsed.rank(rank).add(ev)
+
+    # -- torchrun's failure table -------------------------------------------------------
+    def _table_line(self, text: str) -> bool:
+        s = text.strip()
+        if s.startswith("Failures:"):
+            self._in_table, self._root_section = True, False
+            return True
+        if s.startswith("Root Cause (first observed failure)"):
+            self._flush_table()
+            self._in_table, self._root_section = True, True
+            return True
+        if not self._in_table:
+            return False
+        if _TABLE_ENTRY.match(s):
+            self._flush_table()
+            self._table = LauncherFailure(rank=-1, root=self._root_section)
+            return True
+        m = _TABLE_FIELD.match(text)
+        if m and self._table is not None:
+            key, val = m["key"], m["val"].strip()
+            t = self._table
+            if key == "rank":
+                rm = _TABLE_RANK.match(val)
+                t.rank = int(rm["rank"]) if rm else -1
+            elif key == "exitcode":
+                em = _TABLE_EXIT.match(val)
+                if em:
+                    t.exitcode = int(em["code"])
+                    t.pid = int(em["pid"]) if em["pid"] else None
+            elif key == "host":
+                t.host = val[:200]
+            elif key == "time":
+                t.time = val[:40]
+            elif key == "traceback":
+                t.message = val[:300]
+            return True
+        if s.startswith(("---", "===", "<NO_OTHER_FAILURES>")):
+            if s.startswith("===") and self._root_section:
+                self._flush_table()
+                self._in_table = False
+            return True
+        self._flush_table()
+        self._in_table = False
+        return False
+
+    def _flush_table(self) -> None:
+        t = self._table
+        self._table = None
+        if t is None or t.rank < 0:
+            return
+        self.parsed.launcher.append(t)
+        st = self.parsed.rank(t.rank)
+        st.exitcode = t.exitcode
+        st.exit_time = t.time
+        st.host = st.host or t.host
+        st.pid = st.pid or t.pid
+
+
+def parse_lines(lines: Iterable[str], source: str = "<text>", file_rank: int | None = None) -> ParsedLogs:
+    """Parse one input (a convenience for tests and pasted text)."""
+    parser = LogParser()
+    parser.feed_source(lines, source, file_rank)
+    return parser.parsed

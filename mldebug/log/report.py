@@ -1,0 +1,55 @@
+"""Render a ``mldebug log`` report: the verdict first, then one row per group of ranks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from mldebug.findings import render_findings
+from mldebug.log.model import LogReport, RankLog
+from mldebug.render import fold_ints
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+MAX_ROWS = 12
+
+
+def _state(st: RankLog) -> str:
+    if st.first_primary is not None:
+        ev = st.first_primary
+        where = f" at {ev.frame}" if ev.frame else ""
+        return f"{ev.kind}: {ev.message[:90]}{where}"
+    if st.timeouts:
+        t = st.timeouts[0]
+        seq = f" #{t.seq}" if t.seq is not None else ""
+        return f"timed out in {t.op or 'a collective'}{seq} (pg {t.pg})"
+    if st.first_event is not None:
+        return f"{st.first_event.kind}: {st.first_event.message[:90]}"
+    if st.exitcode is not None:
+        return f"no error; exit code {st.exitcode}"
+    return "no error, no timeout"
+
+
+def render(report: LogReport, console: Console) -> None:
+    from rich.text import Text
+
+    p = report.parsed
+    console.print(Text(f"Read {p.lines} lines from {len(p.sources)} input(s); "
+                       f"{len(p.ranks)} ranks seen.", style="dim"))
+    if report.verdict is not None:
+        console.print(Text("Verdict:", style="bold"))
+    render_findings(report.findings, console)
+    rows: dict[str, list[int]] = defaultdict(list)
+    for r, st in p.ranks.items():
+        rows[_state(st)].append(r)
+    if not rows:
+        return
+    console.print(Text("\nRanks:", style="bold"))
+    ordered = sorted(rows.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
+    for state, ranks in ordered[:MAX_ROWS]:
+        label = f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)}"
+        console.print(Text(f"  {label:<18} {state}"))
+    if len(ordered) > MAX_ROWS:
+        console.print(Text(f"  ... {len(ordered) - MAX_ROWS} more groups (--json has every rank)",
+                           style="dim"))

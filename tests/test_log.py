@@ -1,0 +1,210 @@
+"""mldebug log: real logs from public threads and real torchrun (gloo) jobs -> the culprit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mldebug.cli import main
+from mldebug.log.analyze import analyze
+from mldebug.log.collect import load, rank_from_path
+from mldebug.log.parse import classify, parse_lines, split_prefix, time_key
+
+FIX = Path(__file__).parent / "fixtures" / "log"
+REPO = Path(__file__).resolve().parent.parent
+
+CASES = [
+    ("vllm-6042-illegal-memory-access.log", "log-first-failure-cuda-error", [3]),
+    ("accelerate-157-end-of-epoch.log", "log-collective-mismatch", [0]),
+    ("cppo-6-sigkill.log", "log-killed", [0]),
+    ("basicsr-737-same-collective.log", "log-all-waiting", []),
+    ("llamafactory-5417-timeout-at-work.log", "log-all-waiting", []),
+    ("torch213-gloo-rank-raises.log", "log-first-failure-exception", [2]),
+    ("torch213-gloo-rank-sigkill.log", "log-killed", [1]),
+    ("torch213-gloo-rank-stuck.log", "log-silent-rank", [3]),
+]
+
+
+@pytest.mark.parametrize("name,code,culprits", CASES)
+def test_real_logs_name_the_stated_cause(name: str, code: str, culprits: list[int]) -> None:
+    report = analyze(load([str(FIX / name)]))
+    assert report.verdict is not None
+    assert report.verdict.code == code, report.verdict
+    assert report.culprits == culprits
+    assert report.verdict.fix
+
+
+def test_every_fixture_is_listed_with_its_source() -> None:
+    readme = (FIX / "README.md").read_text()
+    for f in FIX.glob("*.log"):
+        assert f.name in readme
+    assert {c[0] for c in CASES} == {f.name for f in FIX.glob("*.log")}
+
+
+def test_first_failure_names_the_user_frame_and_the_consequences() -> None:
+    report = analyze(load([str(FIX / "torch213-gloo-rank-raises.log")]))
+    v = report.verdict
+    assert v is not None
+    assert "ValueError: corrupt sample in shard 2 at step 3" in v.title
+    assert "log_rank_raises.py:21 in load_batch" in v.detail
+    assert "ranks 1,3 timed out or lost their peer" in v.detail
+
+
+def test_torchrun_root_cause_is_corrected_when_it_names_a_waiting_rank() -> None:
+    report = analyze(load([str(FIX / "torch213-gloo-rank-stuck.log")]))
+    codes = [f.code for f in report.findings]
+    assert codes[0] == "log-silent-rank"
+    assert "log-launcher-root" in codes
+
+
+def test_behind_rank_from_enqueued_numbers() -> None:
+    lines = [
+        f"[rank{r}]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:1664] [PG 1 Rank {r}] Exception (either an "
+        f"error or timeout) detected by watchdog at work: 1580, last enqueued NCCL work: "
+        f"{1579 if r == 5 else 1582}, last completed NCCL work: 1579."
+        for r in range(8)
+    ]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None and report.verdict.code == "log-rank-behind"
+    assert report.culprits == [5]
+    assert "#1580" in report.verdict.title
+
+
+def test_time_order_beats_line_order() -> None:
+    lines = [
+        "[rank1]:[E0101 10:00:05.000 x.cpp:1] Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered",
+        "[rank0]:[E0101 10:00:01.000 x.cpp:1] Process group watchdog thread terminated with exception: CUDA error: device-side assert triggered",
+    ]
+    report = analyze(parse_lines(lines))
+    assert report.culprits == [0]
+    assert "by the times on the lines" in report.verdict.detail  # type: ignore[union-attr]
+
+
+def test_oom_with_other_prefixes() -> None:
+    lines = [
+        "[1,2]<stderr>:Traceback (most recent call last):",
+        '[1,2]<stderr>:  File "/home/u/train.py", line 88, in step',
+        "[1,2]<stderr>:    loss = model(batch)",
+        "[1,2]<stderr>:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "0: [E ProcessGroupNCCL.cpp:1] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.",
+    ]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None and report.verdict.code == "log-first-failure-cuda-oom"
+    assert report.culprits == [2]
+    assert "train.py:88 in step" in report.verdict.detail
+
+
+def test_prefixes_and_times() -> None:
+    assert split_prefix("[rank12]:hello")[0] == 12
+    assert split_prefix("[default3]: x")[0] == 3
+    assert split_prefix("7: x")[0] == 7
+    assert split_prefix("[1,4]<stdout>:x")[0] == 4
+    r, t, rest = split_prefix("\x1b[0m【2025-09-25 14:27:49】[rank2]:[E ok")
+    assert (r, rest) == (2, "[E ok") and t is not None
+    assert time_key("E0321 02:07:08.5") == time_key("2024-03-21 02:07:08.5")
+    assert classify("RuntimeError: Connection closed by peer [127.0.0.1]:1")[1] is False
+    assert classify("ValueError: bad")[1] is True
+
+
+def test_nccl_warns_are_grouped() -> None:
+    lines = [f"host{h}:1:2 [0] transport/net_ib.cc:12 NCCL WARN NET/IB : Got completion with error 12, opcode 0"
+             for h in range(50)]
+    report = analyze(parse_lines(lines))
+    warns = [f for f in report.findings if f.code == "log-nccl-warn"]
+    assert len(warns) == 1 and "50 NCCL WARN lines" in warns[0].detail
+
+
+def test_rank_from_path() -> None:
+    assert rank_from_path(Path("logs/job42_rank3.log")) == 3
+    assert rank_from_path(Path("run/attempt_0/5/stderr.log")) == 5
+    assert rank_from_path(Path("nccl.host.1234.log")) is None
+
+
+def test_directory_of_per_rank_files(tmp_path: Path) -> None:
+    for r in range(4):
+        d = tmp_path / "attempt_0" / str(r)
+        d.mkdir(parents=True)
+        body = ("Traceback (most recent call last):\n  File \"/x/train.py\", line 5, in main\n"
+                "ValueError: bad shard\n") if r == 1 else (
+            "RuntimeError: [pair.cc:1] Connection closed by peer\n" if r != 3 else "step 7\n")
+        (d / "stderr.log").write_text(body)
+    (tmp_path / "link.log").symlink_to("/etc/passwd")  # symlinks inside a directory are skipped
+    report = analyze(load([str(tmp_path)]))
+    assert report.culprits == [1]
+    assert not any("passwd" in s for s in report.parsed.sources)
+
+
+def test_cli_json_stdin_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["log", str(FIX / "cppo-6-sigkill.log"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["culprits"] == [0] and doc["findings"][0]["code"] == "log-killed"
+    assert doc["findings"][0]["fix"]
+    assert main(["log", "/nonexistent/file"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["log", str(FIX), "--world-size", "0"]) == 2
+
+
+def test_cli_reads_stdin_and_long_lines() -> None:
+    text = (FIX / "torch213-gloo-rank-sigkill.log").read_text() + "x" * 100_000 + "\n"
+    r = subprocess.run([sys.executable, "-m", "mldebug", "log", "-"], input=text, text=True,
+                       capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+    assert "rank 1 killed by SIGKILL" in r.stdout
+
+
+@pytest.mark.slow
+def test_real_torchrun_job_stuck_rank(tmp_path: Path) -> None:
+    """A live 4-rank gloo job where rank 1 sleeps outside the collective: torchrun's table blames
+    another rank, mldebug log names rank 1."""
+    log = tmp_path / "job.log"
+    from tests.jobs import free_port
+
+    with log.open("w") as f:
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+             "--master-port", str(free_port()), str(REPO / "recipes" / "log_rank_raises.py"),
+             "--how", "sleep", "--culprit", "1", "--step", "2", "--timeout", "4"],
+            stdout=f, stderr=subprocess.STDOUT, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+    report = analyze(load([str(log)]))
+    assert report.verdict is not None and report.verdict.code == "log-silent-rank"
+    assert report.culprits == [1]
+
+
+_LINE_PARTS = [
+    "[rank3]:", "[default1]:", "12: ", "[1,2]<stderr>:", "\x1b[0m", "【2025-09-25 14:27:49】",
+    "Traceback (most recent call last):", '  File "/x/train.py", line 7, in main',
+    "ValueError: x", "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "[Rank 9] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=", "OpType=ALLREDUCE",
+    "Timeout(ms)=", "[PG 1 Rank 2] Timeout at NCCL work: 5, last enqueued NCCL work: 99999999999999999999",
+    ", last completed NCCL work: -3.", "Failures:", "[0]:", "  rank      : ", "  exitcode  : -9 (pid: ",
+    "Root Cause (first observed failure):", "=====", "NCCL WARN ", "Killed", "[E0321 02:07:08.4 ",
+    "9" * 5000, "  exitcode  : " + "9" * 5000, "[rank" + "7" * 5000 + "]:", "\udcff", "\x00", "inf", "nan", ")", "]", "(", "[",
+]
+
+
+def test_parser_never_raises_on_garbage() -> None:
+    """Property: any mix of the pieces real logs are made of parses (or is ignored), fast."""
+    import time
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    line = st.lists(st.sampled_from(_LINE_PARTS) | st.text(max_size=40), max_size=8).map("".join)
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(line, max_size=60))
+    def check(lines: list[str]) -> None:
+        t = time.monotonic()
+        report = analyze(parse_lines(lines))
+        assert report.findings
+        report.to_dict()
+        assert time.monotonic() - t < 2.0
+
+    check()
