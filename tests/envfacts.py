@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from mldebug.envcheck.facts import NodeFacts
+from mldebug.env.facts import NodeFacts
 
 BASE: dict[str, Any] = {
     "schema": 1,

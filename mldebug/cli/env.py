@@ -34,7 +34,7 @@ _PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from mldebug.envcheck.presets import names
+    from mldebug.env.presets import names
 
     add_json_argument(p)
     p.add_argument("--preset", choices=names(), metavar="NAME",
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.preset:
-        from mldebug.envcheck import presets
+        from mldebug.env import presets
 
         print(presets.render(args.preset), end="")
         return 0
@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--torch-timeout must be positive.", "Pass seconds, e.g. 10.")
     target = target_from_args(args)
 
-    from mldebug.envcheck.collect import collect
-    from mldebug.envcheck.report import build_report, render
+    from mldebug.env.collect import collect
+    from mldebug.env.report import build_report, render
     from mldebug.render import console
 
     facts, failed = collect(target, torch_timeout=args.torch_timeout, ports=ports,

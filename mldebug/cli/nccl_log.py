@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mldebug.envcheck.nccllog import analyze, load
-    from mldebug.envcheck.nccllog_render import render
+    from mldebug.env.nccllog import analyze, load
+    from mldebug.env.nccllog_render import render
     from mldebug.render import console
 
     report = analyze(load(args.files, args.split))

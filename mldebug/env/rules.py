@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mldebug.envcheck import ifname
-from mldebug.envcheck.facts import NodeFacts
+from mldebug.env import ifname
+from mldebug.env.facts import NodeFacts
 from mldebug.findings import Finding, Severity
 
 GiB = 1 << 30

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mldebug.envcheck.facts import NodeFacts
+from mldebug.env.facts import NodeFacts
 from mldebug.fanout import NodeResult, Target, run_script
 
 NODE_SCRIPT = Path(__file__).with_name("node.py")

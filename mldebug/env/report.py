@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mldebug.envcheck.diff import DiffRow, diff, merge_findings
-from mldebug.envcheck.facts import NodeFacts
-from mldebug.envcheck.rules import check, socket_selection
+from mldebug.env.diff import DiffRow, diff, merge_findings
+from mldebug.env.facts import NodeFacts
+from mldebug.env.rules import check, socket_selection
 from mldebug.findings import Finding, Severity, findings_to_json, sort_findings
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mldebug.envcheck import ifname
-from mldebug.envcheck.facts import NodeFacts
-from mldebug.envcheck.rules import socket_selection
+from mldebug.env import ifname
+from mldebug.env.facts import NodeFacts
+from mldebug.env.rules import socket_selection
 from mldebug.findings import Finding, Severity
 
 # Differ between nodes by design.
