@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import run_cli
 
-from mldebug.env.nccllog import analyze, load, parse_text
+from mldebug.nccllog.parse import analyze, load, parse_text
 from mldebug.findings import Severity
 
 FIX = Path(__file__).parent / "fixtures" / "nccl"

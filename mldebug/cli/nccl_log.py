@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mldebug.env.nccllog import analyze, load
-    from mldebug.env.nccllog_render import render
+    from mldebug.nccllog.parse import analyze, load
+    from mldebug.nccllog.report import render
     from mldebug.render import console
 
     report = analyze(load(args.files, args.split))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mldebug.env.nccllog import NcclLogReport
+from mldebug.nccllog.parse import NcclLogReport
 from mldebug.findings import render_findings
 from mldebug.render import fold_ints
 
