@@ -8,8 +8,9 @@ from pathlib import Path
 
 from conftest import run_cli
 
-from mldebug.nccllog.parse import analyze, load, parse_text
 from mldebug.findings import Severity
+from mldebug.nccllog.analyze import analyze
+from mldebug.nccllog.parse import load, parse_text
 
 FIX = Path(__file__).parent / "fixtures" / "nccl"
 
@@ -83,11 +84,12 @@ def test_mixed_cluster_problems_are_all_found():
     assert set(odd.hosts) == {"node2", "node3"}
     init = found["nccl-log-init-incomplete"][0]
     assert init.title.startswith("rank(s) 5 never completed init of communicator 0x1d4e2f6a8b9c0d11")
-    warns = [f for f in found["nccl-log-warn"]]
-    connect = next(w for w in warns if "socketStartConnect" in w.title)
+    # the two WARN kinds are now explained by their cause's rule, not a bare "NCCL WARN"
+    [connect] = found["nccl-log-connect"]
+    assert "socketStartConnect" in connect.detail
     assert "2 process(es)" in connect.detail and "rank 4" in connect.detail and "rank 5" in connect.detail
     assert "NCCL_SOCKET_IFNAME" in connect.fix
-    assert any("Got completion from peer" in w.title for w in warns)
+    assert any("Got completion from peer" in w.detail for w in found["nccl-log-ib-completion"])
 
 
 def test_torchrun_log_with_rank_prefixes_and_split():

@@ -1,170 +1,198 @@
-"""Read NCCL_DEBUG=INFO output and say what NCCL chose, where it complained, what it ran.
+"""Read NCCL_DEBUG=INFO output, line by line, into ``ParsedLog``s (the only I/O of nccl-log).
 
-Line format from NCCL's ``ncclDebugLog`` (src/debug.cc)::
+Line shapes NCCL has printed (src/debug.cc over the years), after any launcher or logger
+prefix (``mldebug.logprefix``)::
 
     host:pid:tid [cudaDev] NCCL INFO <message>
-    host:pid:tid [cudaDev] file.cc:123 NCCL WARN <message>          (older)
-    [2025-01-01 12:00:00] host:pid:tid [0] file.cc:123 (func) NCCL WARN <message>  (newer)
+    host:pid:tid [cudaDev] file.cc:123 NCCL WARN <message>
+    host:pid:tid [cudaDev] file.cc:123 (func) NCCL WARN <message>            (with function)
+    host:pid:tid [0] INFO NET : Using interface ...                           (2.3/2.4: no NCCL)
+    host:pid:tid [0] include/socket.h:311 WARN ...                            (old: no NCCL)
+    host:XXXX [5] ibvwrap.c:262 NCCL WARN ...      pod-id:num:num [3] ...     (redacted ids)
+    [3] include/shm.h:28 NCCL WARN ...   include/shm.h:28 NCCL WARN ...       (no host:pid:tid)
+    NCCL version 2.7.8+cuda11.1                                               (bare version)
 
-optionally behind a launcher prefix (torchrun ``[rank3]:`` / ``[default3]:``, ``srun -l``
-``3: ``). Messages we read (NCCL's own strings): ``NCCL version X``, ``NET/<plugin> : Using
-[0]if:addr<0> ...; OOB if:addr``, ``Bootstrap : Using ...``, ``Using network <name>``,
-``<VAR> set by environment to <value>``, ``comm 0x.. rank R nranks N ... - Init START`` /
-``- Init COMPLETE``, and with NCCL_DEBUG_SUBSYS=COLL ``<Op>: opCount <hex> sendbuff ...``.
+Any other line containing ``NCCL WARN``/``NCCL INFO`` is still counted and its WARN kept.
+Some failure texts are looked for in every line (PyTorch's ``unhandled system error``,
+NCCL's ``Last error:`` text): see ``SIGNALS``.
 
-``parse_text`` is pure (text -> ``ParsedLog``); ``analyze`` turns parsed logs into a report
-with findings; ``load`` is the only function that reads files.
+Reading is streamed and bounded: lines are cut at ``MAX_LINE`` bytes and a file is read up
+to ``max_bytes``; every regular expression is anchored and free of nested repetition.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import stat
+import sys
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from mldebug.errors import UsageError
-from mldebug.findings import Finding, Severity
+from mldebug.logprefix import split_prefix
+from mldebug.nccllog.model import (
+    MAX_NETS,
+    MAX_SIGNAL_EXAMPLES,
+    CommInit,
+    NetChoice,
+    ParsedLog,
+    ProcessLog,
+    Signal,
+)
 
-LAUNCHER_PREFIX = re.compile(r"^(?:\[(?:rank|default|RANK )?(?P<r1>\d+)\]:\s?|(?P<r2>\d+): )")
-TIMESTAMP = re.compile(r"^\[[^\]]*\d\d:\d\d:\d\d[^\]]*\]\s*")
-LINE = re.compile(
-    r"^(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] "
-    r"(?:[\d.]+ )?(?:(?P<src>\S+:\d+)(?: \([^)]*\))? )?NCCL (?P<level>INFO|WARN|TRACE|CALL) ?"
-    r"(?P<msg>.*)$")
-VERSION = re.compile(r"^NCCL version (?P<v>\S+)")
-NET = re.compile(r"^NET/(?!Plugin\b)(?P<plugin>[\w.-]+)\s*: Using (?P<rest>.*)$")
-BOOTSTRAP = re.compile(r"^Bootstrap\s*: Using (?P<rest>.*)$")
-USING_NETWORK = re.compile(r"^Using network (?P<name>\S+)")
-ENVSET = re.compile(r"^(?P<var>[A-Z][A-Z0-9_]+) set by environment to (?P<value>.*)$")
-INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+)"
-                  r"(?P<rest>.*?) - Init (?P<what>START|COMPLETE)")
-COMMID = re.compile(r"commId (?P<id>0x[0-9a-fA-F]+)")
-COLL = re.compile(r"^(?P<op>[A-Za-z]+): opCount (?P<opc>[0-9a-fA-F]+) ")
-ITEM = re.compile(r"\[(?P<idx>\d+)\](?P<item>[^\s\[;]+)")
+MAX_LINE = 64 << 10
+MAX_BYTES = 16 << 30
+MAX_NRANKS = 1 << 22  # a communicator size beyond this is not believed
+UNKNOWN_HOST = "(no host in line)"
 
-BAD_SOCKET_IFACES = ("lo", "docker", "virbr", "veth", "br-")
+HEAD = re.compile(
+    r"(?:(?P<id>[^\s\[\]]{1,256}) )?\[(?P<dev>\d{1,9})\] "
+    r"(?:\d{1,12}\.\d{1,9} )?"
+    r"(?:(?P<src>[\w./+-]{1,200}:\d{1,6})(?: \([^)\s]{1,100}\))? )?"
+    r"(?:NCCL )?(?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)", re.S)
+NOHEAD = re.compile(
+    r"(?P<src>[\w./+-]{1,200}\.(?:cc|cu|h|c|cpp|hpp):\d{1,6})(?: \([^)\s]{1,100}\))? "
+    r"(?:NCCL )?(?P<level>WARN|INFO)\b ?(?P<msg>.*)", re.S)
+OLD_SRC = re.compile(r"[\w./+-]{1,200}\.(?:cc|cu|h|c|cpp|hpp):\d{1,6}")
+VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+\S{0,40})")
+NET = re.compile(r"NET/(?!Plugin\b)(?P<plugin>[\w.-]{1,40}) ?: Using (?P<rest>.*)", re.S)
+OLD_NET_IF = re.compile(r"NET : Using interface (?P<item>\S{1,200})")
+OLD_IB = re.compile(r"NET/IB: \[\d+\] (?P<item>\S{1,200})")
+BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?P<rest>.*)", re.S)
+USING_NETWORK = re.compile(r"Using (?:internal )?[Nn]etwork (?P<name>[\w.-]{1,60})")
+ENVSET = re.compile(r"(?P<var>[A-Z][A-Z0-9_]{1,60}) set by environment to (?P<value>.{0,500})")
+INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]{1,16}) rank (?P<rank>\d{1,9}) "
+                  r"nranks (?P<nranks>\d{1,9})")
+COMMID = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
+COLL = re.compile(r"(?P<op>[A-Za-z]{1,40}): opCount (?P<opc>[0-9a-fA-F]{1,16}) ")
+ITEM = re.compile(r"\[\d{1,4}\]=?\{?\s?(?P<item>[^\s\[;,{}=]{1,200})")
+DRIVER = re.compile(r"cudaDriverVersion (?P<v>\d{1,9})")
+PLUGIN_PATH = re.compile(r"Plugin Path : (?P<path>\S{1,400})")
+P2P_PLUGIN = re.compile(r"P2P plugin (?P<name>\S{1,100})")
+LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded (?:net|coll) plugin (?P<name>.{1,100})")
 
-
-@dataclass
-class NetChoice:
-    plugin: str  # IB, Socket, FastSocket, GPUDirectTCPX, ...
-    interfaces: list[str]  # names: mlx5_0, eth0 ...
-    items: list[str]  # as printed: mlx5_0:1/IB, eth0:10.0.0.1<0>
-    oob: str | None = None
-
-
-@dataclass
-class CommInit:
-    comm: str
-    rank: int
-    nranks: int
-    comm_id: str | None = None
-    started: bool = False
-    completed: bool = False
-
-
-@dataclass
-class ProcessLog:
-    """Everything one process (host:pid) logged."""
-
-    host: str
-    pid: int
-    sources: list[str] = field(default_factory=list)
-    launcher_rank: int | None = None
-    devices: set[int] = field(default_factory=set)
-    version: str | None = None
-    nets: list[NetChoice] = field(default_factory=list)
-    bootstrap: list[str] = field(default_factory=list)
-    networks: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    comms: list[CommInit] = field(default_factory=list)
-    warns: list[str] = field(default_factory=list)
-    coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
-
-    @property
-    def key(self) -> str:
-        return f"{self.host}:{self.pid}"
-
-    @property
-    def rank(self) -> int | None:
-        if self.launcher_rank is not None:
-            return self.launcher_rank
-        world = max(self.comms, key=lambda c: c.nranks, default=None)
-        return world.rank if world else None
-
-    @property
-    def label(self) -> str:
-        r = self.rank
-        return f"rank {r} ({self.key})" if r is not None else self.key
-
-    @property
-    def transport(self) -> str | None:
-        if self.nets:
-            return self.nets[0].plugin
-        return self.networks[0] if self.networks else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host, "pid": self.pid, "rank": self.rank, "sources": self.sources,
-            "devices": sorted(self.devices), "nccl_version": self.version,
-            "transport": self.transport,
-            "net": [{"plugin": n.plugin, "interfaces": n.interfaces, "items": n.items,
-                     "oob": n.oob} for n in self.nets],
-            "bootstrap": self.bootstrap, "env": self.env,
-            "comms": [c.__dict__ for c in self.comms],
-            "warnings": len(self.warns),
-            "collectives": {op: sum(c[op] for c in self.coll.values())
-                            for op in sorted({o for c in self.coll.values() for o in c})},
-        }
-
-
-@dataclass
-class ParsedLog:
-    source: str
-    processes: dict[str, ProcessLog] = field(default_factory=dict)
-    lines: int = 0
-    nccl_lines: int = 0
+# kind -> texts that mean it, looked for in every line (NCCL's or the application's).
+SIGNALS: dict[str, tuple[str, ...]] = {
+    "unhandled system error": ("unhandled system error", "ncclSystemError"),
+    "unhandled cuda error": ("unhandled cuda error", "ncclUnhandledCudaError"),
+    "internal error": ("internal error - please report", "ncclInternalError"),
+    "invalid usage": ("invalid usage", "ncclInvalidUsage"),
+    "remote error": ("ncclRemoteError", "remote process exiting prematurely"),
+    "no interface": ("is neither AF_INET(2) nor AF_INET6(10)",
+                     "Socket creation failed : Address family not supported",
+                     "no socket interface found", "No socket interface found"),
+    "cuda driver too old": ("CUDA driver version is insufficient",),
+    "no kernel for gpu": ("no kernel image is available", "named symbol not found",
+                          "maxSharedMem", "unknown compute capability"),
+}
+_NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in needles]
 
 
 def _iface_name(item: str) -> str:
     return item.split(":", 1)[0].split("<", 1)[0].split("/", 1)[0]
 
 
-def parse_text(text: str, source: str = "<text>", split: re.Pattern[str] | None = None) -> ParsedLog:
-    """Parse one log (a file's text); ``split`` starts a new COLL slice on each matching line."""
-    log = ParsedLog(source)
-    slice_no = 0
-    for raw in text.splitlines():
+class _Parser:
+    """Feeds lines into one ``ParsedLog``; keeps the little state between lines."""
+
+    def __init__(self, source: str, split: re.Pattern[str] | None) -> None:
+        self.log = ParsedLog(source)
+        self.split = split
+        self.slice_no = 0
+        self.last_warn: str | None = None
+
+    def feed(self, raw: str) -> None:
+        log = self.log
         log.lines += 1
-        line = raw.rstrip("\r")
-        if split is not None and split.search(line):
-            slice_no += 1
-        prank: int | None = None
-        m = LAUNCHER_PREFIX.match(line)
-        if m:
-            prank = int(m["r1"] or m["r2"])
-            line = line[m.end():]
-        line = TIMESTAMP.sub("", line, count=1)
-        m = LINE.match(line)
-        if not m:
-            continue
+        line = raw.rstrip("\r\n")
+        if len(line) > MAX_LINE:
+            line = line[:MAX_LINE]
+            log.long_lines += 1
+        if self.split is not None and self.split.search(line):
+            self.slice_no += 1
+        for kind, needle in _NEEDLES:
+            if needle in line:
+                self._signal(kind, line)
+                break
+        if "NCCL" not in line and "WARN" not in line and "INFO" not in line:
+            return
+        label, rest = split_prefix(line)
+        m = HEAD.match(rest) or NOHEAD.match(rest)
+        if m is None:
+            v = VERSION.match(rest)
+            if v is not None:
+                if v["v"] not in log.bare_versions and len(log.bare_versions) < 16:
+                    log.bare_versions.append(v["v"])
+                return
+            self._catch_all(line)
+            return
         log.nccl_lines += 1
-        key = f"{m['host']}:{m['pid']}"
-        proc = log.processes.get(key)
-        if proc is None:
-            proc = log.processes[key] = ProcessLog(m["host"], int(m["pid"]), [source])
-        if prank is not None:
-            proc.launcher_rank = prank
-        proc.devices.add(int(m["dev"]))
+        proc = self._process(m.groupdict().get("id"), m.groupdict().get("dev"))
+        if label is not None and label.isdigit():
+            proc.launcher_rank = int(label)
         msg = m["msg"].strip()
         if m["level"] == "WARN":
-            proc.warns.append(msg)
-            continue
-        _parse_info(proc, msg, slice_no)
-    return log
+            proc.add_warn(msg)
+            self.last_warn = msg
+        else:
+            _parse_info(proc, msg, self.slice_no)
+
+    def _process(self, ident: str | None, dev: str | None) -> ProcessLog:
+        devno = int(dev) if dev is not None else None
+        if ident:
+            parts = ident.split(":")
+            host = parts[0] or UNKNOWN_HOST
+            pid_text = parts[1] if len(parts) > 1 else ""
+        else:
+            host, pid_text = UNKNOWN_HOST, ""
+        # A redacted or missing pid: one process per GPU index (negative, never a real pid).
+        pid = int(pid_text) if pid_text.isdigit() else -1 - (devno or 0)
+        key = f"{host}:{pid}"
+        proc = self.log.processes.get(key)
+        if proc is None:
+            proc = self.log.processes[key] = ProcessLog(host, pid, [self.log.source])
+        if devno is not None and devno < 1024:
+            proc.devices.add(devno)
+        return proc
+
+    def _catch_all(self, line: str) -> None:
+        log = self.log
+        at = line.find(" WARN ")
+        if at > 0 and "NCCL WARN" not in line:  # old 'file.h:311 WARN ...' after any host text
+            src = line[line.rfind(" ", 0, at) + 1:at]
+            if OLD_SRC.fullmatch(src):
+                log.unparsed_nccl += 1
+                if len(log.unparsed_examples) < MAX_SIGNAL_EXAMPLES:
+                    log.unparsed_examples.append(line[:300])
+                msg = line[at + 6:].strip()
+                self._process(None, None).add_warn(msg)
+                self.last_warn = msg
+                return
+        for level in ("WARN", "INFO"):
+            at = line.find(f"NCCL {level}")
+            if at < 0:
+                continue
+            log.unparsed_nccl += 1
+            if len(log.unparsed_examples) < MAX_SIGNAL_EXAMPLES:
+                log.unparsed_examples.append(line[:300])
+            proc = self._process(None, None)
+            msg = line[at + 10:].strip()
+            if level == "WARN":
+                proc.add_warn(msg)
+                self.last_warn = msg
+            else:
+                _parse_info(proc, msg, self.slice_no)
+            return
+
+    def _signal(self, kind: str, line: str) -> None:
+        sig = self.log.signals.get(kind)
+        if sig is None:
+            sig = self.log.signals[kind] = Signal(kind, preceding_warn=self.last_warn)
+        sig.count += 1
+        if len(sig.examples) < MAX_SIGNAL_EXAMPLES:
+            sig.examples.append(line.strip()[:300])
 
 
 def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
@@ -176,31 +204,141 @@ def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
     elif m := NET.match(msg):
         rest, _, oob = m["rest"].partition("; OOB ")
         items = [i["item"] for i in ITEM.finditer(rest)]
-        proc.nets.append(NetChoice(m["plugin"], [_iface_name(i) for i in items], items,
-                                   oob.strip() or None))
+        if len(proc.nets) < MAX_NETS:
+            proc.nets.append(NetChoice(m["plugin"], [_iface_name(i) for i in items], items,
+                                       oob.strip() or None))
     elif m := BOOTSTRAP.match(msg):
-        items = [i["item"] for i in ITEM.finditer(m["rest"])] or m["rest"].split()
+        items = [i["item"] for i in ITEM.finditer(m["rest"])] or m["rest"].split()[:16]
         proc.bootstrap = [_iface_name(i) for i in items]
+        proc.bootstrap_items = items
+    elif m := OLD_NET_IF.match(msg):  # NCCL 2.3/2.4: one line per socket interface
+        if len(proc.bootstrap) < 16:
+            proc.bootstrap.append(_iface_name(m["item"]))
+            proc.bootstrap_items.append(m["item"])
+    elif m := OLD_IB.match(msg):
+        if not proc.nets:
+            proc.nets.append(NetChoice("IB", [], []))
+        if len(proc.nets[0].items) < 32:
+            proc.nets[0].items.append(m["item"])
+            proc.nets[0].interfaces.append(_iface_name(m["item"]))
     elif m := USING_NETWORK.match(msg):
-        proc.networks.append(m["name"])
+        if m["name"] not in proc.networks:
+            proc.networks.append(m["name"])
     elif m := ENVSET.match(msg):
         proc.env[m["var"]] = m["value"].strip().rstrip(".")
-    elif m := INIT.search(msg):
-        cid = COMMID.search(m["rest"])
-        existing = next((c for c in proc.comms if c.comm == m["comm"]), None)
-        if existing is None:
-            existing = CommInit(m["comm"], int(m["rank"]), int(m["nranks"]))
-            proc.comms.append(existing)
-        if cid:
-            existing.comm_id = cid["id"]
-        if m["what"] == "START":
-            existing.started = True
+    elif m := DRIVER.search(msg):
+        proc.cuda_driver = int(m["v"])
+    elif msg.startswith(("NET/Plugin", "Plugin Path", "P2P plugin")):
+        _parse_plugin(proc, msg)
+    elif "GPU Direct RDMA Disabled for HCA" in msg:
+        if len(proc.gdr_disabled) < 16:
+            proc.gdr_disabled.append(msg.split("HCA", 1)[1].strip())
+    else:
+        _parse_init(proc, msg)
+    if "(80FE/" in msg or "GID fe80" in msg:
+        proc.gid_link_local = True
+
+
+def _parse_plugin(proc: ProcessLog, msg: str) -> None:
+    m = PLUGIN_PATH.match(msg) or P2P_PLUGIN.match(msg) or LOADED_PLUGIN.match(msg)
+    if m is not None:
+        value = m.groupdict().get("path") or m.groupdict().get("name") or ""
+        proc.plugin = value.rsplit("/", 1)[-1].strip().rstrip(".")
+    elif proc.plugin is None and ("No plugin found" in msg or "Could not find" in msg
+                                  or "returned 2" in msg):
+        proc.plugin = "none"
+
+
+def _parse_init(proc: ProcessLog, msg: str) -> None:
+    at = msg.find("comm 0x")
+    if at < 0:
+        return
+    m = INIT.match(msg, at)
+    if m is None:
+        return
+    nranks = int(m["nranks"])
+    if nranks > MAX_NRANKS:
+        return
+    c = proc.comms.get(m["comm"])
+    if c is None:
+        c = proc.comms[m["comm"]] = CommInit(m["comm"], int(m["rank"]), nranks)
+    cid = msg.find("commId 0x", m.end())
+    if cid >= 0 and (idm := COMMID.match(msg, cid)):
+        c.comm_id = idm["id"]
+    if " - Init START" in msg:
+        c.started = True
+    elif " - Init COMPLETE" in msg:
+        c.completed = True
+
+
+def parse_lines(lines: Iterable[str], source: str = "<text>",
+                split: re.Pattern[str] | None = None) -> ParsedLog:
+    """Parse one log given as lines; ``split`` starts a new COLL slice on each matching line."""
+    p = _Parser(source, split)
+    for line in lines:
+        p.feed(line)
+    return p.log
+
+
+def parse_text(text: str, source: str = "<text>", split: re.Pattern[str] | None = None) -> ParsedLog:
+    """Parse one log held in memory (tests, small inputs)."""
+    return parse_lines(text.splitlines(), source, split)
+
+
+def read_lines(fh: BinaryIO, log: ParsedLog, max_bytes: int = MAX_BYTES) -> Iterator[str]:
+    """Lines of a binary stream, each cut at MAX_LINE bytes, stopping after ``max_bytes``."""
+    total = 0
+    while True:
+        chunk = fh.readline(MAX_LINE)
+        if not chunk:
+            return
+        total += len(chunk)
+        if len(chunk) == MAX_LINE and not chunk.endswith(b"\n"):
+            log.long_lines += 1
+            while True:  # skip the rest of an over-long line
+                more = fh.readline(MAX_LINE)
+                total += len(more)
+                if not more or more.endswith(b"\n") or total > max_bytes:
+                    break
+        yield chunk.decode("utf-8", "replace")
+        if total > max_bytes:
+            log.truncated = True
+            return
+
+
+def _inputs(paths: Sequence[str | Path]) -> list[str]:
+    """The files to read: '-' and /dev/stdin, FIFOs, regular files, a directory's files."""
+    out: list[str] = []
+    for raw in paths:
+        name = str(raw)
+        if name in ("-", "/dev/stdin"):
+            out.append("-")
+            continue
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            raise UsageError(f"{name} does not exist.",
+                             "Pass NCCL log files, e.g. the NCCL_DEBUG_FILE outputs or a job "
+                             "log, or '-' to read standard input.") from None
+        except OSError as e:
+            raise UsageError(f"cannot read {name}: {e.strerror}.",
+                             "Check the path and its permissions.") from None
+        if stat.S_ISDIR(st.st_mode):
+            with os.scandir(name) as it:  # regular files only: no links, FIFOs or devices
+                out += sorted(e.path for e in it if e.is_file(follow_symlinks=False))
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+            out.append(name)
         else:
-            existing.completed = True
+            raise UsageError(f"{name} is a device or socket, not a log file.",
+                             "Pass a file, a FIFO, or '-' to read standard input.")
+    if not out:
+        raise UsageError("no log files found.", "Pass files or a directory that holds them.")
+    return out
 
 
-def load(paths: Sequence[str | Path], split: str | None = None) -> list[ParsedLog]:
-    """Read log files (a directory means every file in it)."""
+def load(paths: Sequence[str | Path], split: str | None = None,
+         max_bytes: int = MAX_BYTES) -> list[ParsedLog]:
+    """Read log files (a directory means every regular file in it; '-' is standard input)."""
     pattern = None
     if split:
         try:
@@ -208,317 +346,20 @@ def load(paths: Sequence[str | Path], split: str | None = None) -> list[ParsedLo
         except re.error as e:
             raise UsageError(f"--split {split!r} is not a valid regular expression ({e}).",
                              "Pass e.g. --split 'iteration: '.") from None
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(f for f in p.iterdir() if f.is_file())
-        elif p.is_file():
-            files.append(p)
+    logs = []
+    for name in _inputs(paths):
+        p = _Parser("<stdin>" if name == "-" else name, pattern)
+        if name == "-":
+            for line in read_lines(sys.stdin.buffer, p.log, max_bytes):
+                p.feed(line)
         else:
-            raise UsageError(f"{p} does not exist.",
-                             "Pass NCCL log files, e.g. the NCCL_DEBUG_FILE outputs or a job log.")
-    if not files:
-        raise UsageError("no log files found.", "Pass files or a directory that holds them.")
-    return [parse_text(f.read_text(errors="replace"), str(f), pattern) for f in files]
-
-
-# ------------------------------------------------------------------ analysis
-@dataclass
-class WarnGroup:
-    message: str
-    processes: list[str]
-    count: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"message": self.message, "processes": self.processes, "count": self.count}
-
-
-@dataclass
-class CommSummary:
-    comm_id: str
-    nranks: int
-    completed: list[int]
-    started_not_completed: list[int]
-    absent: list[int]
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
-
-
-@dataclass
-class NcclLogReport:
-    files: list[str]
-    processes: list[ProcessLog]
-    comms: list[CommSummary]
-    warnings: list[WarnGroup]
-    collectives: dict[int, dict[str, int]]  # slice -> op -> count (all processes)
-    findings: list[Finding]
-    split: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        from mldebug.findings import findings_to_json
-
-        return {
-            "files": self.files,
-            "findings": findings_to_json(self.findings),
-            "processes": [p.to_dict() for p in self.processes],
-            "communicators": [c.to_dict() for c in self.comms],
-            "warnings": [w.to_dict() for w in self.warnings],
-            "collectives": {str(k): v for k, v in self.collectives.items()},
-        }
-
-
-_NORMALISE = [(re.compile(r"0x[0-9a-fA-F]+"), "0x…"), (re.compile(r"<\d+>"), "<…>")]
-
-
-def _normalise(msg: str) -> str:
-    for pat, rep in _NORMALISE:
-        msg = pat.sub(rep, msg)
-    return msg
-
-
-def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
-    merged: dict[str, ProcessLog] = {}
-    for log in logs:
-        for key, p in log.processes.items():
-            if key not in merged:
-                merged[key] = p
-                continue
-            m = merged[key]
-            m.sources += [s for s in p.sources if s not in m.sources]
-            m.devices |= p.devices
-            m.version = m.version or p.version
-            m.nets += p.nets
-            m.bootstrap = m.bootstrap or p.bootstrap
-            m.networks += p.networks
-            m.env.update(p.env)
-            m.comms += p.comms
-            m.warns += p.warns
-            for s, c in p.coll.items():
-                m.coll[s].update(c)
-            if m.launcher_rank is None:
-                m.launcher_rank = p.launcher_rank
-    procs = list(merged.values())
-    procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
-    return procs
-
-
-def _labels(procs: Iterable[ProcessLog]) -> str:
-    procs = list(procs)
-    ranks = [p.rank for p in procs]
-    if all(r is not None for r in ranks) and len(procs) > 3:
-        from mldebug.render import fold_ints
-
-        return "ranks " + fold_ints(r for r in ranks if r is not None)
-    return ", ".join(p.label for p in procs)
-
-
-def _comm_summaries(procs: Sequence[ProcessLog]) -> list[CommSummary]:
-    groups: dict[str, list[CommInit]] = defaultdict(list)
-    nranks: dict[str, int] = {}
-    for p in procs:
-        ordinal: Counter[int] = Counter()
-        for c in p.comms:
-            key = c.comm_id or f"#{ordinal[c.nranks]} of size {c.nranks}"
-            ordinal[c.nranks] += 1
-            groups[key].append(c)
-            nranks[key] = c.nranks
-    out = []
-    for key, comms in groups.items():
-        done = sorted({c.rank for c in comms if c.completed})
-        stuck = sorted({c.rank for c in comms if c.started and not c.completed} - set(done))
-        seen = {c.rank for c in comms}
-        absent = sorted(set(range(nranks[key])) - seen)
-        out.append(CommSummary(key, nranks[key], done, stuck, absent))
-    return out
-
-
-def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
-    procs = _merge(logs)
-    findings: list[Finding] = []
-    if not procs:
-        findings.append(Finding(
-            Severity.WARNING, "no NCCL debug lines found",
-            "None of the files has lines like 'host:pid:tid [0] NCCL INFO ...'.",
-            "rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE=/path/nccl.%h.%p.log), then pass "
-            "those files.", "nccl-log-empty"))
-    findings += _version_findings(procs)
-    findings += _net_findings(procs)
-    comms = _comm_summaries(procs)
-    findings += _init_findings(comms)
-    warns = _warn_groups(procs)
-    for w in warns:
-        findings.append(Finding(
-            Severity.WARNING, f"NCCL WARN: {w.message}",
-            f"printed {w.count} time(s) by {len(w.processes)} process(es): "
-            + ", ".join(w.processes[:8]) + (" ..." if len(w.processes) > 8 else ""),
-            _warn_fix(w.message), "nccl-log-warn"))
-    coll: dict[int, Counter[str]] = defaultdict(Counter)
-    for p in procs:
-        for s, c in p.coll.items():
-            coll[s].update(c)
-    return NcclLogReport(
-        files=[log.source for log in logs], processes=procs, comms=comms, warnings=warns,
-        collectives={s: dict(sorted(c.items())) for s, c in sorted(coll.items())},
-        findings=findings)
-
-
-def _version_findings(procs: Sequence[ProcessLog]) -> list[Finding]:
-    versions: dict[str, list[ProcessLog]] = defaultdict(list)
-    for p in procs:
-        if p.version:
-            versions[p.version].append(p)
-    if len(versions) > 1:
-        return [Finding(
-            Severity.ERROR, "processes run different NCCL versions",
-            "; ".join(f"{v}: {_labels(ps)}" for v, ps in versions.items()),
-            "use one environment (container image / venv) on every node.",
-            "nccl-log-version-mismatch")]
-    return []
-
-
-def _net_findings(procs: Sequence[ProcessLog]) -> list[Finding]:
-    out: list[Finding] = []
-    bad_by_iface: dict[str, list[ProcessLog]] = defaultdict(list)
-    bond_ib: dict[str, list[ProcessLog]] = defaultdict(list)
-    for p in procs:
-        for net in p.nets:
-            for name in net.interfaces:
-                if net.plugin == "IB":
-                    if "bond" in name:
-                        bond_ib[name].append(p)
-                elif name == "lo" or name.startswith(BAD_SOCKET_IFACES[1:]):
-                    bad_by_iface[name].append(p)
-        for name in p.bootstrap:
-            if name == "lo" or name.startswith(BAD_SOCKET_IFACES[1:]):
-                if p not in bad_by_iface[name]:
-                    bad_by_iface[name].append(p)
-    for name, ps in bad_by_iface.items():
-        out.append(Finding(
-            Severity.WARNING, f"NCCL uses interface {name} (loopback/container/virtual)",
-            f"{_labels(ps)} chose {name}; other nodes cannot reach it, so a multi-node job "
-            "hangs at init or runs slowly.",
-            f"export NCCL_SOCKET_IFNAME=^{name} (or name the right NIC, e.g. =eth0)",
-            "nccl-log-iface-virtual"))
-    for name, ps in bond_ib.items():
-        out.append(Finding(
-            Severity.WARNING, f"NCCL/IB includes the bond device {name}",
-            f"{_labels(ps)} use {name} next to the IB HCAs; this usually lowers bandwidth.",
-            f"export NCCL_IB_HCA=^{name}", "nccl-log-ib-bond"))
-    ib = [p for p in procs if p.transport == "IB"]
-    sock = [p for p in procs if p.transport == "Socket"]
-    if ib and sock:
-        out.append(Finding(
-            Severity.ERROR, "some processes use TCP sockets while others use InfiniBand",
-            f"Socket: {_labels(sock)}; IB: {_labels(ib)}. The job runs at socket speed or "
-            "fails to connect.",
-            "on the socket nodes check the HCAs are visible (ibv_devinfo, /dev/infiniband in "
-            "containers, libibverbs installed) and NCCL_IB_DISABLE is unset.",
-            "nccl-log-socket-vs-ib"))
-    for p in sock:
-        names = [n for net in p.nets for n in net.interfaces]
-        if (names and all(n.startswith("ib") for n in names)) or \
-                p.env.get("NCCL_IB_DISABLE", "0") not in ("0", ""):
-            out.append(Finding(
-                Severity.WARNING, "NCCL uses TCP sockets although InfiniBand is present",
-                f"{p.label}: NET/Socket over {', '.join(names) or '?'}"
-                + (" with NCCL_IB_DISABLE set" if "NCCL_IB_DISABLE" in p.env else "")
-                + "; IB verbs would be much faster.",
-                "unset NCCL_IB_DISABLE; make sure libibverbs and /dev/infiniband are available.",
-                "nccl-log-socket-with-ib", (p.host,)))
-            break
-    hint = _plugin_hint(procs)
-    if hint is not None:
-        out.append(hint)
-    out += _odd_interfaces(procs)
-    return out
-
-
-def _plugin_hint(procs: Sequence[ProcessLog]) -> Finding | None:
-    """The book's case: a socket plugin (e.g. NET/FastSocket) over ib* NICs on an IB cluster."""
-    for p in procs:
-        for net in p.nets:
-            if net.plugin not in ("IB", "Socket") and any(n.startswith("ib") for n in net.interfaces):
-                return Finding(
-                    Severity.HINT, f"NCCL loaded the {net.plugin} network plugin over ib* interfaces",
-                    f"{p.label}: NET/{net.plugin} : Using {' '.join(net.items)}. Right on clouds "
-                    "that ship this plugin; on an InfiniBand cluster expect NET/IB instead.",
-                    "if you have IB HCAs, remove the plugin from LD_LIBRARY_PATH or set NCCL_NET=IB.",
-                    "nccl-log-plugin")
-    return None
-
-
-def _odd_interfaces(procs: Sequence[ProcessLog]) -> list[Finding]:
-    choice: dict[str, tuple[str, ...]] = {}
-    for p in procs:
-        if p.nets:
-            choice[p.key] = (p.nets[0].plugin, *p.nets[0].interfaces)
-    if len(set(choice.values())) < 2:
-        return []
-    counts = Counter(choice.values())
-    majority, _ = counts.most_common(1)[0]
-    by_key = {p.key: p for p in procs}
-    odd = [by_key[k] for k, v in choice.items() if v != majority]
-    detail = "; ".join(
-        f"{_labels([by_key[k] for k, v in choice.items() if v == c])}: NET/{c[0]} "
-        + ",".join(c[1:]) for c in counts)
-    return [Finding(
-        Severity.WARNING, "processes chose different network interfaces than the rest",
-        detail, "make the nodes' NICs and NCCL_SOCKET_IFNAME / NCCL_IB_HCA uniform, "
-        "or exclude the odd nodes.", "nccl-log-odd-interfaces",
-        tuple(sorted({p.host for p in odd})))]
-
-
-def _init_findings(comms: Sequence[CommSummary]) -> list[Finding]:
-    from mldebug.render import fold_ints
-
-    out = []
-    for c in comms:
-        if c.started_not_completed:
-            out.append(Finding(
-                Severity.ERROR,
-                f"rank(s) {fold_ints(c.started_not_completed)} never completed init of "
-                f"communicator {c.comm_id} ({c.nranks} ranks)",
-                f"Init START was logged but no Init COMPLETE; completed: "
-                f"{fold_ints(c.completed) or 'none'}.",
-                "those ranks hang in bootstrap/transport setup: look at their WARN lines and "
-                "NET choice; check firewalls and NCCL_SOCKET_IFNAME between the nodes.",
-                "nccl-log-init-incomplete"))
-        if c.absent and (c.completed or c.started_not_completed):
-            out.append(Finding(
-                Severity.WARNING,
-                f"no init lines from rank(s) {fold_ints(c.absent)} of communicator "
-                f"{c.comm_id} ({c.nranks} ranks)",
-                "Those ranks never reached NCCL init, or their logs are not among the files.",
-                "pass every rank's log (NCCL_DEBUG_FILE=...%h.%p); if they are all there, the "
-                "missing ranks died or hung before init_process_group's first collective.",
-                "nccl-log-init-absent"))
-    return out
-
-
-def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
-    groups: dict[str, WarnGroup] = {}
-    for p in procs:
-        for msg in p.warns:
-            key = _normalise(msg)
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = WarnGroup(msg, [], 0)
-            g.count += 1
-            if p.label not in g.processes:
-                g.processes.append(p.label)
-    return sorted(groups.values(), key=lambda g: -len(g.processes))
-
-
-def _warn_fix(msg: str) -> str:
-    low = msg.lower()
-    if "connect" in low or "socket" in low or "bootstrap" in low:
-        return ("a connection between nodes failed: check NCCL_SOCKET_IFNAME selects a NIC every "
-                "node can reach, and firewalls.")
-    if "ibv_" in low or "net/ib" in low:
-        return "an InfiniBand verbs call failed: check ibstat link state and memlock limits."
-    if "cuda" in low:
-        return "a CUDA call failed inside NCCL: look for an earlier CUDA error or OOM."
-    if "shm" in low or "/dev/shm" in low:
-        return "shared memory failed: enlarge /dev/shm (docker --shm-size=1g)."
-    return "search the message in the NCCL issue tracker; rerun with NCCL_DEBUG_SUBSYS=INIT,NET,ENV."
+            try:
+                fh = open(name, "rb")  # noqa: SIM115 - closed below, streamed
+            except OSError as e:
+                raise UsageError(f"cannot read {name}: {e.strerror}.",
+                                 "Check the path and its permissions.") from None
+            with fh:
+                for line in read_lines(fh, p.log, max_bytes):
+                    p.feed(line)
+        logs.append(p.log)
+    return logs

@@ -1,49 +1,59 @@
-"""Human output for ``mldebug nccl-log``: findings, then per-process table, init, counts."""
+"""Human output for ``mldebug nccl-log``: findings, process rows (identical rows folded),
+communicator init, collective counts. ``--json`` is ``NcclLogReport.to_dict()``."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mldebug.nccllog.parse import NcclLogReport
 from mldebug.findings import render_findings
+from mldebug.hosts import collapse
+from mldebug.nccllog.model import NcclLogReport
 from mldebug.render import fold_ints
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+MAX_ROWS = 20  # process rows shown; the rest are counted
 
 
 def render(report: NcclLogReport, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console.print(Text(f"mldebug nccl-log: {len(report.files)} file(s), "
+    console.print(Text(f"mldebug nccl-log: {len(report.files)} file(s), {report.lines} line(s), "
                        f"{len(report.processes)} NCCL process(es)", style="bold"))
     render_findings(report.findings, console)
-    if report.processes:
+    if report.groups:
         console.print()
-        t = Table(title="Processes", title_justify="left")
-        for col in ("rank", "host:pid", "gpu", "NCCL", "transport", "interfaces", "bootstrap",
-                    "WARN"):
+        folded = len(report.groups) < len(report.processes)
+        t = Table(title="Processes" + (" (identical rows folded)" if folded else ""),
+                  title_justify="left")
+        for col in ("ranks", "procs", "hosts", "gpu", "NCCL", "transport", "interfaces",
+                    "bootstrap", "WARN"):
             t.add_column(col)
-        for p in report.processes:
-            net = p.nets[0] if p.nets else None
-            cells = ["?" if p.rank is None else str(p.rank), p.key,
-                     fold_ints(p.devices) if p.devices else "", p.version or "",
-                     p.transport or "", " ".join(net.items) if net else "",
-                     ",".join(p.bootstrap), str(len(p.warns)) if p.warns else ""]
+        for g in report.groups[:MAX_ROWS]:
+            cells = [fold_ints(g.ranks) or "?", str(g.count), collapse(g.hosts),
+                     fold_ints(g.devices) if g.devices else "", g.version, g.transport,
+                     g.interfaces, g.bootstrap, str(g.warnings) if g.warnings else ""]
             t.add_row(*(Text(c) for c in cells))  # Text: '[0]mlx5_0' is not rich markup
         console.print(t)
+        if len(report.groups) > MAX_ROWS:
+            console.print(Text(f"... {len(report.groups) - MAX_ROWS} more distinct rows "
+                               "(--json lists every process)", style="dim"))
     if report.comms:
         console.print()
         t = Table(title="Communicator init", title_justify="left")
         for col in ("commId", "ranks", "complete", "started, not complete", "no log"):
             t.add_column(col)
-        for c in report.comms:
+        for c in report.comms[:MAX_ROWS]:
             t.add_row(c.comm_id, str(c.nranks), fold_ints(c.completed) or "-",
                       Text(fold_ints(c.started_not_completed) or "-",
                            style="bold red" if c.started_not_completed else ""),
                       fold_ints(c.absent) or "-")
         console.print(t)
+        if len(report.comms) > MAX_ROWS:
+            console.print(Text(f"... {len(report.comms) - MAX_ROWS} more communicators",
+                               style="dim"))
     if report.collectives:
         console.print()
         ops = sorted({op for c in report.collectives.values() for op in c})
