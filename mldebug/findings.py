@@ -98,7 +98,9 @@ def render_findings(
         head.append(" ")
         head.append(f.title, style="bold")
         if f.hosts:
-            head.append(f"  [{', '.join(f.hosts)}]", style="dim")
+            from mldebug.hosts import collapse
+
+            head.append(f"  [{collapse(list(f.hosts))}]", style="dim")  # node[1-64], not a list
         console.print(head)
         if f.detail:
             for line in f.detail.splitlines():

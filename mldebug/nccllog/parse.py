@@ -118,8 +118,12 @@ class _Parser:
                 break
         if "NCCL" not in line and "WARN" not in line and "INFO" not in line:
             return
-        label, rest = split_prefix(line)
-        m = HEAD.match(rest) or NOHEAD.match(rest)
+        label: str | None = None
+        rest = line
+        m = HEAD.match(line)  # the common case: no prefix at all
+        if m is None:
+            label, rest = split_prefix(line)
+            m = HEAD.match(rest) or NOHEAD.match(rest)
         if m is None:
             v = VERSION.match(rest)
             if v is not None:

@@ -57,8 +57,8 @@ def render(report: NcclLogReport, console: Console) -> None:
     if report.collectives:
         console.print()
         ops = sorted({op for c in report.collectives.values() for op in c})
-        t = Table(title="Collective calls (NCCL_DEBUG_SUBSYS=COLL lines, all processes)",
-                  title_justify="left")
+        t = Table(title="Collective calls", title_justify="left",
+                  caption="NCCL_DEBUG_SUBSYS=COLL lines, all processes", caption_justify="left")
         if report.split:
             t.add_column("slice")
         for op in ops:

@@ -66,9 +66,9 @@ def labels(procs: Sequence[ProcessLog]) -> str:
 def _where(groups: Sequence[WarnGroup]) -> str:
     """'printed by 2 process(es): rank 4 (node3:9201), ...' or folded hosts when many."""
     names = list(dict.fromkeys(n for g in groups for n in g.processes))
-    who = ", ".join(names) if len(names) <= 3 else \
-        f"on {hosts_text(h for g in groups for h in g.hosts)}"
-    return f"{len(names)} process(es): {who}"
+    if len(names) <= 3:
+        return f"{len(names)} process(es): {', '.join(names)}"
+    return f"{len(names)} process(es) on {hosts_text(h for g in groups for h in g.hosts)}"
 
 
 def _f(severity: Severity, code: str, title: str, detail: str, fix: str,
@@ -271,8 +271,10 @@ def rule_virtual_interfaces(ctx: Context) -> list[Finding]:
                       f"{' ...' if len(names) > 3 else ''}; other nodes cannot reach it, so a "
                       "multi-node job hangs at init or fails with 'Connection refused' / "
                       "'Network is unreachable'.",
-                      f"export NCCL_SOCKET_IFNAME=^{kind if len(names) > 1 else names[0]}"
-                      ",lo,docker (or name the right NIC, e.g. =eth0)", (p.host for p in ps)))
+                      "export NCCL_SOCKET_IFNAME=^" + ",".join(dict.fromkeys(
+                          ["lo", "docker", kind if len(names) > 1 else names[0]]))
+                      + " (a prefix list), or name the right NIC, e.g. =eth0",
+                      (p.host for p in ps)))
     return out
 
 
