@@ -55,3 +55,24 @@ def test_report_names_the_stated_cause(path: Path) -> None:
             assert want in codes, (want, sorted(codes))
     for f in report.findings:
         assert f.fix, f"finding {f.code} has no fix"
+
+
+def test_old_bare_version_line_belongs_to_the_process_before_it() -> None:
+    report = _report(REAL / "veth-ansi-2.7.8.log")
+    assert [p.version for p in report.processes] == ["2.7.8+cuda11.1"]
+    report = _report(REAL / "lo-docker-2.3.7.log")
+    assert [p.version for p in report.processes] == ["2.3.7+cuda9.0"]
+
+
+def test_redacted_and_missing_ids_and_launcher_labels() -> None:
+    redacted = _report(REAL / "ibv-modify-qp-redacted-2.27.log").processes
+    assert [(p.host, p.devices) for p in redacted] == [("host-01.example.com", {5})]
+    mpirun = _report(REAL / "mpirun-wsl-sysfs.log").processes
+    assert sorted(p.rank for p in mpirun) == [0, 1]
+    trainer = _report(REAL / "ifname-missing-trainer-prefix.log").processes
+    assert [p.rank for p in trainer] == [3]
+    ray = _report(REAL / "veth-ray-pid-prefix.log").processes
+    assert [p.transport for p in ray] == ["Socket"]
+    merged = _report(REAL / "merged-nics-ibext.log").processes[0]
+    assert merged.net is not None and merged.net.interfaces == ["mlx5_2", "mlx5_3", "mlx5_0", "mlx5_1"]
+    assert merged.plugin == "IBext_v8"

@@ -102,6 +102,7 @@ class _Parser:
         self.split = split
         self.slice_no = 0
         self.last_warn: str | None = None
+        self.last_proc: ProcessLog | None = None
 
     def feed(self, raw: str) -> None:
         log = self.log
@@ -126,14 +127,16 @@ class _Parser:
             m = HEAD.match(rest) or NOHEAD.match(rest)
         if m is None:
             v = VERSION.match(rest)
-            if v is not None:
+            if v is not None:  # NCCL <= 2.8 printed it bare, right after rank 0's NET lines
                 if v["v"] not in log.bare_versions and len(log.bare_versions) < 16:
                     log.bare_versions.append(v["v"])
+                if self.last_proc is not None and self.last_proc.version is None:
+                    self.last_proc.version = v["v"]
                 return
             self._catch_all(line)
             return
         log.nccl_lines += 1
-        proc = self._process(m.groupdict().get("id"), m.groupdict().get("dev"))
+        proc = self.last_proc = self._process(m.groupdict().get("id"), m.groupdict().get("dev"))
         if label is not None and label.isdigit():
             proc.launcher_rank = int(label)
         msg = m["msg"].strip()

@@ -30,7 +30,7 @@ def render(report: NcclLogReport, console: Console) -> None:
                   title_justify="left")
         for col in ("ranks", "procs", "hosts", "gpu", "NCCL", "transport", "interfaces",
                     "bootstrap", "WARN"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for g in report.groups[:MAX_ROWS]:
             cells = [fold_ints(g.ranks) or "?", str(g.count), collapse(g.hosts),
                      fold_ints(g.devices) if g.devices else "", g.version, g.transport,
@@ -44,7 +44,7 @@ def render(report: NcclLogReport, console: Console) -> None:
         console.print()
         t = Table(title="Communicator init", title_justify="left")
         for col in ("commId", "ranks", "complete", "started, not complete", "no log"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for c in report.comms[:MAX_ROWS]:
             t.add_row(c.comm_id, str(c.nranks), fold_ints(c.completed) or "-",
                       Text(fold_ints(c.started_not_completed) or "-",
@@ -57,8 +57,9 @@ def render(report: NcclLogReport, console: Console) -> None:
     if report.collectives:
         console.print()
         ops = sorted({op for c in report.collectives.values() for op in c})
-        t = Table(title="Collective calls", title_justify="left",
-                  caption="NCCL_DEBUG_SUBSYS=COLL lines, all processes", caption_justify="left")
+        console.print(Text("Collective calls (NCCL_DEBUG_SUBSYS=COLL lines, all processes)",
+                           style="italic"))
+        t = Table()
         if report.split:
             t.add_column("slice")
         for op in ops:

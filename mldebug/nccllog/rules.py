@@ -59,7 +59,9 @@ def labels(procs: Sequence[ProcessLog]) -> str:
     if len(procs) <= 3:
         return ", ".join(p.label for p in procs)
     known = [r for r in ranks if r is not None]
-    head = f"ranks {fold_ints(known)}" if len(known) == len(ranks) else f"{len(procs)} processes"
+    folded = fold_ints(known)
+    head = f"ranks {folded}" if len(known) == len(ranks) and len(folded) <= 60 \
+        else f"{len(procs)} processes"
     return f"{head} on {hosts_text(p.host for p in procs)}"
 
 
@@ -271,8 +273,7 @@ def rule_virtual_interfaces(ctx: Context) -> list[Finding]:
                       f"{' ...' if len(names) > 3 else ''}; other nodes cannot reach it, so a "
                       "multi-node job hangs at init or fails with 'Connection refused' / "
                       "'Network is unreachable'.",
-                      "export NCCL_SOCKET_IFNAME=^" + ",".join(dict.fromkeys(
-                          ["lo", "docker", kind if len(names) > 1 else names[0]]))
+                      "export NCCL_SOCKET_IFNAME=^" + ",".join(dict.fromkeys(["lo", "docker", kind]))
                       + " (a prefix list), or name the right NIC, e.g. =eth0",
                       (p.host for p in ps)))
     return out
@@ -404,7 +405,7 @@ def rule_version_mismatch(ctx: Context) -> list[Finding]:
     for p in ctx.procs:
         if p.version:
             versions[p.version].append(p)
-    extra = [v for v in ctx.bare_versions if v not in versions]
+    extra = [v for v in ctx.bare_versions if v not in versions]  # not tied to a process
     if len(versions) + len(extra) < 2:
         return []
     parts = [f"{v}: {labels(ps)}" for v, ps in sorted(versions.items(), key=lambda kv: -len(kv[1]))]
@@ -521,22 +522,28 @@ def rule_init(ctx: Context) -> list[Finding]:
             shown = ", ".join(stuck[:6]) + (f" and {len(stuck) - 6} more" if len(stuck) > 6 else "")
             out.append(_f(
                 Severity.ERROR, "nccl-log-init-incomplete",
-                f"rank(s) {fold_ints(c.started_not_completed)} never completed init of "
+                f"rank(s) {_ranks(c.started_not_completed, c.nranks)} never completed init of "
                 f"communicator {c.comm_id} ({c.nranks} ranks)",
                 f"Init START was logged but no Init COMPLETE by {shown}; completed: "
-                f"{fold_ints(c.completed) or 'none'}.",
+                f"{_ranks(c.completed, c.nranks) or 'none'}.",
                 "those ranks hang in bootstrap/transport setup: look at their WARN lines and "
                 "NET choice; check firewalls and NCCL_SOCKET_IFNAME between the nodes.",
                 {s.split(':')[0] for s in stuck}))
         if c.absent and (c.completed or c.started_not_completed):
             out.append(_f(
                 Severity.WARNING, "nccl-log-init-absent",
-                f"no init lines from rank(s) {fold_ints(c.absent)} of communicator "
+                f"no init lines from rank(s) {_ranks(c.absent, c.nranks)} of communicator "
                 f"{c.comm_id} ({c.nranks} ranks)",
                 "Those ranks never reached NCCL init, or their logs are not among the files.",
                 "pass every rank's log (NCCL_DEBUG_FILE=...%h.%p); if they are all there, the "
                 "missing ranks died or hung before init_process_group's first collective."))
     return out
+
+
+def _ranks(ranks: list[int], nranks: int, width: int = 60) -> str:
+    """Folded ranks, or 'N of M' when even the folded form is too long for one line."""
+    text = fold_ints(ranks)
+    return text if len(text) <= width else f"{len(ranks)} of {nranks} ({text[:40]}...)"
 
 
 def rule_odd_interfaces(ctx: Context) -> list[Finding]:
