@@ -138,3 +138,34 @@ def test_cli_json_and_human_output(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("nccl-log", str(FIX / "fastsocket.log"), "--split", "(")
     assert r.returncode == 2 and "regular expression" in r.stderr
+
+
+def test_plugin_on_some_hosts_p2p_disabled_and_version_mismatch_in_real_line_shapes():
+    # line shapes from NVIDIA/nccl-tests#227 (plugin), NVIDIA/nccl#1936 (no plugin) and
+    # NVIDIA/nccl-tests#373 ('X set by environment to Y')
+    text = "\n".join([
+        "ai-worker01:5771:5783 [0] NCCL INFO Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+        "ai-worker01:5771:5783 [0] NCCL INFO P2P plugin IBext_v8",
+        "ai-worker01:5771:5783 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+        "ai-worker02:4940:4951 [0] NCCL INFO Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+        "ai-worker02:4940:4951 [0] NCCL INFO P2P plugin IBext_v8",
+        "ai-worker03:205632:205772 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. ",
+        "ai-worker03:205632:205772 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
+        "ai-worker03:205632:205772 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1",
+        "ai-worker03:205633:205773 [1] NCCL INFO NCCL_P2P_DISABLE set by environment to 1",
+    ])
+    found = by_code(analyze([parse_text(text)]))
+    [plugin] = found["nccl-log-plugin-mismatch"]
+    assert "no plugin: ai-worker03" in plugin.detail and "ai-worker[01-02]" in plugin.detail
+    assert plugin.hosts == ("ai-worker03",)
+    [p2p] = found["nccl-log-p2p-disabled"]
+    assert p2p.hosts == ("ai-worker03",) and "NCCL_P2P_DISABLE=1" in p2p.detail
+    [mismatch] = found["nccl-log-version-mismatch"]
+    assert "2.21.5+cuda12.4" in mismatch.detail and "2.27.5+cuda12.9" in mismatch.detail
+
+
+def test_driver_older_than_the_runtime_from_the_numbers():
+    text = ("n1:1:1 [0] NCCL INFO cudaDriverVersion 11040\n"
+            "n1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+    [f] = by_code(analyze([parse_text(text)]))["nccl-log-cuda-driver"]
+    assert "CUDA 11.4" in f.detail and f.hosts == ("n1",)
