@@ -451,6 +451,9 @@ def rule_nccl_too_old_for_gpu(ctx: Context) -> list[Finding]:
     if not groups and sig is None:
         return []
     evidence = groups[0].message if groups else sig.examples[0] if sig else ""
+    builds = sorted({p.version for p in ctx.procs if p.version})
+    if builds:
+        evidence += f"\nNCCL here: {', '.join(builds)} (the +cuda part is the CUDA it was built with)."
     return [_f(Severity.ERROR, "nccl-log-nccl-too-old-for-gpu",
                "this NCCL has no kernels for the GPU (too old, or built without its "
                "architecture)", evidence,
