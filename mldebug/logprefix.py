@@ -43,8 +43,9 @@ _PATTERNS: list[tuple[re.Pattern[str], str | None]] = [
     (re.compile(r">\s?"), None),
     # accelerate test output
     (re.compile(r"(?:stdout|stderr): "), None),
-    # srun -l "3: " and pdsh "host: " (a space after the colon: NCCL's host:pid:tid has none)
-    (re.compile(r"(?P<l>[A-Za-z0-9][\w.-]{0,62}): (?=\S)"), "l"),
+    # srun -l "3: " and pdsh "host: " (a space after the colon: NCCL's host:pid:tid has none);
+    # the name must hold a digit, '.' or '-' so that "RuntimeError: ..." stays a message
+    (re.compile(r"(?P<l>(?=[\w.-]{0,62}[\d.-])[A-Za-z0-9][\w.-]{0,62}): (?=\S)"), "l"),
 ]
 
 

@@ -42,10 +42,12 @@ def test_prefixes_are_removed_and_the_label_kept(line: str, label: str | None) -
     assert split_prefix(line) == (label, NCCL)
 
 
-def test_nccl_lines_without_a_prefix_are_left_alone() -> None:
+def test_lines_without_a_prefix_are_left_alone() -> None:
     for line in ("[3] include/shm.h:28 NCCL WARN Call to posix_fallocate failed",
                  "include/socket.h:344 WARN Socket creation failed",
-                 "NCCL version 2.7.8+cuda11.1"):
+                 "NCCL version 2.7.8+cuda11.1",
+                 "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error",
+                 "ncclInternalError: Internal check failed."):
         assert split_prefix(line) == (None, line)
 
 
