@@ -119,7 +119,8 @@ def fact_lines(n: NodeFacts) -> list[tuple[str, str]]:
     lines = [
         ("host", n.host),
         ("os", f"{n.os.get('name')}, kernel {n.os.get('kernel')}, {n.os.get('cpus')} CPUs"
-         + (", container" if n.os.get("container") else "")),
+         + (", container" if n.os.get("container") else "")
+         + (f", {n.os['glibc']}" if n.os.get("glibc") else "")),
         ("python", f"{n.python.get('version')} ({n.python.get('executable')})"),
         ("torch", torch),
         ("gpus", gpus),
@@ -139,8 +140,11 @@ def fact_lines(n: NodeFacts) -> list[tuple[str, str]]:
     for p in n.ports:
         lines.append(("port", f"{p.get('target')}: "
                       + ("open" if p.get("open") else f"closed ({p.get('error')})")))
+    packages = n.raw.get("packages") or {}
+    if packages:
+        lines.append(("packages", ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))))
     for k, v in n.env.items():
-        lines.append((k, v))
+        lines.append((k, redact(k, v)))
     return lines
 
 
