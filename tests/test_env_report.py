@@ -76,3 +76,21 @@ def test_markdown_cli_redacts_secrets_and_check_port_without_master() -> None:
     assert "s3cr3t" not in r.stdout and "hf_abc" not in r.stdout
     r = run_cli("env", "--check-port", "--json", env=clean_env(), timeout=90)
     assert '"check-port-no-master"' in r.stdout and '"port-unreachable"' not in r.stdout
+
+
+def test_a_malformed_node_document_goes_to_unreachable_not_a_crash() -> None:
+    import copy
+
+    from envfacts import BASE
+
+    from mldebug.env.collect import facts_from_results
+    from mldebug.fanout import NodeResult
+
+    bad = copy.deepcopy(BASE)
+    bad["interfaces"] = 5  # wrongly typed
+    facts, failed = facts_from_results([NodeResult("node1", copy.deepcopy(BASE)),
+                                        NodeResult("node2", bad),
+                                        NodeResult("node3", None, "no answer")])
+    assert [f.host for f in facts] == ["node1"]
+    reasons = {r.host: r.error for r in failed}
+    assert reasons["node3"] == "no answer" and "malformed node document" in str(reasons["node2"])

@@ -33,10 +33,6 @@ class Context:
     comms: list[CommSummary]
     bare_versions: list[str]
     explained: set[str] = field(default_factory=set)  # WarnGroup keys a rule accounted for
-    _by_label: dict[str, ProcessLog] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self._by_label = {p.label: p for p in self.procs}
 
     def warns_matching(self, test: Callable[[str], bool]) -> list[WarnGroup]:
         """WARN kinds whose message passes ``test``; they count as explained."""
