@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import io
 
 from conftest import run_cli
-from envfacts import make
+from envfacts import BASE, make
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from test_env_cli import clean_env
 
+from mldebug.env.collect import facts_from_results
 from mldebug.env.report import build_report, markdown, redact, render
+from mldebug.fanout import NodeResult
 
 
 def _fleet(n: int = 1024):
@@ -79,13 +84,6 @@ def test_markdown_cli_redacts_secrets_and_check_port_without_master() -> None:
 
 
 def test_a_malformed_node_document_goes_to_unreachable_not_a_crash() -> None:
-    import copy
-
-    from envfacts import BASE
-
-    from mldebug.env.collect import facts_from_results
-    from mldebug.fanout import NodeResult
-
     bad = copy.deepcopy(BASE)
     bad["interfaces"] = 5  # wrongly typed
     facts, failed = facts_from_results([NodeResult("node1", copy.deepcopy(BASE)),
@@ -94,3 +92,22 @@ def test_a_malformed_node_document_goes_to_unreachable_not_a_crash() -> None:
     assert [f.host for f in facts] == ["node1"]
     reasons = {r.host: r.error for r in failed}
     assert reasons["node3"] == "no answer" and "malformed node document" in str(reasons["node2"])
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(BASE)), _JSON, max_size=6))
+def test_any_node_document_parses_or_is_a_failure_with_a_reason(over: dict) -> None:
+    doc = {**copy.deepcopy(BASE), **over}
+    facts, failed = facts_from_results([NodeResult("n1", doc)])
+    assert len(facts) + len(failed) == 1
+    if facts:  # the rules, the diff and both renderings run on whatever parsed
+        report = build_report(facts + [make(host="n2")])
+        markdown(report)
+        render(report, Console(file=io.StringIO(), width=120))
+    else:
+        assert failed[0].error and "malformed node document" in failed[0].error

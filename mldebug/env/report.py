@@ -140,8 +140,8 @@ def fact_lines(n: NodeFacts) -> list[tuple[str, str]]:
     for p in n.ports:
         lines.append(("port", f"{p.get('target')}: "
                       + ("open" if p.get("open") else f"closed ({p.get('error')})")))
-    packages = n.raw.get("packages") or {}
-    if packages:
+    packages = n.raw.get("packages")
+    if isinstance(packages, dict) and packages:
         lines.append(("packages", ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))))
     for k, v in n.env.items():
         lines.append((k, redact(k, v)))
@@ -216,6 +216,11 @@ def redact(name: str, value: str) -> str:
     return URL_PASSWORD.sub(r"\1<redacted>@", value)
 
 
+def _package(n: NodeFacts, name: str) -> str | None:
+    packages = n.raw.get("packages")
+    return str(packages.get(name)) if isinstance(packages, dict) and name in packages else None
+
+
 def markdown(report: EnvReport) -> str:
     """The block to paste into a bug report: versions, hardware, variables, findings.
 
@@ -240,15 +245,15 @@ def markdown(report: EnvReport) -> str:
             ("Python", f"{n.python.get('version')} ({n.python.get('executable')})"),
             ("torch", str(t.get("version") or t.get("status") or "?")),
             ("CUDA (torch build)", str(t.get("cuda") or ("none" if t.get("version") else "?"))),
-            ("cuDNN", str(t.get("cudnn") or n.raw.get("packages", {}).get("nvidia-cudnn-cu12")
+            ("cuDNN", str(t.get("cudnn") or _package(n, "nvidia-cudnn-cu12")
                           or "? (--torch-import reads it)")),
             ("NCCL", str(t.get("nccl") or "?")),
             ("NVIDIA driver", str(g.get("driver") or "none")),
             ("GPUs", gpus),
         ]
         out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
-        packages = n.raw.get("packages") or {}
-        if packages:
+        packages = n.raw.get("packages")
+        if isinstance(packages, dict) and packages:
             out += ["", "Packages: " + ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))]
         topo = n.raw.get("topology")
         if topo:
