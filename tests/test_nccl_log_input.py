@@ -101,6 +101,29 @@ def test_rerun_hint_only_when_there_is_truly_nothing() -> None:
                                  "NCCL WARN", "\n", "Got completion with error 12"]),
                 max_size=40), st.text(max_size=80))
 def test_arbitrary_mixtures_parse_or_report_never_crash(parts: list[str], noise: str) -> None:
-    report = analyze([parse_text("".join(parts) + noise)])
+    import io
+
+    from rich.console import Console
+
+    from mldebug.nccllog.report import render
+
+    report = analyze([parse_text("".join(parts) + noise + "\n" + noise + ":1:2 [0] NCCL WARN x")])
     assert all(f.fix for f in report.findings)
     report.to_dict()
+    render(report, Console(file=io.StringIO(), width=100))
+
+
+def test_host_names_hostlist_cannot_fold_still_render() -> None:
+    import io
+
+    from rich.console import Console
+
+    from mldebug.nccllog.report import render
+
+    text = "\n".join(f"{h}:1:1 [0] misc/socket.cc:1 NCCL WARN socketStartConnect: Connect to "
+                     "10.0.0.1<1> failed : Connection refused"
+                     for h in ("a,b", "<cluster_name>", "node1", "node2"))
+    report = analyze([parse_text(text)])
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=120))
+    assert "node[1-2]" in buf.getvalue() and "a,b" in buf.getvalue()

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mldebug.findings import render_findings
-from mldebug.hosts import collapse
+from mldebug.findings import fold_hosts, render_findings
 from mldebug.nccllog.model import NcclLogReport
 from mldebug.render import fold_ints
 
@@ -32,7 +31,7 @@ def render(report: NcclLogReport, console: Console) -> None:
                     "bootstrap", "WARN"):
             t.add_column(col, overflow="fold")
         for g in report.groups[:MAX_ROWS]:
-            cells = [fold_ints(g.ranks) or "?", str(g.count), collapse(g.hosts),
+            cells = [fold_ints(g.ranks) or "?", str(g.count), fold_hosts(g.hosts),
                      fold_ints(g.devices) if g.devices else "", g.version, g.transport,
                      g.interfaces, g.bootstrap, str(g.warnings) if g.warnings else ""]
             t.add_row(*(Text(c) for c in cells))  # Text: '[0]mlx5_0' is not rich markup

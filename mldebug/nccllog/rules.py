@@ -17,8 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from mldebug.findings import Finding, Severity
-from mldebug.hosts import collapse
+from mldebug.findings import Finding, Severity, fold_hosts
 from mldebug.nccllog.model import CommSummary, ProcessLog, Signal, WarnGroup
 from mldebug.render import fold_ints
 
@@ -45,8 +44,7 @@ class Context:
 
 
 def hosts_text(hosts: Iterable[str]) -> str:
-    hs = sorted(set(hosts))
-    return collapse(hs) if hs else "?"
+    return fold_hosts(hosts) or "?"
 
 
 def labels(procs: Sequence[ProcessLog]) -> str:
