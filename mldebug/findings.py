@@ -69,6 +69,21 @@ class Finding:
         )
 
 
+def fold_hosts(hosts: Iterable[str]) -> str:
+    """node[1-64] for a host list; names hostlist cannot fold (from logs: commas, brackets)
+    are listed as they are, after the foldable ones."""
+    import hostlist
+
+    names = sorted(set(hosts))
+    odd = [h for h in names if any(c in h for c in ",[]")]
+    plain = [h for h in names if h not in set(odd)]
+    try:
+        folded = str(hostlist.collect_hostlist(plain)) if plain else ""
+    except hostlist.BadHostlist:
+        folded = ",".join(plain)
+    return ",".join(x for x in [folded, *odd] if x)
+
+
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Most severe first; stable within a severity."""
     return sorted(findings, key=lambda f: f.severity.rank)
@@ -98,7 +113,7 @@ def render_findings(
         head.append(" ")
         head.append(f.title, style="bold")
         if f.hosts:
-            head.append(f"  [{', '.join(f.hosts)}]", style="dim")
+            head.append(f"  [{fold_hosts(f.hosts)}]", style="dim")  # node[1-64], not a list
         console.print(head)
         if f.detail:
             for line in f.detail.splitlines():

@@ -5,12 +5,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from mldebug.envcheck.facts import NodeFacts
+from mldebug.env.facts import NodeFacts
 
 BASE: dict[str, Any] = {
     "schema": 1,
     "host": "node1",
-    "os": {"name": "Ubuntu 22.04.4 LTS", "kernel": "5.15.0-105-generic", "cpus": 96},
+    "os": {"name": "Ubuntu 22.04.4 LTS", "kernel": "5.15.0-105-generic", "cpus": 96,
+           "machine": "x86_64", "container": False, "glibc": "glibc 2.35",
+           "cpu_model": "Intel(R) Xeon(R) Platinum 8480+"},
+    "packages": {"torch": "2.9.1+cu128", "numpy": "2.1.3", "transformers": "4.57.1"},
+    "topology": "        GPU0    GPU1\nGPU0     X      NV18\nGPU1    NV18     X\n",
     "python": {"version": "3.11.9", "executable": "/opt/venv/bin/python"},
     "env": {},
     "interfaces": [

@@ -7,9 +7,9 @@ import subprocess
 import pytest
 from envfacts import make
 
-from mldebug.envcheck import ifname, presets
-from mldebug.envcheck.diff import diff, merge_findings
-from mldebug.envcheck.report import build_report
+from mldebug.env import ifname, presets
+from mldebug.env.diff import diff, merge_findings
+from mldebug.env.report import build_report
 from mldebug.errors import UsageError
 from mldebug.findings import Severity
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from envfacts import ib, make
 
-from mldebug.envcheck import rules
+from mldebug.env import rules
 from mldebug.findings import Severity
 
 

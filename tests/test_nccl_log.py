@@ -8,8 +8,9 @@ from pathlib import Path
 
 from conftest import run_cli
 
-from mldebug.envcheck.nccllog import analyze, load, parse_text
 from mldebug.findings import Severity
+from mldebug.nccllog.analyze import analyze
+from mldebug.nccllog.parse import load, parse_text
 
 FIX = Path(__file__).parent / "fixtures" / "nccl"
 
@@ -83,11 +84,12 @@ def test_mixed_cluster_problems_are_all_found():
     assert set(odd.hosts) == {"node2", "node3"}
     init = found["nccl-log-init-incomplete"][0]
     assert init.title.startswith("rank(s) 5 never completed init of communicator 0x1d4e2f6a8b9c0d11")
-    warns = [f for f in found["nccl-log-warn"]]
-    connect = next(w for w in warns if "socketStartConnect" in w.title)
+    # the two WARN kinds are now explained by their cause's rule, not a bare "NCCL WARN"
+    [connect] = found["nccl-log-connect"]
+    assert "socketStartConnect" in connect.detail
     assert "2 process(es)" in connect.detail and "rank 4" in connect.detail and "rank 5" in connect.detail
     assert "NCCL_SOCKET_IFNAME" in connect.fix
-    assert any("Got completion from peer" in w.title for w in warns)
+    assert any("Got completion from peer" in w.detail for w in found["nccl-log-ib-completion"])
 
 
 def test_torchrun_log_with_rank_prefixes_and_split():
@@ -136,3 +138,34 @@ def test_cli_json_and_human_output(tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
     r = run_cli("nccl-log", str(FIX / "fastsocket.log"), "--split", "(")
     assert r.returncode == 2 and "regular expression" in r.stderr
+
+
+def test_plugin_on_some_hosts_p2p_disabled_and_version_mismatch_in_real_line_shapes():
+    # line shapes from NVIDIA/nccl-tests#227 (plugin), NVIDIA/nccl#1936 (no plugin) and
+    # NVIDIA/nccl-tests#373 ('X set by environment to Y')
+    text = "\n".join([
+        "ai-worker01:5771:5783 [0] NCCL INFO Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+        "ai-worker01:5771:5783 [0] NCCL INFO P2P plugin IBext_v8",
+        "ai-worker01:5771:5783 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+        "ai-worker02:4940:4951 [0] NCCL INFO Plugin Path : /opt/hpcx/nccl_rdma_sharp_plugin/lib/libnccl-net.so",
+        "ai-worker02:4940:4951 [0] NCCL INFO P2P plugin IBext_v8",
+        "ai-worker03:205632:205772 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. ",
+        "ai-worker03:205632:205772 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
+        "ai-worker03:205632:205772 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1",
+        "ai-worker03:205633:205773 [1] NCCL INFO NCCL_P2P_DISABLE set by environment to 1",
+    ])
+    found = by_code(analyze([parse_text(text)]))
+    [plugin] = found["nccl-log-plugin-mismatch"]
+    assert "no plugin: ai-worker03" in plugin.detail and "ai-worker[01-02]" in plugin.detail
+    assert plugin.hosts == ("ai-worker03",)
+    [p2p] = found["nccl-log-p2p-disabled"]
+    assert p2p.hosts == ("ai-worker03",) and "NCCL_P2P_DISABLE=1" in p2p.detail
+    [mismatch] = found["nccl-log-version-mismatch"]
+    assert "2.21.5+cuda12.4" in mismatch.detail and "2.27.5+cuda12.9" in mismatch.detail
+
+
+def test_driver_older_than_the_runtime_from_the_numbers():
+    text = ("n1:1:1 [0] NCCL INFO cudaDriverVersion 11040\n"
+            "n1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n")
+    [f] = by_code(analyze([parse_text(text)]))["nccl-log-cuda-driver"]
+    assert "CUDA 11.4" in f.detail and f.hosts == ("n1",)

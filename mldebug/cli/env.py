@@ -24,6 +24,7 @@ nothing, debug settings left on, limits that break NCCL or 'mldebug hang'.
   mldebug env                        this host
   mldebug env --nodes node[1-8]      every node, plus what differs between them
   mldebug env --check-port           can this node reach MASTER_ADDR:MASTER_PORT?
+  mldebug env --markdown             a block to paste into a bug report
   mldebug env --preset hang          print the exports for debugging a hang
 
 Exit code 1 when an error-level finding exists (usable in a job prologue), else 0.
@@ -34,9 +35,12 @@ _PORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from mldebug.envcheck.presets import names
+    from mldebug.env.presets import names
 
     add_json_argument(p)
+    p.add_argument("--markdown", "--report", action="store_true", dest="markdown",
+                   help="print a Markdown block to paste into a bug report (versions, GPUs, "
+                        "topology, packages, variables with secrets redacted, findings)")
     p.add_argument("--preset", choices=names(), metavar="NAME",
                    help="print shell exports for a debugging setup and exit: "
                         + ", ".join(names()) + " (off = the unset lines)")
@@ -54,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.preset:
-        from mldebug.envcheck import presets
+        from mldebug.env import presets
 
         print(presets.render(args.preset), end="")
         return 0
@@ -68,12 +72,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--torch-timeout must be positive.", "Pass seconds, e.g. 10.")
     target = target_from_args(args)
 
-    from mldebug.envcheck.collect import collect
-    from mldebug.envcheck.report import build_report, render
+    from mldebug.env.collect import collect
+    from mldebug.env.report import build_report, markdown, render
     from mldebug.render import console
 
     facts, failed = collect(target, torch_timeout=args.torch_timeout, ports=ports,
                             torch_import=args.torch_import, fanout=fanout_kwargs(args))
     report = build_report(facts, {r.host: r.error or "no answer" for r in failed})
-    print_report(report, args.json, lambda r: render(r, console()))
+    if args.markdown:
+        print(markdown(report), end="")
+    else:
+        print_report(report, args.json, lambda r: render(r, console()))
     return 1 if report.has_errors else 0

@@ -12,16 +12,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mldebug.envcheck import ifname
-from mldebug.envcheck.facts import NodeFacts
-from mldebug.envcheck.rules import socket_selection
+from mldebug.env import ifname
+from mldebug.env.facts import NodeFacts
+from mldebug.env.rules import socket_selection
 from mldebug.findings import Finding, Severity
+from mldebug.hosts import collapse
 
 # Differ between nodes by design.
 PER_NODE_ENV = {"RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "ROLE_RANK", "SLURM_PROCID",
                 "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_NODEID", "SLURM_LOCALID"}
 
 MISSING = "(unset)"
+MAX_ENV_LINES = 20
 
 
 @dataclass
@@ -30,8 +32,30 @@ class DiffRow:
     values: dict[str, str]  # host -> value
     odd: list[str] = field(default_factory=list)  # hosts holding a minority value
 
+    def distinct(self) -> list[tuple[str, list[str]]]:
+        """(value, hosts holding it), the majority value first, then by count."""
+        by_value: dict[str, list[str]] = {}
+        for host, value in self.values.items():
+            by_value.setdefault(value, []).append(host)
+        return sorted(by_value.items(), key=lambda kv: -len(kv[1]))  # stable: first seen on ties
+
+    def summary(self, limit: int = 6) -> str:
+        """'value [node[1-30]]; other [node31]' - folded hosts, readable at any node count."""
+        parts = [f"{v} [{hosts_label(hs, i == 0)}]" for i, (v, hs) in enumerate(self.distinct())]
+        more = len(parts) - limit
+        return "; ".join(parts[:limit]) + (f"; and {more} more values" if more > 0 else "")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "values": self.values, "odd": self.odd}
+        return {"key": self.key, "values": self.values, "odd": self.odd,
+                "distinct": [{"value": v, "hosts": collapse(hs), "count": len(hs)}
+                             for v, hs in self.distinct()]}
+
+
+def hosts_label(hosts: list[str], majority: bool = False, width: int = 60) -> str:
+    """Folded host list; the majority's, when long, as 'the other N nodes' (the odd ones
+    are the interesting part and are listed next to it)."""
+    text = collapse(hosts)
+    return f"the other {len(hosts)} nodes" if majority and len(text) > width else text
 
 
 def _fmt_bytes(n: Any) -> str:
@@ -98,7 +122,7 @@ def diff(nodes: Sequence[NodeFacts]) -> tuple[list[DiffRow], list[Finding]]:
             rows.append(row)
             findings.append(Finding(
                 severity, f"{key} differs across nodes",
-                f"{why}: " + "; ".join(f"{h}={v}" for h, v in values.items()),
+                f"{why}: {row.summary()}",
                 _fix_for(key), f"env-diff-{key.replace(' ', '-').replace('/', '').replace('.', '-')}",
                 tuple(row.odd)))
     names = sorted({k for n in nodes for k in n.env} - PER_NODE_ENV)
@@ -112,8 +136,9 @@ def diff(nodes: Sequence[NodeFacts]) -> tuple[list[DiffRow], list[Finding]]:
         odd = sorted({h for r in env_rows for h in r.odd})
         findings.append(Finding(
             Severity.WARNING, f"{len(env_rows)} environment variable(s) differ across nodes",
-            "\n".join(f"{r.key}: " + ", ".join(f"{h}={v}" for h, v in r.values.items())
-                      for r in env_rows),
+            "\n".join(f"{r.key}: {r.summary()}" for r in env_rows[:MAX_ENV_LINES])
+            + (f"\n... and {len(env_rows) - MAX_ENV_LINES} more variables"
+               if len(env_rows) > MAX_ENV_LINES else ""),
             "set them the same way on every node (job script or launcher), not in per-node "
             "shell profiles.", "env-diff-variables", tuple(odd)))
     return rows, findings
@@ -133,13 +158,11 @@ def _fix_for(key: str) -> str:
 
 def merge_findings(per_node: Sequence[Sequence[Finding]]) -> list[Finding]:
     """Same finding on many nodes -> one finding listing the hosts (first-seen order)."""
-    merged: dict[tuple[str, str, str, str, str], list[str]] = {}
-    order: list[tuple[str, str, str, str, str]] = []
+    merged: dict[tuple[str, str, str, str, str], dict[str, None]] = {}  # insertion-ordered
     for findings in per_node:
         for f in findings:
             key = (f.severity.value, f.code, f.title, f.detail, f.fix)
-            if key not in merged:
-                merged[key] = []
-                order.append(key)
-            merged[key].extend(h for h in f.hosts if h not in merged[key])
-    return [Finding(Severity(k[0]), k[2], k[3], k[4], k[1], tuple(merged[k])) for k in order]
+            hosts = merged.setdefault(key, {})
+            for h in f.hosts:
+                hosts[h] = None
+    return [Finding(Severity(k[0]), k[2], k[3], k[4], k[1], tuple(hs)) for k, hs in merged.items()]

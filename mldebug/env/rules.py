@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mldebug.envcheck import ifname
-from mldebug.envcheck.facts import NodeFacts
+from mldebug.env import ifname
+from mldebug.env.facts import NodeFacts
 from mldebug.findings import Finding, Severity
 
 GiB = 1 << 30
@@ -389,7 +389,15 @@ def check_rendezvous(facts: NodeFacts) -> list[Finding]:
                       "use the master's IP address or a name every node resolves (check "
                       "/etc/hosts and DNS)."))
     for p in facts.ports:
-        if not p.get("open"):
+        if p.get("target") == "MASTER_ADDR:MASTER_PORT" and "not both set" in str(p.get("error")):
+            out.append(_f(facts, Severity.WARNING, "check-port-no-master",
+                          "--check-port has nothing to check: MASTER_ADDR and MASTER_PORT are "
+                          "not both set here",
+                          "Without a value, --check-port checks MASTER_ADDR:MASTER_PORT of the "
+                          "node's own environment; no network test was made.",
+                          "export MASTER_ADDR=<master host> MASTER_PORT=29500 (as the job "
+                          "does), or pass --check-port HOST:PORT."))
+        elif not p.get("open"):
             out.append(_f(facts, Severity.ERROR, "port-unreachable",
                           f"{p.get('target')} is not reachable",
                           f"connect: {p.get('error') or 'failed'}. The rendezvous (TCPStore) "

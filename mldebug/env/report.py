@@ -6,19 +6,22 @@ node, or for many nodes the differences as a table with the odd nodes highlighte
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mldebug.envcheck.diff import DiffRow, diff, merge_findings
-from mldebug.envcheck.facts import NodeFacts
-from mldebug.envcheck.rules import check, socket_selection
+from mldebug.env.diff import DiffRow, diff, hosts_label, merge_findings
+from mldebug.env.facts import NodeFacts
+from mldebug.env.rules import check, socket_selection
 from mldebug.findings import Finding, Severity, findings_to_json, sort_findings
+from mldebug.hosts import collapse
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 SCHEMA = 1
+MAX_VALUES = 6  # distinct values shown per differing fact
 
 
 @dataclass
@@ -48,11 +51,21 @@ def build_report(nodes: Sequence[NodeFacts], unreachable: dict[str, str] | None 
     findings = merge_findings([check(n) for n in nodes])
     rows, diff_findings = diff(nodes)
     findings += diff_findings
-    for host, why in (unreachable or {}).items():
-        findings.append(Finding(Severity.ERROR, f"no facts from {host}", why,
-                                "check the node is up and reachable over ssh, then rerun.",
-                                "node-unreachable", (host,)))
+    findings += unreachable_findings(unreachable or {})
     return EnvReport(list(nodes), dict(unreachable or {}), sort_findings(findings), rows)
+
+
+def unreachable_findings(unreachable: dict[str, str]) -> list[Finding]:
+    """One finding per reason (the host's own name taken out of it), hosts folded."""
+    by_reason: dict[str, list[str]] = {}
+    for host, why in unreachable.items():
+        by_reason.setdefault(why.replace(host, "<host>"), []).append(host)
+    return [Finding(Severity.ERROR,
+                    f"no facts from {hosts[0] if len(hosts) == 1 else f'{len(hosts)} nodes'}",
+                    f"{collapse(hosts)}: {why}",
+                    "check the node is up and reachable over ssh, then rerun.",
+                    "node-unreachable", tuple(hosts))
+            for why, hosts in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
 
 
 # ------------------------------------------------------------------ rendering
@@ -106,7 +119,8 @@ def fact_lines(n: NodeFacts) -> list[tuple[str, str]]:
     lines = [
         ("host", n.host),
         ("os", f"{n.os.get('name')}, kernel {n.os.get('kernel')}, {n.os.get('cpus')} CPUs"
-         + (", container" if n.os.get("container") else "")),
+         + (", container" if n.os.get("container") else "")
+         + (f", {n.os['glibc']}" if n.os.get("glibc") else "")),
         ("python", f"{n.python.get('version')} ({n.python.get('executable')})"),
         ("torch", torch),
         ("gpus", gpus),
@@ -126,8 +140,11 @@ def fact_lines(n: NodeFacts) -> list[tuple[str, str]]:
     for p in n.ports:
         lines.append(("port", f"{p.get('target')}: "
                       + ("open" if p.get("open") else f"closed ({p.get('error')})")))
+    packages = n.raw.get("packages")
+    if isinstance(packages, dict) and packages:
+        lines.append(("packages", ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))))
     for k, v in n.env.items():
-        lines.append((k, v))
+        lines.append((k, redact(k, v)))
     return lines
 
 
@@ -146,15 +163,23 @@ def render(report: EnvReport, console: Console) -> None:
     render_findings(report.findings, console)
     if report.differences:
         console.print()
-        table = Table(title="Differences across nodes (odd values in red)", title_justify="left")
+        table = Table(title="Differences across nodes (majority value first, the odd ones in "
+                      "red)", title_justify="left")
         table.add_column("fact / variable")
-        hosts = [n.host for n in report.nodes]
-        for h in hosts:
-            table.add_column(h)
+        table.add_column("value", overflow="fold")
+        table.add_column("nodes", overflow="fold")
+        table.add_column("#", justify="right")
         for row in report.differences:
-            cells = [Text(row.values.get(h, "?"), style="bold red" if h in row.odd else "")
-                     for h in hosts]
-            table.add_row(row.key, *cells)
+            distinct = row.distinct()
+            for i, (value, hosts) in enumerate(distinct[:MAX_VALUES]):
+                style = "" if i == 0 else "bold red"
+                table.add_row(row.key if i == 0 else "", Text(value, style=style),
+                              Text(hosts_label(hosts, i == 0), style=style), str(len(hosts)))
+            if len(distinct) > MAX_VALUES:
+                rest = distinct[MAX_VALUES:]
+                table.add_row("", Text(f"... {len(rest)} more values", style="dim"),
+                              Text(collapse([h for _, hs in rest for h in hs]), style="dim"),
+                              str(sum(len(hs) for _, hs in rest)))
         console.print(table)
     if len(report.nodes) == 1:
         console.print()
@@ -174,3 +199,77 @@ def render(report: EnvReport, console: Console) -> None:
             console.print(Text("Same on every node:", style="bold"))
             for k, v in same:
                 console.print(f"  {k}: {v}")
+
+
+# ------------------------------------------------------------------ --markdown
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH|COOKIE|SESSION",
+                         re.I)
+SECRET_VALUE = re.compile(r"^(?:hf_|ghp_|gho_|github_pat_|sk-|xox[bp]-|AKIA|glpat-)"
+                          r"|^[A-Za-z0-9+/_=-]{32,}$")
+URL_PASSWORD = re.compile(r"(//[^/:@\s]{1,200}:)[^@/\s]{1,200}@")
+
+
+def redact(name: str, value: str) -> str:
+    """The value, or '<redacted>' when the name or the value looks like a secret."""
+    if SECRET_NAME.search(name) or SECRET_VALUE.search(value):
+        return "<redacted>"
+    return URL_PASSWORD.sub(r"\1<redacted>@", value)
+
+
+def _package(n: NodeFacts, name: str) -> str | None:
+    packages = n.raw.get("packages")
+    return str(packages.get(name)) if isinstance(packages, dict) and name in packages else None
+
+
+def markdown(report: EnvReport) -> str:
+    """The block to paste into a bug report: versions, hardware, variables, findings.
+
+    Like ``python -m torch.utils.collect_env`` and ``accelerate env``, plus NCCL, the GPU
+    topology and mldebug's findings. Values that look like tokens or passwords are redacted.
+    """
+    out = ["<details><summary>mldebug env --markdown</summary>", ""]
+    n = report.nodes[0] if report.nodes else None
+    if n is not None:
+        t, g, o = n.torch, n.gpus, n.os
+        gpus = ", ".join(f"{c} x {name}" for name, c in sorted(
+            {str(d.get("name")): sum(1 for e in g.get("devices") or [] if e.get("name") == d.get("name"))
+             for d in g.get("devices") or []}.items())) or "none" + (f" ({g['note']})" if g.get("note") else "")
+        rows = [
+            ("nodes", f"{len(report.nodes)}" + (f" (+{len(report.unreachable)} unreachable)"
+                                                 if report.unreachable else "")
+             + (f": {collapse([x.host for x in report.nodes])}" if len(report.nodes) > 1 else "")),
+            ("OS", f"{o.get('name')} (kernel {o.get('kernel')}, {o.get('machine') or '?'})"
+             + (", in a container" if o.get("container") else "")),
+            ("glibc", str(o.get("glibc") or "?")),
+            ("CPU", f"{o.get('cpu_model') or '?'} ({o.get('cpus')} CPUs)"),
+            ("Python", f"{n.python.get('version')} ({n.python.get('executable')})"),
+            ("torch", str(t.get("version") or t.get("status") or "?")),
+            ("CUDA (torch build)", str(t.get("cuda") or ("none" if t.get("version") else "?"))),
+            ("cuDNN", str(t.get("cudnn") or _package(n, "nvidia-cudnn-cu12")
+                          or "? (--torch-import reads it)")),
+            ("NCCL", str(t.get("nccl") or "?")),
+            ("NVIDIA driver", str(g.get("driver") or "none")),
+            ("GPUs", gpus),
+        ]
+        out += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+        packages = n.raw.get("packages")
+        if isinstance(packages, dict) and packages:
+            out += ["", "Packages: " + ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))]
+        topo = n.raw.get("topology")
+        if topo:
+            out += ["", "GPU topology (`nvidia-smi topo -m`):", "", "```", str(topo).rstrip(), "```"]
+        if n.env:
+            out += ["", "Environment variables set:", "", "```"]
+            out += [f"{k}={redact(k, v)}" for k, v in n.env.items()]
+            out += ["```"]
+    if report.differences:
+        out += ["", "Differences across nodes:", ""]
+        out += [f"- {row.key}: {row.summary()}" for row in report.differences]
+    out += ["", "Findings:", ""]
+    if not report.findings:
+        out.append("- none")
+    for f in report.findings:
+        hosts = f" [{collapse(list(f.hosts))}]" if f.hosts and len(report.nodes) > 1 else ""
+        out.append(f"- **{f.severity.value}** {f.title}{hosts} (`{f.code}`)")
+    out += ["", "</details>", ""]
+    return "\n".join(out)

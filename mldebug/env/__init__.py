@@ -4,7 +4,7 @@
 - ``collect.py``: runs it through ``mldebug.fanout.run_script``
 - ``facts.py``: the facts as dataclasses; ``rules.py``: checks; ``diff.py``: across nodes
 - ``ifname.py``: NCCL_SOCKET_IFNAME / NCCL_IB_HCA syntax; ``presets.py``: debug env presets
-- ``nccllog.py``: NCCL_DEBUG=INFO log parsing and analysis; ``report.py``: assembly/rendering
+- (NCCL log parsing lives in ``mldebug.nccllog``)
 
 Nothing here imports torch.
 """

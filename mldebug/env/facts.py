@@ -33,6 +33,32 @@ class IbPort:
     link_layer: str = ""
 
 
+def _obj(d: dict[str, Any], key: str) -> dict[str, Any]:
+    value = d.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{key} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _list(d: dict[str, Any], key: str) -> list[Any]:
+    value = d.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{key} is a {type(value).__name__}, not a list")
+    return value
+
+
+def _objects(d: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = _list(d, key)
+    for item in items:
+        if not isinstance(item, dict):
+            raise TypeError(f"{key} holds a {type(item).__name__}, not an object")
+    return items
+
+
 def _port(value: Any) -> int:
     try:
         return int(value)
@@ -60,31 +86,36 @@ class NodeFacts:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeFacts:
+        """Typed facts; ``TypeError``/``KeyError`` for a document of the wrong shape (the
+        caller reports that node as failed, the others still count)."""
+        if not isinstance(d, dict):
+            raise TypeError(f"the document is a {type(d).__name__}, not an object")
         ifaces = [
-            Interface(i["name"], i.get("kind", "ethernet"), bool(i.get("up", True)),
-                      bool(i.get("running", True)), tuple(i.get("addresses", ())))
-            for i in d.get("interfaces", [])
+            Interface(str(i["name"]), str(i.get("kind", "ethernet")), bool(i.get("up", True)),
+                      bool(i.get("running", True)), tuple(map(str, _list(i, "addresses"))))
+            for i in _objects(d, "interfaces")
         ]
         ports = [
-            IbPort(dev["name"], _port(p.get("port")), str(p.get("state", "")),
+            IbPort(str(dev["name"]), _port(p.get("port")), str(p.get("state", "")),
                    str(p.get("link_layer", "")))
-            for dev in d.get("ib_devices", []) for p in dev.get("ports", [])
+            for dev in _objects(d, "ib_devices") for p in _objects(dev, "ports")
         ]
+        master = d.get("master_addr")
         return cls(
             host=str(d.get("host", "?")),
-            env={str(k): str(v) for k, v in (d.get("env") or {}).items()},
+            env={str(k): str(v) for k, v in _obj(d, "env").items()},
             interfaces=ifaces,
             ib_ports=ports,
-            torch=d.get("torch") or {},
-            gpus=d.get("gpus") or {},
-            limits=d.get("limits") or {},
-            ptrace=d.get("ptrace") or {},
-            core=d.get("core") or {},
-            py_spy=d.get("py_spy") or {},
-            os=d.get("os") or {},
-            python=d.get("python") or {},
-            master_addr=d.get("master_addr"),
-            ports=list(d.get("ports") or []),
+            torch=_obj(d, "torch"),
+            gpus=_obj(d, "gpus"),
+            limits=_obj(d, "limits"),
+            ptrace=_obj(d, "ptrace"),
+            core=_obj(d, "core"),
+            py_spy=_obj(d, "py_spy"),
+            os=_obj(d, "os"),
+            python=_obj(d, "python"),
+            master_addr=_obj(d, "master_addr") if master is not None else None,
+            ports=_objects(d, "ports"),
             raw=d,
         )
 

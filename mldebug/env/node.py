@@ -99,6 +99,10 @@ if sys.argv[1] == "import":
     except Exception:
         pass
     try:
+        out["cudnn"] = torch.backends.cudnn.version()
+    except Exception:
+        pass
+    try:
         import torch.distributed as dist
         out["backends"] = {n: bool(getattr(dist, "is_%s_available" % n, lambda: False)())
                            for n in ("nccl", "gloo", "mpi", "ucc", "xccl")}
@@ -177,7 +181,62 @@ def os_facts():
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "container": os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),
+        "glibc": _glibc(),
+        "cpu_model": _cpu_model(),
     }
+
+
+def _glibc():
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read(65536)  # the first processor's block is enough
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("model name", "Model", "cpu model")):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+# Distributions a bug report about distributed training usually needs.
+PACKAGES = ("torch", "transformers", "accelerate", "deepspeed", "flash-attn", "flash_attn",
+            "numpy", "triton", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-cudnn-cu12",
+            "nvidia-cudnn-cu13", "megatron-core", "vllm", "xgboost", "mldebug")
+
+
+def package_facts():
+    """Installed versions of PACKAGES in the interpreter that runs this script."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {}
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name.replace("_", "-")] = metadata.version(name)
+        except Exception:  # noqa: BLE001 - not installed or broken metadata
+            continue
+    return out
+
+
+def topology_facts(timeout=5.0):
+    """``nvidia-smi topo -m`` when nvidia-smi exists (bounded in time and size)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        r = subprocess.run([exe, "topo", "-m"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return "nvidia-smi topo -m failed: %s" % e
+    return r.stdout[:16384].decode("utf-8", "replace")
 
 
 def python_facts():
@@ -531,6 +590,8 @@ def collect(torch_timeout=10.0, ports=(), resolve_timeout=3.0, torch_import=Fals
         "master_addr": resolve(env["MASTER_ADDR"], resolve_timeout) if env.get("MASTER_ADDR")
         else None,
         "ports": [check_port(p, resolve_timeout) for p in ports],
+        "packages": _safe(errors, "packages", package_facts) or {},
+        "topology": _safe(errors, "topology", topology_facts),
     }
     facts["torch"] = finish_torch_probe(probe, started, torch_timeout)
     facts["errors"] = errors

@@ -1,0 +1,191 @@
+"""Turn parsed NCCL logs into a report: merge processes, group what repeats, run the rules.
+
+Pure and linear in the number of processes and WARN kinds (dicts and sets only), so 8,192
+ranks cost about eight times 1,024. Identical WARN kinds are one finding with a folded host
+list; identical process rows are one table row.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from mldebug.findings import Finding, Severity, sort_findings
+from mldebug.nccllog.model import (
+    CommInit,
+    CommSummary,
+    NcclLogReport,
+    ParsedLog,
+    ProcessGroup,
+    ProcessLog,
+    Signal,
+    WarnGroup,
+    normalise,
+)
+from mldebug.nccllog.rules import RULES, Context, hosts_text, warn_fix
+
+MAX_ABSENT_SPAN = 1 << 20  # do not enumerate absent ranks of absurd communicator sizes
+
+
+def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
+    merged: dict[str, ProcessLog] = {}
+    for log in logs:
+        for key, p in log.processes.items():
+            m = merged.get(key)
+            if m is None:
+                merged[key] = p
+                continue
+            m.sources += [s for s in p.sources if s not in m.sources]
+            m.devices |= p.devices
+            m.version = m.version or p.version
+            m.cuda_driver = m.cuda_driver or p.cuda_driver
+            m.plugin = m.plugin or p.plugin
+            m.nets += p.nets[: max(0, 8 - len(m.nets))]
+            m.bootstrap = m.bootstrap or p.bootstrap
+            m.bootstrap_items = m.bootstrap_items or p.bootstrap_items
+            m.networks += [n for n in p.networks if n not in m.networks]
+            m.env.update(p.env)
+            for addr, comm in p.comms.items():
+                m.comms.setdefault(addr, comm)
+            for msg in p.warns:
+                if normalise(msg) not in m.warn_counts:
+                    m.warns.append(msg)
+            m.warn_counts.update(p.warn_counts)
+            m.gdr_disabled += [h for h in p.gdr_disabled if h not in m.gdr_disabled]
+            m.gid_link_local = m.gid_link_local or p.gid_link_local
+            for sl, cnt in p.coll.items():
+                m.coll[sl].update(cnt)
+            if m.launcher_rank is None:
+                m.launcher_rank = p.launcher_rank
+    procs = list(merged.values())
+    procs.sort(key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.host, p.pid))
+    return procs
+
+
+def _comm_summaries(procs: Sequence[ProcessLog]) -> list[CommSummary]:
+    groups: dict[str, list[tuple[CommInit, ProcessLog]]] = defaultdict(list)
+    nranks: dict[str, int] = {}
+    for p in procs:
+        ordinal: Counter[int] = Counter()
+        for c in p.comms.values():
+            key = c.comm_id or f"#{ordinal[c.nranks]} of size {c.nranks}"
+            ordinal[c.nranks] += 1
+            groups[key].append((c, p))
+            nranks[key] = c.nranks
+    out = []
+    for key, members in groups.items():
+        done = {c.rank for c, _ in members if c.completed}
+        stuck = {c.rank: p for c, p in members if c.started and not c.completed
+                 and c.rank not in done}
+        seen = {c.rank for c, _ in members}
+        n = nranks[key]
+        absent = sorted(set(range(n)) - seen) if n <= MAX_ABSENT_SPAN else []
+        out.append(CommSummary(key, n, sorted(done), sorted(stuck), absent,
+                               [stuck[r].key for r in sorted(stuck)]))
+    return out
+
+
+def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
+    groups: dict[str, WarnGroup] = {}
+    seen: dict[str, set[str]] = defaultdict(set)
+    hosts: dict[str, set[str]] = defaultdict(set)
+    for p in procs:
+        first = {normalise(m): m for m in p.warns}
+        for key, n in p.warn_counts.items():
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = WarnGroup(first.get(key, key), [], 0, key=key)
+            g.count += n
+            if p.key not in seen[key]:
+                seen[key].add(p.key)
+                g.processes.append(p.label)
+                hosts[key].add(p.host)
+    for key, g in groups.items():
+        g.hosts = sorted(hosts[key])
+    return sorted(groups.values(), key=lambda g: -len(g.processes))
+
+
+def _process_groups(procs: Sequence[ProcessLog]) -> list[ProcessGroup]:
+    """Rows equal apart from rank/host/pid, folded into one row each (first-seen order)."""
+    rows: dict[tuple[str, str, str, str, str], list[ProcessLog]] = {}
+    for p in procs:
+        net = p.net
+        ifaces = " ".join(normalise(i) for i in net.items) if net else ""
+        key = (p.version or "", p.transport or "", ifaces, ",".join(p.bootstrap),
+               "warn" if p.warn_counts else "")
+        rows.setdefault(key, []).append(p)
+    out = []
+    for key, ps in rows.items():
+        ranks = [p.rank for p in ps if p.rank is not None]
+        out.append(ProcessGroup(ranks=sorted(ranks), hosts=sorted({p.host for p in ps}),
+                                count=len(ps), devices=sorted({d for p in ps for d in p.devices}),
+                                version=key[0], transport=key[1],
+                                interfaces=" ".join(ps[0].net.items) if ps[0].net else "",
+                                bootstrap=key[3],
+                                warnings=sum(sum(p.warn_counts.values()) for p in ps)))
+    return out
+
+
+def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
+    procs = _merge(logs)
+    signals: dict[str, Signal] = {}
+    for log in logs:
+        for kind, sig in log.signals.items():
+            if kind in signals:
+                signals[kind].count += sig.count
+            else:
+                signals[kind] = sig
+    bare = list(dict.fromkeys(v for log in logs for v in log.bare_versions))
+    comms = _comm_summaries(procs)
+    warns = _warn_groups(procs)
+    ctx = Context(procs, warns, signals, comms, bare)
+    findings: list[Finding] = []
+    for rule in RULES:
+        findings += rule(ctx)
+    for w in warns:
+        if w.key in ctx.explained:
+            continue
+        findings.append(Finding(
+            Severity.WARNING, f"NCCL WARN: {w.message[:200]}",
+            f"printed {w.count} time(s) by {len(w.processes)} process(es): "
+            + (", ".join(w.processes) if len(w.processes) <= 3
+               else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"),
+            warn_fix(w.message), "nccl-log-warn", tuple(w.hosts)))
+    findings += _input_findings(logs, procs, findings)
+    coll: dict[int, Counter[str]] = defaultdict(Counter)
+    for p in procs:
+        for s, c in p.coll.items():
+            coll[s].update(c)
+    return NcclLogReport(
+        files=[log.source for log in logs], processes=procs, comms=comms, warnings=warns,
+        collectives={s: dict(sorted(c.items())) for s, c in sorted(coll.items())},
+        findings=sort_findings(findings), groups=_process_groups(procs),
+        lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs))
+
+
+def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
+                    findings: Sequence[Finding]) -> list[Finding]:
+    out = []
+    unparsed = sum(log.unparsed_nccl for log in logs)
+    if not procs and not findings and not any(log.bare_versions for log in logs):
+        out.append(Finding(
+            Severity.WARNING, "no NCCL debug lines found",
+            "None of the files has lines like 'host:pid:tid [0] NCCL INFO ...'.",
+            "rerun with NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE=/path/nccl.%h.%p.log), then pass "
+            "those files.", "nccl-log-empty"))
+    if unparsed:
+        example = next(e for log in logs for e in log.unparsed_examples)
+        out.append(Finding(
+            Severity.INFO, f"{unparsed} NCCL line(s) in an unknown shape were read as text",
+            f"e.g. {example[:200]}", "if mldebug misreads them, report the line shape.",
+            "nccl-log-unknown-shape"))
+    long_lines = sum(log.long_lines for log in logs)
+    cut = [log.source for log in logs if log.truncated]
+    if long_lines or cut:
+        out.append(Finding(
+            Severity.INFO, "part of the input was not read",
+            (f"{long_lines} line(s) longer than 64 KiB were cut. " if long_lines else "")
+            + (f"Stopped at the size bound in {', '.join(cut)}." if cut else ""),
+            "split huge logs per process (NCCL_DEBUG_FILE=...%h.%p).", "nccl-log-input-bound"))
+    return out
+

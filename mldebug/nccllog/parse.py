@@ -1,0 +1,372 @@
+"""Read NCCL_DEBUG=INFO output, line by line, into ``ParsedLog``s (the only I/O of nccl-log).
+
+Line shapes NCCL has printed (src/debug.cc over the years), after any launcher or logger
+prefix (``mldebug.logprefix``)::
+
+    host:pid:tid [cudaDev] NCCL INFO <message>
+    host:pid:tid [cudaDev] file.cc:123 NCCL WARN <message>
+    host:pid:tid [cudaDev] file.cc:123 (func) NCCL WARN <message>            (with function)
+    host:pid:tid [0] INFO NET : Using interface ...                           (2.3/2.4: no NCCL)
+    host:pid:tid [0] include/socket.h:311 WARN ...                            (old: no NCCL)
+    host:XXXX [5] ibvwrap.c:262 NCCL WARN ...      pod-id:num:num [3] ...     (redacted ids)
+    [3] include/shm.h:28 NCCL WARN ...   include/shm.h:28 NCCL WARN ...       (no host:pid:tid)
+    NCCL version 2.7.8+cuda11.1                                               (bare version)
+
+Any other line containing ``NCCL WARN``/``NCCL INFO`` is still counted and its WARN kept.
+Some failure texts are looked for in every line (PyTorch's ``unhandled system error``,
+NCCL's ``Last error:`` text): see ``SIGNALS``.
+
+Reading is streamed and bounded: lines are cut at ``MAX_LINE`` bytes and a file is read up
+to ``max_bytes``; every regular expression is anchored and free of nested repetition.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from mldebug.errors import UsageError
+from mldebug.logprefix import split_prefix
+from mldebug.nccllog.model import (
+    MAX_NETS,
+    MAX_SIGNAL_EXAMPLES,
+    CommInit,
+    NetChoice,
+    ParsedLog,
+    ProcessLog,
+    Signal,
+)
+
+MAX_LINE = 64 << 10
+MAX_BYTES = 16 << 30
+MAX_NRANKS = 1 << 22  # a communicator size beyond this is not believed
+UNKNOWN_HOST = "(no host in line)"
+
+HEAD = re.compile(
+    r"(?:(?P<id>[^\s\[\]]{1,256}) )?\[(?P<dev>\d{1,9})\] "
+    r"(?:\d{1,12}\.\d{1,9} )?"
+    r"(?:(?P<src>[\w./+-]{1,200}:\d{1,6})(?: \([^)\s]{1,100}\))? )?"
+    r"(?:NCCL )?(?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)", re.S)
+NOHEAD = re.compile(
+    r"(?P<src>[\w./+-]{1,200}\.(?:cc|cu|h|c|cpp|hpp):\d{1,6})(?: \([^)\s]{1,100}\))? "
+    r"(?:NCCL )?(?P<level>WARN|INFO)\b ?(?P<msg>.*)", re.S)
+OLD_SRC = re.compile(r"[\w./+-]{1,200}\.(?:cc|cu|h|c|cpp|hpp):\d{1,6}")
+VERSION = re.compile(r"NCCL version (?P<v>\d+\.\d+\.\d+\S{0,40})")
+NET = re.compile(r"NET/(?!Plugin\b)(?P<plugin>[\w.-]{1,40}) ?: Using (?P<rest>.*)", re.S)
+OLD_NET_IF = re.compile(r"NET : Using interface (?P<item>\S{1,200})")
+OLD_IB = re.compile(r"NET/IB: \[\d+\] (?P<item>\S{1,200})")
+BOOTSTRAP = re.compile(r"Bootstrap ?: Using (?P<rest>.*)", re.S)
+USING_NETWORK = re.compile(r"Using (?:internal )?[Nn]etwork (?P<name>[\w.-]{1,60})")
+ENVSET = re.compile(r"(?P<var>[A-Z][A-Z0-9_]{1,60}) set by environment to (?P<value>.{0,500})")
+INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]{1,16}) rank (?P<rank>\d{1,9}) "
+                  r"nranks (?P<nranks>\d{1,9})")
+COMMID = re.compile(r"commId (?P<id>0x[0-9a-fA-F]{1,16})")
+COLL = re.compile(r"(?P<op>[A-Za-z]{1,40}): opCount (?P<opc>[0-9a-fA-F]{1,16}) ")
+ITEM = re.compile(r"\[\d{1,4}\]=?\{?\s?(?P<item>[^\s\[;,{}=]{1,200})")
+DRIVER = re.compile(r"cudaDriverVersion (?P<v>\d{1,9})")
+PLUGIN_PATH = re.compile(r"Plugin Path : (?P<path>\S{1,400})")
+P2P_PLUGIN = re.compile(r"P2P plugin (?P<name>\S{1,100})")
+LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded (?:net|coll) plugin (?P<name>.{1,100})")
+
+# kind -> texts that mean it, looked for in every line (NCCL's or the application's).
+SIGNALS: dict[str, tuple[str, ...]] = {
+    "unhandled system error": ("unhandled system error", "ncclSystemError"),
+    "unhandled cuda error": ("unhandled cuda error", "ncclUnhandledCudaError"),
+    "internal error": ("internal error - please report", "ncclInternalError"),
+    "invalid usage": ("invalid usage", "ncclInvalidUsage"),
+    "remote error": ("ncclRemoteError", "remote process exiting prematurely"),
+    "no interface": ("is neither AF_INET(2) nor AF_INET6(10)",
+                     "Socket creation failed : Address family not supported",
+                     "no socket interface found", "No socket interface found"),
+    "cuda driver too old": ("CUDA driver version is insufficient",),
+    "no kernel for gpu": ("no kernel image is available", "named symbol not found",
+                          "maxSharedMem", "unknown compute capability"),
+}
+_NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in needles]
+
+
+def _iface_name(item: str) -> str:
+    return item.split(":", 1)[0].split("<", 1)[0].split("/", 1)[0]
+
+
+class _Parser:
+    """Feeds lines into one ``ParsedLog``; keeps the little state between lines."""
+
+    def __init__(self, source: str, split: re.Pattern[str] | None) -> None:
+        self.log = ParsedLog(source)
+        self.split = split
+        self.slice_no = 0
+        self.last_warn: str | None = None
+        self.last_proc: ProcessLog | None = None
+
+    def feed(self, raw: str) -> None:
+        log = self.log
+        log.lines += 1
+        line = raw.rstrip("\r\n")
+        if len(line) > MAX_LINE:
+            line = line[:MAX_LINE]
+            log.long_lines += 1
+        if self.split is not None and self.split.search(line):
+            self.slice_no += 1
+        for kind, needle in _NEEDLES:
+            if needle in line:
+                self._signal(kind, line)
+                break
+        if "NCCL" not in line and "WARN" not in line and "INFO" not in line:
+            return
+        label: str | None = None
+        rest = line
+        m = HEAD.match(line)  # the common case: no prefix at all
+        if m is None:
+            label, rest = split_prefix(line)
+            m = HEAD.match(rest) or NOHEAD.match(rest)
+        if m is None:
+            v = VERSION.match(rest)
+            if v is not None:  # NCCL <= 2.8 printed it bare, right after rank 0's NET lines
+                if v["v"] not in log.bare_versions and len(log.bare_versions) < 16:
+                    log.bare_versions.append(v["v"])
+                if self.last_proc is not None and self.last_proc.version is None:
+                    self.last_proc.version = v["v"]
+                return
+            self._catch_all(line)
+            return
+        log.nccl_lines += 1
+        proc = self.last_proc = self._process(m.groupdict().get("id"), m.groupdict().get("dev"))
+        if label is not None and label.isdigit():
+            proc.launcher_rank = int(label)
+        msg = m["msg"].strip()
+        if m["level"] == "WARN":
+            proc.add_warn(msg)
+            self.last_warn = msg
+        else:
+            _parse_info(proc, msg, self.slice_no)
+
+    def _process(self, ident: str | None, dev: str | None) -> ProcessLog:
+        devno = int(dev) if dev is not None else None
+        if ident:
+            parts = ident.split(":")
+            host = parts[0] or UNKNOWN_HOST
+            pid_text = parts[1] if len(parts) > 1 else ""
+        else:
+            host, pid_text = UNKNOWN_HOST, ""
+        # A redacted or missing pid: one process per GPU index (negative, never a real pid).
+        pid = int(pid_text) if pid_text.isdigit() else -1 - (devno or 0)
+        key = f"{host}:{pid}"
+        proc = self.log.processes.get(key)
+        if proc is None:
+            proc = self.log.processes[key] = ProcessLog(host, pid, [self.log.source])
+        if devno is not None and devno < 1024:
+            proc.devices.add(devno)
+        return proc
+
+    def _catch_all(self, line: str) -> None:
+        log = self.log
+        at = line.find(" WARN ")
+        if at > 0 and "NCCL WARN" not in line:  # old 'file.h:311 WARN ...' after any host text
+            src = line[line.rfind(" ", 0, at) + 1:at]
+            if OLD_SRC.fullmatch(src):
+                log.unparsed_nccl += 1
+                if len(log.unparsed_examples) < MAX_SIGNAL_EXAMPLES:
+                    log.unparsed_examples.append(line[:300])
+                msg = line[at + 6:].strip()
+                self._process(None, None).add_warn(msg)
+                self.last_warn = msg
+                return
+        for level in ("WARN", "INFO"):
+            at = line.find(f"NCCL {level}")
+            if at < 0:
+                continue
+            log.unparsed_nccl += 1
+            if len(log.unparsed_examples) < MAX_SIGNAL_EXAMPLES:
+                log.unparsed_examples.append(line[:300])
+            proc = self._process(None, None)
+            msg = line[at + 10:].strip()
+            if level == "WARN":
+                proc.add_warn(msg)
+                self.last_warn = msg
+            else:
+                _parse_info(proc, msg, self.slice_no)
+            return
+
+    def _signal(self, kind: str, line: str) -> None:
+        sig = self.log.signals.get(kind)
+        if sig is None:
+            sig = self.log.signals[kind] = Signal(kind, preceding_warn=self.last_warn)
+        sig.count += 1
+        if len(sig.examples) < MAX_SIGNAL_EXAMPLES:
+            sig.examples.append(line.strip()[:300])
+
+
+def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
+    m: re.Match[str] | None
+    if m := COLL.match(msg):
+        proc.coll[slice_no][m["op"]] += 1
+    elif m := VERSION.match(msg):
+        proc.version = m["v"]
+    elif m := NET.match(msg):
+        rest, _, oob = m["rest"].partition("; OOB ")
+        items = [i["item"] for i in ITEM.finditer(rest)]
+        if len(proc.nets) < MAX_NETS:
+            proc.nets.append(NetChoice(m["plugin"], [_iface_name(i) for i in items], items,
+                                       oob.strip() or None))
+    elif m := BOOTSTRAP.match(msg):
+        items = [i["item"] for i in ITEM.finditer(m["rest"])] or m["rest"].split()[:16]
+        proc.bootstrap = [_iface_name(i) for i in items]
+        proc.bootstrap_items = items
+    elif m := OLD_NET_IF.match(msg):  # NCCL 2.3/2.4: one line per socket interface
+        if len(proc.bootstrap) < 16:
+            proc.bootstrap.append(_iface_name(m["item"]))
+            proc.bootstrap_items.append(m["item"])
+    elif m := OLD_IB.match(msg):
+        if not proc.nets:
+            proc.nets.append(NetChoice("IB", [], []))
+        if len(proc.nets[0].items) < 32:
+            proc.nets[0].items.append(m["item"])
+            proc.nets[0].interfaces.append(_iface_name(m["item"]))
+    elif m := USING_NETWORK.match(msg):
+        if m["name"] not in proc.networks:
+            proc.networks.append(m["name"])
+    elif m := ENVSET.match(msg):
+        proc.env[m["var"]] = m["value"].strip().rstrip(".")
+    elif m := DRIVER.search(msg):
+        proc.cuda_driver = int(m["v"])
+    elif msg.startswith(("NET/Plugin", "Plugin Path", "P2P plugin")):
+        _parse_plugin(proc, msg)
+    elif "GPU Direct RDMA Disabled for HCA" in msg:
+        if len(proc.gdr_disabled) < 16:
+            proc.gdr_disabled.append(msg.split("HCA", 1)[1].strip())
+    else:
+        _parse_init(proc, msg)
+    if "(80FE/" in msg or "GID fe80" in msg:
+        proc.gid_link_local = True
+
+
+def _parse_plugin(proc: ProcessLog, msg: str) -> None:
+    m = PLUGIN_PATH.match(msg) or P2P_PLUGIN.match(msg) or LOADED_PLUGIN.match(msg)
+    if m is not None:
+        value = m.groupdict().get("path") or m.groupdict().get("name") or ""
+        proc.plugin = value.rsplit("/", 1)[-1].strip().rstrip(".")
+    elif proc.plugin is None and ("No plugin found" in msg or "Could not find" in msg
+                                  or "returned 2" in msg):
+        proc.plugin = "none"
+
+
+def _parse_init(proc: ProcessLog, msg: str) -> None:
+    at = msg.find("comm 0x")
+    if at < 0:
+        return
+    m = INIT.match(msg, at)
+    if m is None:
+        return
+    nranks = int(m["nranks"])
+    if nranks > MAX_NRANKS:
+        return
+    c = proc.comms.get(m["comm"])
+    if c is None:
+        c = proc.comms[m["comm"]] = CommInit(m["comm"], int(m["rank"]), nranks)
+    cid = msg.find("commId 0x", m.end())
+    if cid >= 0 and (idm := COMMID.match(msg, cid)):
+        c.comm_id = idm["id"]
+    if " - Init START" in msg:
+        c.started = True
+    elif " - Init COMPLETE" in msg:
+        c.completed = True
+
+
+def parse_lines(lines: Iterable[str], source: str = "<text>",
+                split: re.Pattern[str] | None = None) -> ParsedLog:
+    """Parse one log given as lines; ``split`` starts a new COLL slice on each matching line."""
+    p = _Parser(source, split)
+    for line in lines:
+        p.feed(line)
+    return p.log
+
+
+def parse_text(text: str, source: str = "<text>", split: re.Pattern[str] | None = None) -> ParsedLog:
+    """Parse one log held in memory (tests, small inputs)."""
+    return parse_lines(text.splitlines(), source, split)
+
+
+def read_lines(fh: BinaryIO, log: ParsedLog, max_bytes: int = MAX_BYTES) -> Iterator[str]:
+    """Lines of a binary stream, each cut at MAX_LINE bytes, stopping after ``max_bytes``."""
+    total = 0
+    while True:
+        chunk = fh.readline(MAX_LINE)
+        if not chunk:
+            return
+        total += len(chunk)
+        if len(chunk) == MAX_LINE and not chunk.endswith(b"\n"):
+            log.long_lines += 1
+            while True:  # skip the rest of an over-long line
+                more = fh.readline(MAX_LINE)
+                total += len(more)
+                if not more or more.endswith(b"\n") or total > max_bytes:
+                    break
+        yield chunk.decode("utf-8", "replace")
+        if total > max_bytes:
+            log.truncated = True
+            return
+
+
+def _inputs(paths: Sequence[str | Path]) -> list[str]:
+    """The files to read: '-' and /dev/stdin, FIFOs, regular files, a directory's files."""
+    out: list[str] = []
+    for raw in paths:
+        name = str(raw)
+        if name in ("-", "/dev/stdin"):
+            out.append("-")
+            continue
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            raise UsageError(f"{name} does not exist.",
+                             "Pass NCCL log files, e.g. the NCCL_DEBUG_FILE outputs or a job "
+                             "log, or '-' to read standard input.") from None
+        except OSError as e:
+            raise UsageError(f"cannot read {name}: {e.strerror}.",
+                             "Check the path and its permissions.") from None
+        if stat.S_ISDIR(st.st_mode):
+            with os.scandir(name) as it:  # regular files only: no links, FIFOs or devices
+                out += sorted(e.path for e in it if e.is_file(follow_symlinks=False))
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode):
+            out.append(name)
+        else:
+            raise UsageError(f"{name} is a device or socket, not a log file.",
+                             "Pass a file, a FIFO, or '-' to read standard input.")
+    if not out:
+        raise UsageError("no log files found.", "Pass files or a directory that holds them.")
+    return out
+
+
+def load(paths: Sequence[str | Path], split: str | None = None,
+         max_bytes: int = MAX_BYTES) -> list[ParsedLog]:
+    """Read log files (a directory means every regular file in it; '-' is standard input)."""
+    pattern = None
+    if split:
+        try:
+            pattern = re.compile(split)
+        except re.error as e:
+            raise UsageError(f"--split {split!r} is not a valid regular expression ({e}).",
+                             "Pass e.g. --split 'iteration: '.") from None
+    logs = []
+    for name in _inputs(paths):
+        p = _Parser("<stdin>" if name == "-" else name, pattern)
+        if name == "-":
+            for line in read_lines(sys.stdin.buffer, p.log, max_bytes):
+                p.feed(line)
+        else:
+            try:
+                fh = open(name, "rb")  # noqa: SIM115 - closed below, streamed
+            except OSError as e:
+                raise UsageError(f"cannot read {name}: {e.strerror}.",
+                                 "Check the path and its permissions.") from None
+            with fh:
+                for line in read_lines(fh, p.log, max_bytes):
+                    p.feed(line)
+        logs.append(p.log)
+    return logs
