@@ -13,7 +13,7 @@ import pytest
 from mldebug.cli import main
 from mldebug.log.analyze import analyze
 from mldebug.log.collect import load, rank_from_path
-from mldebug.log.parse import classify, parse_lines, split_prefix, time_key
+from mldebug.log.parse import classify, line_prefix, parse_lines, time_key
 
 FIX = Path(__file__).parent / "fixtures" / "log"
 REPO = Path(__file__).resolve().parent.parent
@@ -101,13 +101,15 @@ def test_oom_with_other_prefixes() -> None:
 
 
 def test_prefixes_and_times() -> None:
-    assert split_prefix("[rank12]:hello")[0] == 12
-    assert split_prefix("[default3]: x")[0] == 3
-    assert split_prefix("7: x")[0] == 7
-    assert split_prefix("[1,4]<stdout>:x")[0] == 4
-    r, t, rest = split_prefix("\x1b[0m【2025-09-25 14:27:49】[rank2]:[E ok")
+    assert line_prefix("[rank12]:hello")[0] == 12
+    assert line_prefix("[default3]: x")[0] == 3
+    assert line_prefix("7: x")[0] == 7
+    assert line_prefix("[1,4]<stdout>:x")[0] == 4
+    r, t, rest = line_prefix("\x1b[0m【2025-09-25 14:27:49】[rank2]:[E ok")
     assert (r, rest) == (2, "[E ok") and t is not None
-    assert time_key("E0321 02:07:08.5") == time_key("2024-03-21 02:07:08.5")
+    assert time_key("E0321 02:07:08.5") == time_key("2024-03-21 02:07:08.5") == time_key("E321 02:07:08.5")
+    assert line_prefix("[rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] x")[0] == 0
+    assert line_prefix("(pid=123) x")[0] is None  # a Ray pid is not a rank
     assert classify("RuntimeError: Connection closed by peer [127.0.0.1]:1")[1] is False
     assert classify("ValueError: bad")[1] is True
 

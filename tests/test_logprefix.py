@@ -66,3 +66,12 @@ def test_long_hostile_lines_take_linear_time() -> None:
         start = time.process_time()
         split_prefix(line)
         assert time.process_time() - start < 1.0, unit
+
+
+def test_dotted_exception_names_stay_messages() -> None:
+    for line in ("torch.OutOfMemoryError: CUDA out of memory.",
+                 "torch.distributed.DistBackendError: NCCL error in: x",
+                 "[rank1]: torch.OutOfMemoryError: CUDA out of memory."):
+        label, rest = split_prefix(line)
+        assert rest.endswith(line.split("]: ")[-1]), (line, label, rest)
+    assert split_prefix("node1.cluster: hello") == ("node1.cluster", "hello")

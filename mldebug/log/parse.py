@@ -22,23 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mldebug.log.model import Event, LauncherFailure, ParsedLogs, WatchdogTimeout
+from mldebug.logprefix import parse_prefix
 
 MAX_LINE = 16384  # characters of one line that are looked at
 MAX_WARN_GROUPS = 200
 MAX_WARN_RANKS = 4096
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# Launcher/logger prefixes, outermost first; each may be followed by another.
-_PREFIX = re.compile(
-    r"^\s*(?:"
-    r"(?P<ts>[【\[](?:\d{4}-\d\d-\d\d[ T_]\d\d:\d\d:\d\d[^\]】]*)[\]】]\s*)"  # [2025-01-01 12:00:00]
-    r"|\[(?:rank|default|RANK |Rank )(?P<r1>\d{1,7})\]:\s?"  # torch [rank3]: / torchrun --tee [default3]:
-    r"|\[\d{1,7},(?P<r2>\d{1,7})\]<std(?:out|err)>:\s?"  # mpirun --tag-output
-    r"|(?P<r3>\d{1,6}): "  # srun -l / torchrun --tee older form
-    r"|\(\w*(?:pid|Pid)=\d+(?:, ip=[\d.]+)?\)\s"  # Ray (pid=N)
-    r")"
-)
-_TIME_GLOG = re.compile(r"^\[?[EWIFD](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:\.\d+)?)")
+_TIME_GLOG = re.compile(r"^\[?[EWIFD](?P<md>\d{3,4}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:\.\d+)?)")
 _TIME_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:[.,]\d+)?)")
 
 _WD_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(")
@@ -97,28 +87,18 @@ def time_key(text: str) -> float | None:
         return None
     try:
         secs = float(m["s"].replace(",", "."))
-        return (((int(m["mo"]) * 31 + int(m["d"])) * 24 + int(m["h"])) * 60 + int(m["mi"])) * 60 + secs
+        md = m.groupdict().get("md")
+        mo, d = (int(md[:-2]), int(md[-2:])) if md else (int(m["mo"]), int(m["d"]))
+        return (((mo * 31 + d) * 24 + int(m["h"])) * 60 + int(m["mi"])) * 60 + secs
     except ValueError:
         return None
 
 
-def split_prefix(line: str) -> tuple[int | None, float | None, str]:
-    """Strip launcher/logger prefixes: (rank from the prefix, time if one was there, rest)."""
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    rank: int | None = None
-    when: float | None = None
-    for _ in range(4):
-        m = _PREFIX.match(line)
-        if not m:
-            break
-        if m["ts"]:
-            when = time_key(m["ts"].strip("[]【】 "))
-        r = m["r1"] or m["r2"] or m["r3"]
-        if r is not None and rank is None:
-            rank = int(r)
-        line = line[m.end():]
-    return rank, when, line
+def line_prefix(line: str) -> tuple[int | None, float | None, str]:
+    """(rank from the launcher prefix, time if a prefix carried one, the rest of the line);
+    prefixes are stripped by ``mldebug.logprefix``, shared with ``nccl-log``."""
+    p = parse_prefix(line, keep_indent=True)
+    return p.rank, (time_key(p.time) if p.time else None), p.rest
 
 
 def _user_frame(file: str, line: str, func: str) -> str | None:
@@ -161,7 +141,10 @@ class LogParser:
         if len(raw) > MAX_LINE:
             raw = raw[:MAX_LINE]
         raw = raw.rstrip("\r\n")
-        rank, when, text = split_prefix(raw)
+        if self._in_table and _TABLE_ENTRY.match(raw.strip()):  # "[0]:" is no rank prefix here
+            self._table_line(raw)
+            return
+        rank, when, text = line_prefix(raw)
         if rank is None:
             rank = file_rank
         stripped = text.lstrip()
