@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+# Inside each node (its own mount namespace) root's ~/.bashrc is hidden: an ssh login would
+# otherwise run this machine's `pyenv init`, whose rehash lock, left behind when a node is
+# killed mid-login, stalls every later login for a minute. Real nodes have no such rc file.
+_HIDE_RC = "[ -f /root/.bashrc ] && mount --bind /dev/null /root/.bashrc;"
+
+
 class ClusterUnavailable(RuntimeError):
     """The cluster cannot start here (missing sshd/pdsh/unshare, no privileges)."""
 
@@ -126,7 +132,7 @@ class LocalCluster:
         # bash is the node's PID 1 so orphans are reaped; --kill-child ends the node with us.
         node.proc = subprocess.Popen(
             ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",
-             "bash", "-c", f"hostname {node.name}; /usr/sbin/sshd -D -e -f {conf} & wait"],
+             "bash", "-c", f"hostname {node.name}; {_HIDE_RC} /usr/sbin/sshd -D -e -f {conf} & wait"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
