@@ -24,8 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # fr_synth: the synthetic dump generator
 
-from mldebug.fr import synth  # noqa: E402
+import fr_synth as synth  # noqa: E402
 
 OURS = """
 import sys, time, resource

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mldebug.fr import synth
+import fr_synth as synth
+
 from mldebug.fr.analyze import analyze, call_site, is_torch_frame
 from mldebug.fr.loader import load
-from mldebug.fr.model import Frame
+from mldebug.fr.model import CallFrame
 
 
 def run(tmp_path: Path, dumps: dict, frames: int = 2):
@@ -222,8 +223,8 @@ def test_call_site_strips_torch_frames_and_honours_n():
     e = load_one_entry()
     assert call_site(e, 1) == ["train_step at /job/train.py:10"]
     assert call_site(e, 0) == []
-    assert is_torch_frame(Frame("x", "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", 1))
-    assert not is_torch_frame(Frame("x", "/home/me/torchtitan/train.py", 1))
+    assert is_torch_frame(CallFrame("x", "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", 1))
+    assert not is_torch_frame(CallFrame("x", "/home/me/torchtitan/train.py", 1))
 
 
 def load_one_entry():

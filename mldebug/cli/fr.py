@@ -61,7 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_argument(a)
     a.set_defaults(_fr=_analyze)
 
-    e = sub.add_parser("env", help="print export lines for PyTorch's native recorder")
+    e = sub.add_parser("env", help="print export lines for PyTorch's native recorder",
+                       description="Print the environment PyTorch's own flight recorder reads "
+                       "(current names and their pre-2.9 spellings), for jobs that do not call "
+                       "mldebug.fr.enable() or that use NCCL's dump-on-timeout: paste them into "
+                       "the launch script before init_process_group. Nothing is changed here.")
     e.add_argument("--dir", metavar="DIR", help="dump directory (default: as enable())")
     e.add_argument("--buffer-size", type=int, default=2000, metavar="N",
                    help="entries kept per rank (default: 2000)")

@@ -22,9 +22,9 @@ from mldebug.fr.model import (
     ROOT_INPUT_ONLY,
     ROOT_OUTPUT_ONLY,
     Analysis,
+    CallFrame,
     DumpSet,
     Entry,
-    Frame,
     GroupSummary,
     Lag,
     Mismatch,
@@ -45,7 +45,7 @@ _IN_EQ_OUT = frozenset({"all_reduce", "allreduce", "allreduce_coalesced", "broad
 _KIND_ORDER = {"type": 0, "size": 1, "dtype": 2, "state": 3}
 
 
-def is_torch_frame(frame: Frame) -> bool:
+def is_torch_frame(frame: CallFrame) -> bool:
     """Frames of torch's own collective plumbing (stripped from call sites)."""
     return bool(_TORCH_FRAME.search(frame.filename))
 
@@ -208,10 +208,14 @@ def analyze(ds: DumpSet, frames: int = 2) -> Analysis:
         lagging.extend(_lags(ds, pg, summary, empty_set))
         summaries.append(summary)
     never = sorted({r for m in mismatches if m.kind == "missing" for r in m.culprit_ranks})
-    return Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
-                    never_enqueued=never, mismatches=mismatches, lagging=lagging,
-                    groups=summaries, problems=list(ds.problems),
-                    duplicates=dict(ds.duplicates), timelines=len(ds.timelines), notes=notes)
+    result = Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
+                      never_enqueued=never, mismatches=mismatches, lagging=lagging,
+                      groups=summaries, problems=list(ds.problems),
+                      duplicates=dict(ds.duplicates), timelines=len(ds.timelines), notes=notes)
+    from mldebug.fr.diagnose import build_findings
+
+    result.findings = build_findings(result)
+    return result
 
 
 def _members_by_timeline(ds: DumpSet, pg: _Pg, skip: set[int]) -> list[tuple[int, list[int]]]:

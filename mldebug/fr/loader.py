@@ -26,7 +26,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from mldebug.fr.model import DumpSet, Entry, Frame, LoadProblem, PgStatus, RankDump, Timeline
+from mldebug.fr.model import CallFrame, DumpSet, Entry, LoadProblem, PgStatus, RankDump, Timeline
 
 # Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
 _ALLOWED_GLOBALS = {
@@ -273,17 +273,17 @@ def _sizes(v: Any) -> tuple[tuple[int, ...], ...]:
                  for s in v)
 
 
-_frame_cache: dict[tuple[str, str, int], Frame] = {}
+_frame_cache: dict[tuple[str, str, int], CallFrame] = {}
 
 
-def _frames(v: Any) -> tuple[Frame, ...]:
+def _frames(v: Any) -> tuple[CallFrame, ...]:
     out = []
     for f in v or ():
         if isinstance(f, dict):
             key = (str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line", 0) or 0))
             fr = _frame_cache.get(key)
             if fr is None:
-                fr = _frame_cache[key] = Frame(*key)
+                fr = _frame_cache[key] = CallFrame(*key)
             out.append(fr)
     return tuple(out)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mldebug.findings import Finding
+
 # Operation names whose sizes legitimately differ across ranks (torch's own rules).
 ALL_TO_ALL = frozenset({"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall",
                         "alltoall_base"})
@@ -20,7 +22,7 @@ P2P_OPS = frozenset({"send", "recv"})
 
 
 @dataclass(frozen=True)
-class Frame:
+class CallFrame:
     name: str
     filename: str
     line: int
@@ -48,7 +50,7 @@ class Entry:
     output_dtypes: tuple[str, ...]
     state: str
     is_p2p: bool
-    frames: tuple[Frame, ...] = ()
+    frames: tuple[CallFrame, ...] = ()
     src: int | None = None  # group-local peers of send/recv
     dst: int | None = None
     time_created_ns: int | None = None
@@ -198,6 +200,7 @@ class Analysis:
     duplicates: dict[int, list[str]]
     timelines: int
     notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)  # built by analysis (fr.diagnose)
 
     @property
     def culprits(self) -> list[int]:
@@ -223,4 +226,5 @@ class Analysis:
             "duplicates": {str(k): v for k, v in self.duplicates.items()},
             "distinct_timelines": self.timelines,
             "notes": self.notes,
+            "findings": [f.to_dict() for f in self.findings],
         }
