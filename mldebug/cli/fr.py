@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
+import sys
 from pathlib import Path
 
 from mldebug.errors import MldebugError, UsageError
@@ -37,7 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
                         "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
     t.add_argument("--out", metavar="DIR",
-                   help="where to gather the dumps (default: ./fr-dumps-<time>)")
+                   help="a new or empty directory to gather the dumps in (default: a new "
+                        "private $TMPDIR/mldebug-fr-dumps-<time>-XXXX, printed at the end)")
+    t.add_argument("--max-mb", type=float, default=1024.0, metavar="MB",
+                   help="most megabytes of dumps one node sends back (default: 1024); ranks "
+                        "beyond it are named with the reason")
+    t.add_argument("--discover", action="store_true",
+                   help="also trigger recorders in every MLDEBUG_FR_DIR found in the rank "
+                        "processes' environments and every /tmp/mldebug-fr-<uid>")
     t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
     t.add_argument("--frames", type=int, default=2, metavar="N",
                    help="user frames per call site with --analyze (default: 2)")
@@ -119,10 +126,22 @@ def _trigger(args: argparse.Namespace) -> int:
     from mldebug.render import console, print_json
 
     target = target_from_args(args)
-    out = Path(args.out or f"fr-dumps-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not args.max_mb > 0:
+        raise UsageError(f"--max-mb must be a positive number, not {args.max_mb}.",
+                         "Pass e.g. --max-mb 1024.")
     kw = fanout_kwargs(args)
     timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
-    result = trigger(target, out, args.dir, timeout=timeout, **kw)
+    progress = None
+    if sys.stderr.isatty() and not target.is_local:
+        def progress(done: int, total: int) -> None:
+            sys.stderr.write(f"\r{done}/{total} node(s) answered")
+            sys.stderr.flush()
+    result = trigger(target, args.out, args.dir, timeout=timeout,
+                     max_bytes=int(args.max_mb * (1 << 20)), progress=progress,
+                     discover=args.discover, **kw)
+    if progress is not None:
+        sys.stderr.write("\n")
+    out = result.out_dir
     analysis = None
     if args.analyze and result.files:
         from mldebug.fr.analyze import analyze
@@ -146,8 +165,12 @@ def _trigger(args: argparse.Namespace) -> int:
                 con.print(Text(f"  {err}", style="yellow"))
             for note in n.notes:
                 con.print(Text(f"  {note}", style="dim"))
-        con.print(Text(f"{len(result.files)} dump(s) in {out}/" + (
-            f"   next: mldebug fr analyze {out}" if result.files and not args.analyze else "")))
+        if result.removed:
+            con.print(Text("0 dump(s); nothing was written (the output directory was removed)"))
+        else:
+            con.print(Text(f"{len(result.files)} dump(s) in {out}/" + (
+                f"   next: mldebug fr analyze {out}" if result.files and not args.analyze
+                else "")))
         if analysis is not None:
             from mldebug.fr.report import render
 
