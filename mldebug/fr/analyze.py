@@ -33,7 +33,8 @@ from mldebug.fr.model import (
 
 _TORCH_FRAME = re.compile(
     r"([/\\](site|dist)-packages[/\\]torch[/\\])|(^|[/\\])torch[/\\](distributed|nn|_dynamo|"
-    r"_tensor\.py|utils|autograd|cuda|_ops\.py|_compile|amp|optim|fx|_C)([/\\.]|$)")
+    r"_tensor\.py|utils|autograd|cuda|_ops\.py|_compile|amp|optim|fx|_C)([/\\.]|$)"
+    r"|[/\\]typing_extensions\.py$")  # deprecated()'s wrapper around torch's calls
 
 _GATHER_LIKE = frozenset({"all_gather", "all_gather_base", "_all_gather_base",
                           "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
@@ -334,11 +335,76 @@ def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[lis
                f"{last_txt}). Minority vote: the {len(rs)} rank(s) that issued it made an "
                f"extra call.")
         return Mismatch(pg.name, pg.desc, seq, "missing", rs, why, groups)
+    if len(rs) == len(absent):
+        decided = call_site_tiebreak(seq, [rs, absent], per_tl)
+        if decided is not None:
+            culprits, evidence, began = decided
+            extra = culprits == rs
+            why = (f"rank(s) {_fold(rs)} enqueued collective #{seq} ({op}) and wait in it; "
+                   f"rank(s) {_fold(absent)} never enqueued it (last collective in this group: "
+                   f"{last_txt}). A tie on counts, decided by the call sites: {evidence} "
+                   + (f"Rank(s) {_fold(rs)} issued an extra call at #{began}; the sequences "
+                      f"only part at #{seq}." if extra else
+                      f"Rank(s) {_fold(absent)} skipped or added a call at #{began}."))
+            m = Mismatch(pg.name, pg.desc, seq, "missing", culprits, why, groups)
+            m.began_at = began
+            return m
     tie = " (a tie: equally, the others may have issued one call too many)" if len(rs) == len(absent) else ""
     why = (f"rank(s) {_fold(rs)} enqueued collective #{seq} ({op}) and wait in it; rank(s) "
            f"{_fold(absent)} never enqueued it (last collective in this group: {last_txt}): "
            f"they skipped it or are stuck before it{tie}.")
     return Mismatch(pg.name, pg.desc, seq, "missing", absent, why, groups)
+
+
+def _site(ents: list[Entry]) -> tuple[str, ...]:
+    """Where one position was called from: the innermost user frame of each entry."""
+    return tuple(next((str(f) for f in e.frames if not is_torch_frame(f)), "") for e in ents)
+
+
+def call_site_tiebreak(seq: int, sides: list[list[int]],
+                       per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                       ) -> tuple[list[int], str, int] | None:
+    """Break a tie between two equally large sides by where their calls came from.
+
+    Going back from ``seq``, find the first position k where the two sides' call sites
+    differ (the divergence may have begun before the op types differ). The side whose call
+    site at k issued no other collective in this group - on its own ranks or the others' -
+    is the one that made the odd call; the other side's site at k is a line the first side
+    also reaches (its regular pattern). Returns (culprit ranks, the evidence in words, k),
+    or None when the frames do not decide (no frames, no difference, or both sites unique).
+    """
+    if len(sides) != 2:
+        return None
+    maps = []
+    for side in sides:
+        sm = next((m for rs, m in per_tl if side[0] in rs), None)
+        if sm is None:
+            return None
+        maps.append(sm)
+    a, b = maps
+    common = sorted(k for k in a if k in b and k <= seq)
+    diff = [k for k in common if _site(a[k]) != _site(b[k]) and all(_site(a[k]) + _site(b[k]))]
+    if not diff:
+        return None
+    k = diff[0]
+    uses: dict[tuple[str, ...], set[int]] = defaultdict(set)
+    for i, sm in enumerate(maps):
+        for q, ents in sm.items():
+            uses[_site(ents)].add(i * (1 << 40) + q)
+    odd = [i for i, sm in enumerate(maps) if len(uses[_site(sm[k])]) == 1]
+    if len(odd) != 1:
+        return None
+    i = odd[0]
+    other = 1 - i
+    where = _site(maps[i][k])[0]
+    theirs = _site(maps[other][k])[0]
+    also = sorted(q for q, ents in maps[i].items() if _site(ents) == _site(maps[other][k]))
+    evidence = (f"rank(s) {_fold(sides[i])}'s #{k} was called from {where}, a line that issued "
+                f"no other collective in this group on any rank, while rank(s) "
+                f"{_fold(sides[other])}'s #{k} came from {theirs}"
+                + (f", which rank(s) {_fold(sides[i])} also reach at "
+                   f"{', '.join(f'#{q}' for q in also[:4])}." if also else "."))
+    return sorted(sides[i]), evidence, k
 
 
 def _divergence(pg: _Pg, seq: int,
@@ -368,8 +434,14 @@ def _divergence(pg: _Pg, seq: int,
                    f"next collective is the one the others issued at #{seq} (equally, the "
                    "others skipped one).")
         else:
-            culprits = sorted(r for _, rs, _ in merged for r in rs)
-            why = f"no majority ({what}); cannot tell which side is wrong."
+            decided = (call_site_tiebreak(seq, [rs for _, rs, _ in tied], per_tl)
+                       if len(tied) == 2 and len(merged) == 2 else None)
+            if decided is not None:
+                culprits, evidence, _ = decided
+                why = f"no majority ({what}); a tie on counts, decided by the call sites: {evidence}"
+            else:
+                culprits = sorted(r for _, rs, _ in merged for r in rs)
+                why = f"no majority ({what}); cannot tell which side is wrong."
     if absent:
         why += f" Rank(s) {_fold(sorted(absent))} never enqueued #{seq}."
     began = _began_at(seq, top_rs, culprits, per_tl)

@@ -310,15 +310,22 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
     if isinstance(status, dict):
         for key, val in status.items():
             if isinstance(val, dict):
-                dump.pg_status[_text(key)] = PgStatus(
-                    _int(val.get("last_enqueued_collective")),
-                    _int(val.get("last_started_collective")),
-                    _int(val.get("last_completed_collective")))
+                dump.pg_status[_text(key)] = PgStatus(  # torch's JSON dump writes strings
+                    _num(val.get("last_enqueued_collective")),
+                    _num(val.get("last_started_collective")),
+                    _num(val.get("last_completed_collective")))
     return dump
 
 
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_INT < v < MAX_INT else None
+
+
+def _num(v: Any) -> int | None:
+    """An integer written as a number or as its decimal string ('2', '-1')."""
+    if isinstance(v, str) and 0 < len(v) <= 19 and v.lstrip("-").isdigit():
+        return int(v)
+    return _int(v)
 
 
 def _text(v: Any, limit: int = MAX_TEXT) -> str:
