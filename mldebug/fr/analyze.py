@@ -174,8 +174,10 @@ def _natural(s: str) -> tuple[int, str]:
     return (int(s), "") if s.isdigit() else (1 << 62, s)
 
 
-def analyze(ds: DumpSet, frames: int = 2) -> Analysis:
-    """Find the first divergence per process group, missing and lagging ranks."""
+def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -> Analysis:
+    """Find the first divergence per process group, missing, lagging and straggling ranks.
+
+    ``since`` (pg -> seq): straggler statistics only over collectives after these."""
     ranks = sorted(ds.dumps)
     world = _world_size(ds) or ((max(ranks) + 1) if ranks else 0)
     notes: list[str] = []
@@ -214,7 +216,9 @@ def analyze(ds: DumpSet, frames: int = 2) -> Analysis:
                       groups=summaries, problems=list(ds.problems),
                       duplicates=dict(ds.duplicates), timelines=len(ds.timelines), notes=notes)
     from mldebug.fr.diagnose import build_findings
+    from mldebug.fr.stragglers import find_stragglers
 
+    result.stragglers, result.straggler_window = find_stragglers(ds, since)
     result.findings = build_findings(result)
     return result
 
@@ -320,12 +324,13 @@ def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[lis
     (items,) = present.values()
     rs, ents = _merge(items)
     absent = sorted(absent)
+    absent_set = set(absent)
     op = ents[0].op
     groups = [_sig_group(rs, ents, frames), SignatureGroup(absent, "(not enqueued)")]
     last = {}
     for trs, sm in per_tl:
         for r in trs:
-            if r in absent:
+            if r in absent_set:
                 last[r] = max(sm) if sm else None
     last_txt = ", ".join(f"rank {r}: #{v}" if v is not None else f"rank {r}: none"
                          for r, v in sorted(last.items())[:8])
@@ -577,13 +582,14 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
 def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[Lag]:
     enq: dict[int, int] = {}
     done: dict[int, int | None] = {}
+    members = set(pg.ranks)  # membership tests per rank: a set, not the list (16k ranks)
     for tl in ds.timelines:
         mine = [e for e in tl.entries if e.pg_name == pg.name and not e.is_p2p]
         ids = {e.pg_id for e in mine if e.pg_id is not None}
         last_e = max((e.seq for e in mine), default=None)
         last_c = max((e.seq for e in mine if e.state == "completed"), default=None)
         for r in tl.ranks:
-            if r not in pg.ranks or r in skip:
+            if r not in members or r in skip:
                 continue
             dump = ds.dumps[r]
             st = None

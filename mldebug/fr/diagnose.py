@@ -76,6 +76,20 @@ def build_findings(a: Analysis) -> list[Finding]:
                            "used the first: " + ", ".join(files),
                            "Analyse one job's dumps at a time (one directory per trigger).",
                            code="fr-duplicate-rank"))
+    for st in a.stragglers:
+        share = 100 * st.times_last / st.collectives
+        out.append(Finding(
+            Severity.WARNING,
+            f"rank {st.rank}{f' ({st.host})' if st.host else ''} arrived last at {share:.0f}% "
+            f"of {st.collectives} collectives, by {st.late_ms_median:.0f} ms median",
+            f"Behind the median rank: median {st.late_ms_median:.1f} ms, p90 "
+            f"{st.late_ms_p90:.1f} ms, mean {st.late_ms_mean:.1f} ms (enqueue times, host "
+            "clocks aligned). Every other rank waits this long for it at each collective.",
+            f"Look at what rank {st.rank} does between collectives"
+            + (f" and at host {st.host}" if st.host else "")
+            + ": a slower GPU or NIC, a data loader on a busy host, extra work on that rank "
+            "only. 'mldebug hang --pid' on it during a step shows where the time goes.",
+            code="fr-straggler", hosts=(st.host,) if st.host else ()))
     for n in a.notes:
         out.append(Finding(Severity.INFO, n, code="fr-note"))
     return out

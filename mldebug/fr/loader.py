@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import stat
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -190,6 +191,7 @@ def _scan_checked(name: str, keep: bool) -> _Scanned:
         return _Scanned(name, f"{len(raw_entries)} entries, over the {MAX_ENTRIES} limit; skipped")
     _check_budget(raw_entries, len(data))
     dump = _rank_dump(doc, rank, rank_from, name, len(raw_entries))
+    dump.created = array("q", [_stamp(e) for e in raw_entries])
     fp = hashlib.blake2b(pickle.dumps(_project(raw_entries), protocol=4),
                          digest_size=20).digest()
     return _Scanned(name, dump=dump, fingerprint=fp, raw_entries=raw_entries if keep else None)
@@ -319,6 +321,11 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
 
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_INT < v < MAX_INT else None
+
+
+def _stamp(e: Any) -> int:
+    t = e.get("time_created_ns") if isinstance(e, dict) else None
+    return t if isinstance(t, int) and not isinstance(t, bool) and 0 < t < MAX_INT else -1
 
 
 def _num(v: Any) -> int | None:

@@ -8,6 +8,7 @@ what 1,024 copies of the same one would.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,9 @@ class RankDump:
     pg_status: dict[str, PgStatus] = field(default_factory=dict)  # key: pg_id as str
     timeline: int = -1  # index into DumpSet.timelines
     entry_count: int = 0
+    # this rank's own enqueue times (time_created_ns, -1 when absent), aligned with its
+    # timeline's entries: ranks that share a timeline share entries but not times
+    created: array[int] = field(default_factory=lambda: array("q"))
 
 
 @dataclass
@@ -172,6 +176,25 @@ class Lag:
 
 
 @dataclass
+class Straggler:
+    """A rank that arrived last at matched collectives far more often than chance."""
+
+    rank: int
+    host: str | None
+    collectives: int  # matched collectives compared
+    times_last: int
+    late_ms_median: float  # behind the median rank's arrival, host clocks aligned
+    late_ms_p90: float
+    late_ms_mean: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "collectives": self.collectives,
+                "times_last": self.times_last, "late_ms_median": round(self.late_ms_median, 3),
+                "late_ms_p90": round(self.late_ms_p90, 3),
+                "late_ms_mean": round(self.late_ms_mean, 3)}
+
+
+@dataclass
 class GroupSummary:
     pg: str
     desc: str
@@ -200,6 +223,8 @@ class Analysis:
     duplicates: dict[int, list[str]]
     timelines: int
     notes: list[str] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    straggler_window: int = 0  # matched collectives the straggler statistics cover
     findings: list[Finding] = field(default_factory=list)  # built by analysis (fr.diagnose)
 
     @property
@@ -226,5 +251,7 @@ class Analysis:
             "duplicates": {str(k): v for k, v in self.duplicates.items()},
             "distinct_timelines": self.timelines,
             "notes": self.notes,
+            "stragglers": [st.to_dict() for st in self.stragglers],
+            "straggler_collectives": self.straggler_window,
             "findings": [f.to_dict() for f in self.findings],
         }

@@ -33,6 +33,10 @@ def render(a: Analysis, console: Console) -> None:
         console.print(Text(f"  group {g.pg} ({g.desc or '-'}): ranks {fold_ints(g.ranks)} "
                            f"[{g.membership}], collectives #{g.compared_from}-#{g.compared_to} "
                            f"compared{wait}", style="dim"))
+    if a.straggler_window:
+        named = ", ".join(f"rank {st.rank}" for st in a.stragglers) or "none"
+        console.print(Text(f"  stragglers over {a.straggler_window} matched collective(s): "
+                           f"{named}", style="dim"))
     render_findings(a.findings, console, empty="No mismatch: every rank recorded the same "
                     "collectives in the same order.")
     if a.culprits:

@@ -1,0 +1,72 @@
+"""Stragglers from real gloo jobs: rank 2 sleeps 30 ms before every all_reduce (named), nobody
+sleeps (nobody named), and the sleeper's dumps copied with one node's clock shifted."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from mldebug.fr.analyze import analyze
+from mldebug.fr.loader import load
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
+
+
+def _start(out: Path, sleeper: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, MLDEBUG_FR_DIR=str(out), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+         str(REPO / "recipes" / "fr_straggler.py"), "--sleeper", str(sleeper), "--sleep-ms",
+         "30", "--steps", "200"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("strag")
+    dirs = {"sleeper": base / "sleeper", "none": base / "none"}
+    procs = {name: _start(d, 2 if name == "sleeper" else -1) for name, d in dirs.items()}
+    for name, p in procs.items():  # both at once: the wall time of one
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, (name, err.decode(errors="replace")[-3000:])
+    return dirs
+
+
+def test_the_sleeping_rank_is_named(runs):
+    r = run_cli("fr", "analyze", str(runs["sleeper"]), "--json")
+    import json
+
+    doc = json.loads(r.stdout)
+    (st,) = doc["stragglers"]
+    assert st["rank"] == 2 and doc["straggler_collectives"] == 200
+    assert st["times_last"] >= 180 and 20 <= st["late_ms_median"] <= 80, st
+    (f,) = [f for f in doc["findings"] if f["code"] == "fr-straggler"]
+    assert f["title"].startswith("rank 2 ") and "arrived last at" in f["title"]
+
+
+def test_nobody_is_named_without_a_sleeper(runs):
+    a = analyze(load([runs["none"]]))
+    assert a.straggler_window == 200 and a.stragglers == []
+
+
+@pytest.mark.parametrize("shift_ns", [7_000_000_000, -25_000_000, -3_600_000_000_000])
+def test_a_node_with_a_shifted_clock_does_not_move_the_verdict(runs, tmp_path, shift_ns):
+    """Ranks 0-1 on nodeA, 2-3 on nodeB whose clock is off by ``shift_ns``."""
+    for f in runs["sleeper"].glob("fr_rank*"):
+        doc = pickle.loads(f.read_bytes())
+        node_b = doc["rank"] >= 2
+        doc["mldebug"]["host"] = "nodeB" if node_b else "nodeA"
+        if node_b:
+            for e in doc["entries"]:
+                e["time_created_ns"] += shift_ns
+        (tmp_path / f.name).write_bytes(pickle.dumps(doc))
+    a = analyze(load([tmp_path]))
+    assert [s.rank for s in a.stragglers] == [2], [s.to_dict() for s in a.stragglers]
+    assert a.stragglers[0].host == "nodeB" and 20 <= a.stragglers[0].late_ms_median <= 80
