@@ -70,3 +70,34 @@ def test_a_node_with_a_shifted_clock_does_not_move_the_verdict(runs, tmp_path, s
     a = analyze(load([tmp_path]))
     assert [s.rank for s in a.stragglers] == [2], [s.to_dict() for s in a.stragglers]
     assert a.stragglers[0].host == "nodeB" and 20 <= a.stragglers[0].late_ms_median <= 80
+
+
+def test_watch_on_a_live_job_names_the_sleeper(tmp_path):
+    d = tmp_path / "d"
+    env = dict(os.environ, MLDEBUG_FR_DIR=str(d), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    log = tmp_path / "log"
+    with open(log, "wb") as f:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+             str(REPO / "recipes" / "fr_straggler.py"), "--steps", "100000"],
+            stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 120
+        while log.read_text(errors="replace").count(" ready") < 4:
+            assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        r = run_cli("fr", "watch", "--dir", str(d), "--interval", "3", "--out",
+                    str(tmp_path / "w"), "--timeout", "20", "--json")
+        assert r.returncode == 0, r.stderr
+        import json
+
+        doc = json.loads(r.stdout)
+        a = doc["analysis"]
+        assert a["straggler_collectives"] >= 10 and [s["rank"] for s in a["stragglers"]] == [2]
+        assert doc["since"]["0"] > 0  # the window starts after the first dump's collectives
+        assert len(list((tmp_path / "w" / "1").iterdir())) == 4
+    finally:
+        os.killpg(job.pid, 9)
+        job.wait()

@@ -19,7 +19,8 @@ on demand and analyses all ranks at once:
 
   mldebug fr trigger                      # every rank on this host dumps now
   mldebug fr trigger --nodes node[1-8]    # ... on every node, gathered here
-  mldebug fr analyze fr-dumps-*/          # first divergence, culprit rank, call site
+  mldebug fr analyze DIR                  # first divergence, culprit rank, call site
+  mldebug fr watch --interval 10          # the ranks everybody waits for (stragglers)
   mldebug fr env                          # export lines for PyTorch's native recorder
 
 Docs: docs/fr.md."""
@@ -68,6 +69,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_argument(a)
     a.set_defaults(_fr=_analyze)
 
+    w = sub.add_parser("watch", help="dump twice S seconds apart and name the ranks that "
+                       "arrive late at the collectives in between (stragglers)",
+                       description="Trigger every rank's dump, wait --interval seconds, trigger "
+                       "again, and report the stragglers over the collectives issued in between: "
+                       "per rank, how often it arrived last and by how much (docs/fr.md, "
+                       "Stragglers). Needs only mldebug.fr.enable() in the job.")
+    w.add_argument("--interval", type=float, default=10.0, metavar="S",
+                   help="seconds between the two dumps (default: 10)")
+    w.add_argument("--dir", metavar="DIR", help="the ranks' dump directory (default: as enable())")
+    w.add_argument("--out", metavar="DIR",
+                   help="a new or empty directory for both dumps (<out>/1, <out>/2; default: a "
+                        "new private $TMPDIR/mldebug-fr-dumps-<time>-XXXX)")
+    add_target_arguments(w, default_timeout=30.0)
+    add_json_argument(w)
+    w.set_defaults(_fr=_watch)
+
     e = sub.add_parser("env", help="print export lines for PyTorch's native recorder",
                        description="Print the environment PyTorch's own flight recorder reads "
                        "(current names and their pre-2.9 spellings), for jobs that do not call "
@@ -83,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     fn = getattr(args, "_fr", None)
     if fn is None:
         raise UsageError("mldebug fr needs a subcommand.",
-                         "Use 'mldebug fr trigger', 'mldebug fr analyze DIR' or 'mldebug fr env'.")
+                         "Use 'mldebug fr trigger', 'mldebug fr analyze DIR', 'mldebug fr watch' "
+                         "or 'mldebug fr env'.")
     return int(fn(args))
 
 
@@ -176,6 +194,43 @@ def _trigger(args: argparse.Namespace) -> int:
 
             render(analysis, con)
     return 0 if result.files else 1
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from mldebug.cli._common import fanout_kwargs, target_from_args
+    from mldebug.fr.analyze import analyze
+    from mldebug.fr.collect import watch
+    from mldebug.fr.loader import load_files
+    from mldebug.render import console, print_json
+
+    if not 0 < args.interval < 86400:
+        raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
+                         "Pass e.g. --interval 10.")
+    target = target_from_args(args)
+    kw = fanout_kwargs(args)
+    timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
+    result = watch(target, args.interval, args.out, args.dir, timeout=timeout, **kw)
+    files = result.second.files
+    if not files:
+        raise MldebugError(f"no rank dumped (first trigger: {len(result.first.files)} dump(s)).",
+                           "Check that the job called mldebug.fr.enable(); "
+                           "'mldebug fr trigger' shows each rank's reason.")
+    analysis = analyze(load_files(files), since=result.since)
+    if args.json:
+        doc = result.to_dict()
+        doc["analysis"] = analysis.to_dict()
+        print_json(doc)
+    else:
+        from rich.text import Text
+
+        from mldebug.fr.report import render
+
+        con = console()
+        con.print(Text(f"{len(files)} dump(s) {args.interval:g}s after the first "
+                       f"({result.second.out_dir}); {analysis.straggler_window} collective(s) "
+                       "in between"))
+        render(analysis, con)
+    return 0
 
 
 def _env(args: argparse.Namespace) -> int:

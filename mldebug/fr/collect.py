@@ -269,3 +269,48 @@ def for_hang(target: Any, out_dir: str | Path | None, timeout: float,
                        "--fr-dir DIR (docs/fr.md)")
     doc["notes"] = notes
     return doc, analysis
+
+
+@dataclass
+class WatchResult:
+    """Two triggers ``interval`` seconds apart and the window between them."""
+
+    first: TriggerResult
+    second: TriggerResult
+    since: dict[str, int]  # pg -> last collective seq in the first dumps
+    interval: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interval_s": self.interval, "since": self.since,
+                "first": self.first.to_dict(), "second": self.second.to_dict()}
+
+
+def last_seqs(files: list[Path]) -> dict[str, int]:
+    """Per process group, the highest collective sequence number any of the dumps holds."""
+    from mldebug.fr.loader import load_files
+
+    ds = load_files(files)
+    since: dict[str, int] = {}
+    for tl in ds.timelines:
+        for e in tl.entries:
+            if not e.is_p2p and e.seq > since.get(e.pg_name, -1):
+                since[e.pg_name] = e.seq
+    return since
+
+
+def watch(target: Any, interval: float, out_dir: str | Path | None,
+          dump_dir: str | Path | None = None, timeout: float = 30.0,
+          **fanout_kwargs: Any) -> WatchResult:
+    """Trigger every rank twice, ``interval`` seconds apart, into ``<out>/1`` and ``<out>/2``;
+    the straggler statistics of the second dumps then cover only the collectives between."""
+    out, created = prepare_out(out_dir)
+    first = trigger(target, out / "1", dump_dir, timeout=timeout, **fanout_kwargs)
+    since = last_seqs(first.files) if first.files else {}
+    time.sleep(interval)
+    second = trigger(target, out / "2", dump_dir, timeout=timeout, **fanout_kwargs)
+    if created and not first.files and not second.files:
+        try:
+            out.rmdir()
+        except OSError:
+            pass
+    return WatchResult(first, second, since, interval)
