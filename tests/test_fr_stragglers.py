@@ -72,7 +72,9 @@ def test_a_node_with_a_shifted_clock_does_not_move_the_verdict(runs, tmp_path, s
     assert a.stragglers[0].host == "nodeB" and 20 <= a.stragglers[0].late_ms_median <= 80
 
 
-def test_watch_on_a_live_job_names_the_sleeper(tmp_path):
+def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(tmp_path):
+    """One live job for two checks: ``fr watch``, and ``mldebug hang --fr``'s trigger
+    (``mldebug.fr.collect.for_hang``) finding ranks whose MLDEBUG_FR_DIR is not the default."""
     d = tmp_path / "d"
     env = dict(os.environ, MLDEBUG_FR_DIR=str(d), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     log = tmp_path / "log"
@@ -98,6 +100,14 @@ def test_watch_on_a_live_job_names_the_sleeper(tmp_path):
         assert a["straggler_collectives"] >= 10 and [s["rank"] for s in a["stragglers"]] == [2]
         assert doc["since"]["0"] > 0  # the window starts after the first dump's collectives
         assert len(list((tmp_path / "w" / "1").iterdir())) == 4
+
+        from mldebug.fanout import Target
+        from mldebug.fr.collect import for_hang
+
+        doc, analysis = for_hang(Target(), tmp_path / "hang-fr", 20.0, tmp_path / "elsewhere")
+        assert len(doc["files"]) == 4 and analysis is not None, doc
+        assert doc["recorders_elsewhere"] == [{"dir": str(d), "ranks": [0, 1, 2, 3]}]
+        assert any(f"had their recorder in {d}" in n for n in analysis.notes)
     finally:
         os.killpg(job.pid, 9)
         job.wait()
