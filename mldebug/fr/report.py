@@ -34,7 +34,10 @@ def render(a: Analysis, console: Console) -> None:
                            f"[{g.membership}], collectives #{g.compared_from}-#{g.compared_to} "
                            f"compared{wait}", style="dim"))
     if a.straggler_window:
-        named = ", ".join(f"rank {st.rank}" for st in a.stragglers) or "none"
+        from mldebug.fr.stragglers import MIN_COLLECTIVES
+
+        named = ", ".join(f"rank {st.rank}" for st in a.stragglers) or (
+            "none" if a.straggler_window >= MIN_COLLECTIVES else "too few to judge")
         console.print(Text(f"  stragglers over {a.straggler_window} matched collective(s): "
                            f"{named}", style="dim"))
     render_findings(a.findings, console, empty="No mismatch: every rank recorded the same "
