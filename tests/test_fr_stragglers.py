@@ -90,6 +90,7 @@ def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(t
         while log.read_text(errors="replace").count(" ready") < 4:
             assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.3)
+        time.sleep(1.0)
         r = run_cli("fr", "watch", "--dir", str(d), "--interval", "3", "--out",
                     str(tmp_path / "w"), "--timeout", "20", "--json")
         assert r.returncode == 0, r.stderr
@@ -99,12 +100,16 @@ def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(t
         a = doc["analysis"]
         assert a["straggler_collectives"] >= 10 and [s["rank"] for s in a["stragglers"]] == [2]
         assert doc["since"]["0"] > 0  # the window starts after the first dump's collectives
-        assert len(list((tmp_path / "w" / "1").iterdir())) == 4
+        assert len(list((tmp_path / "w" / "1").iterdir())) == 4, (doc["first"], log.read_text())
 
         from mldebug.fanout import Target
         from mldebug.fr.collect import for_hang
 
-        doc, analysis = for_hang(Target(), tmp_path / "hang-fr", 20.0, tmp_path / "elsewhere")
+        import psutil
+
+        ranks = [c.pid for c in psutil.Process(job.pid).children(recursive=True)]
+        doc, analysis = for_hang(Target(), tmp_path / "hang-fr", 20.0, tmp_path / "elsewhere",
+                                 pids=ranks)
         assert len(doc["files"]) == 4 and analysis is not None, doc
         assert doc["recorders_elsewhere"] == [{"dir": str(d), "ranks": [0, 1, 2, 3]}]
         assert any(f"had their recorder in {d}" in n for n in analysis.notes)

@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         written = save(out, results, report.to_dict(), render_text(report))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
-    fr_doc, fr_analysis = (_flight_recorder(args, target, kw) if args.fr else (None, None))
+    fr_doc, fr_analysis = (_flight_recorder(args, target, kw, [p.pid for p in report.processes])
+                           if args.fr else (None, None))
     if args.json:
         doc = report.to_dict()
         if args.fr:
@@ -132,13 +133,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.processes else 1
 
 
-def _flight_recorder(args: argparse.Namespace, target: object,
-                     kw: dict[str, object]) -> tuple[dict[str, object], object]:
+def _flight_recorder(args: argparse.Namespace, target: object, kw: dict[str, object],
+                     pids: list[int]) -> tuple[dict[str, object], object]:
     """Trigger flight-recorder dumps on the same nodes and analyse them (mldebug.fr)."""
     from mldebug.fr.collect import for_hang
 
     out = Path(args.out) / "fr" if args.out else None
-    return for_hang(target, out, args.timeout, args.fr_dir, **kw)
+    return for_hang(target, out, args.timeout, args.fr_dir, pids, **kw)
 
 
 def _render_fr(doc: dict[str, object] | None, analysis: object) -> None:

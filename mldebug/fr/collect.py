@@ -159,17 +159,17 @@ def trigger_local(out_dir: str | Path, timeout: float = 30.0,
 def trigger_local_report(out_dir: str | Path, timeout: float = 30.0,
                          dump_dir: str | Path | None = None,
                          max_bytes: int = node_script.MAX_DUMP_BYTES,
-                         discover: bool = False) -> NodeOutcome:
+                         discover: bool = False, pids: set[int] | None = None) -> NodeOutcome:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     doc = node_script.trigger_all(str(dump_dir or node_script.default_dir()), timeout,
-                                  max_bytes=max_bytes, discover=discover)
+                                  max_bytes=max_bytes, discover=discover, pids=pids)
     return save_node_doc(str(doc.get("host", "localhost")), doc, out)
 
 
 def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None = None,
             timeout: float = 30.0, *, max_bytes: Any = node_script.MAX_DUMP_BYTES,
-            progress: Any = None, discover: Any = False,
+            progress: Any = None, discover: Any = False, pids: Any = None,
             **fanout_kwargs: Any) -> TriggerResult:
     """Trigger every rank on every node of ``target`` (a mldebug.fanout.Target).
 
@@ -178,15 +178,20 @@ def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None
     soon as its answer is parsed; ``progress(answered, total)`` is called as nodes answer.
     ``discover``: also trigger the recorders of every dump directory found in the rank
     processes' environments (``MLDEBUG_FR_DIR``) and ``/tmp/mldebug-fr-<uid>`` of every user.
+    ``pids`` (a collection of ints): trigger only these processes, and discover only their
+    directories (``mldebug hang --fr`` passes the job's ranks).
     An output directory created here is removed again when no dump came back.
     """
     out, created = prepare_out(out_dir)
     if target.is_local:
-        nodes = [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover))]
+        only = {int(p) for p in pids} if pids is not None else None
+        nodes = [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
+                                      only)]
     else:
         nodes = []
+        extra = [] if pids is None else ["--pids", ",".join(str(int(p)) for p in pids)]
         for host, doc, error in _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover),
-                                         progress, fanout_kwargs):
+                                         progress, fanout_kwargs, extra):
             if doc is None:
                 nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
             else:
@@ -203,7 +208,8 @@ def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None
 
 def _fan_out(target: Any, dump_dir: str | Path | None, timeout: float, max_bytes: int,
              discover: bool, progress: Callable[[int, int], None] | None,
-             fanout_kwargs: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any] | None, str]]:
+             fanout_kwargs: dict[str, Any],
+             extra: list[str]) -> Iterator[tuple[str, dict[str, Any] | None, str]]:
     """The one fan-out call of fr: run the node script on every node, yield (host, doc, error)
     per node and drop each node's document once handed over."""
     from mldebug import fanout
@@ -213,6 +219,7 @@ def _fan_out(target: Any, dump_dir: str | Path | None, timeout: float, max_bytes
         args += ["--dir", str(dump_dir)]
     if discover:
         args.append("--discover")
+    args += extra
     total = len(target.hosts) or 1
     answered = 0
 
@@ -232,16 +239,18 @@ def _fan_out(target: Any, dump_dir: str | Path | None, timeout: float, max_bytes
 
 
 def for_hang(target: Any, out_dir: str | Path | None, timeout: float,
-             fr_dir: str | Path | None = None,
+             fr_dir: str | Path | None = None, pids: Any = None,
              **fanout_kwargs: Any) -> tuple[dict[str, Any], Any]:
-    """What ``mldebug hang --fr`` adds: trigger every recorder on the nodes - in ``fr_dir``
-    (default: as enable()) and in every directory the rank processes' environments name - and
-    analyse the dumps. Returns the JSON block and the Analysis (None when no rank answered)."""
+    """What ``mldebug hang --fr`` adds: trigger the recorders of the job's rank processes
+    (``pids``; None: every registered process) - in ``fr_dir`` (default: as enable()) and in
+    every directory their environments name - and analyse the dumps. Returns the JSON block
+    and the Analysis (None when no rank answered)."""
     from mldebug.fr.analyze import analyze
     from mldebug.fr.loader import load_files
     from mldebug.render import fold_ints
 
-    result = trigger(target, out_dir, fr_dir, timeout=timeout, discover=True, **fanout_kwargs)
+    result = trigger(target, out_dir, fr_dir, timeout=timeout, discover=True, pids=pids,
+                     **fanout_kwargs)
     doc: dict[str, Any] = result.to_dict()
     default = str(fr_dir or node_script.default_dir())
     elsewhere: dict[str, list[int]] = {}

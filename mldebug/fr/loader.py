@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import stat
+import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -374,7 +375,24 @@ def _short_value(x: Any) -> str:
     return repr(x)[:40] if isinstance(x, (str, float, bool, type(None))) else type(x).__name__
 
 
+_interned: dict[Any, Any] = {}
+
+
+def _intern(v: Any) -> Any:
+    """One shared copy of equal sizes/dtypes tuples (millions of entries repeat a few)."""
+    got = _interned.get(v)
+    if got is None:
+        if len(_interned) > 1_000_000:
+            _interned.clear()
+        got = _interned[v] = v
+    return got
+
+
 def _sizes(v: Any) -> tuple[tuple[int, ...], ...]:
+    return _intern(_sizes_raw(v))  # type: ignore[no-any-return]
+
+
+def _sizes_raw(v: Any) -> tuple[tuple[int, ...], ...]:
     if not v:
         return ()
     if not isinstance(v, (list, tuple)) or len(v) > MAX_TENSORS:
@@ -482,8 +500,9 @@ def _entry(e: dict[str, Any]) -> Entry:
         pg_name, pg_desc = _text(pg[0]), _text(pg[1]) if len(pg) > 1 else ""
     else:
         pg_name, pg_desc = _text(pg), ""
-    prof = _text(e.get("profiling_name") or "", 1024)
+    prof = sys.intern(_text(e.get("profiling_name") or "", 1024))
     backend, op, src, dst = parse_profiling_name(prof)
+    backend, op, pg_name = sys.intern(backend), sys.intern(op), sys.intern(pg_name)
     seq = e.get("collective_seq_id", e.get("seq_id", -1))
     is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
     return Entry(
@@ -498,9 +517,9 @@ def _entry(e: dict[str, Any]) -> Entry:
         op=op,
         input_sizes=_sizes(e.get("input_sizes")),
         output_sizes=_sizes(e.get("output_sizes")),
-        input_dtypes=_texts(e.get("input_dtypes")),
-        output_dtypes=_texts(e.get("output_dtypes")),
-        state=_text(e.get("state") or "?", 64),
+        input_dtypes=_intern(_texts(e.get("input_dtypes"))),
+        output_dtypes=_intern(_texts(e.get("output_dtypes"))),
+        state=sys.intern(_text(e.get("state") or "?", 64)),
         is_p2p=is_p2p,
         frames=_frames(e.get("frames")),
         src=src,

@@ -32,7 +32,7 @@ class CallFrame:
         return f"{self.name} at {self.filename}:{self.line}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One recorded operation, normalised across format versions 2.3-2.10."""
 

@@ -237,7 +237,7 @@ def _fetch_dump(dir_fd: int, owner: int, token: str, file: Any) -> tuple[bytes, 
 
 
 def trigger(dump_dir: str, timeout: float, include_data: bool = True,
-            max_bytes: int = MAX_DUMP_BYTES) -> dict[str, Any]:
+            max_bytes: int = MAX_DUMP_BYTES, pids: set[int] | None = None) -> dict[str, Any]:
     host = socket.gethostname().split(".")[0]
     out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
     try:
@@ -257,14 +257,15 @@ def trigger(dump_dir: str, timeout: float, include_data: bool = True,
         out["notes"].append(f"cannot open {dump_dir}: {e.strerror}")
         return out
     try:
-        _trigger_in(dir_fd, owner, dump_dir, host, timeout, include_data, max_bytes, out)
+        _trigger_in(dir_fd, owner, dump_dir, host, timeout, include_data, max_bytes, pids, out)
     finally:
         os.close(dir_fd)
     return out
 
 
 def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: float,
-                include_data: bool, max_bytes: int, out: dict[str, Any]) -> None:
+                include_data: bool, max_bytes: int, pids: set[int] | None,
+                out: dict[str, Any]) -> None:
     deadline = time.monotonic() + timeout
     token = f"{time.time_ns()}-{os.getpid()}-{os.urandom(4).hex()}"
     waiting: list[dict[str, Any]] = []
@@ -278,6 +279,8 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             out["ranks"].append({"rank": None, "pid": None,
                                  "error": f"malformed registration {name}: {e}; ignored"})
             continue
+        if pids is not None and pid not in pids:
+            continue  # another job's rank
         if not _alive(pid):
             stale += 1
             continue
@@ -388,13 +391,14 @@ def _native(dir_fd: int, owner: int, deadline: float, include_data: bool,
         os.close(nfd)
 
 
-def discover_dirs() -> list[str]:
+def discover_dirs(only: set[int] | None = None) -> list[str]:
     """Dump directories of this node's processes: ``MLDEBUG_FR_DIR`` from each readable
-    ``/proc/<pid>/environ`` (a rank that set its own directory) and every user's default
-    ``/tmp/mldebug-fr-<uid>``."""
+    ``/proc/<pid>/environ`` (a rank that set its own directory) and, unless ``only`` names
+    the job's pids (then only theirs are read), every user's default ``/tmp/mldebug-fr-<uid>``."""
     found: dict[str, None] = {}
     try:
-        pids = [n for n in os.listdir("/proc") if n.isdigit()]
+        pids = ([str(p) for p in sorted(only)] if only is not None
+                else [n for n in os.listdir("/proc") if n.isdigit()])
     except OSError:
         pids = []
     key = b"MLDEBUG_FR_DIR="
@@ -410,7 +414,7 @@ def discover_dirs() -> list[str]:
             if var.startswith(key) and len(var) < 4096:
                 found.setdefault(var[len(key):].decode(errors="replace"), None)
     try:
-        for name in sorted(os.listdir("/tmp")):
+        for name in sorted(os.listdir("/tmp")) if only is None else []:
             if re.fullmatch(r"mldebug-fr-[0-9]+", name):
                 found.setdefault(os.path.join("/tmp", name), None)
     except OSError:
@@ -419,15 +423,17 @@ def discover_dirs() -> list[str]:
 
 
 def trigger_all(dump_dir: str, timeout: float, include_data: bool = True,
-                max_bytes: int = MAX_DUMP_BYTES, discover: bool = False) -> dict[str, Any]:
+                max_bytes: int = MAX_DUMP_BYTES, discover: bool = False,
+                pids: set[int] | None = None) -> dict[str, Any]:
     """``trigger`` on ``dump_dir`` and, with ``discover``, on every other directory found;
-    each rank item says which directory its recorder used (``dir``)."""
-    dirs = [dump_dir] + ([d for d in discover_dirs() if d != dump_dir] if discover else [])
+    each rank item says which directory its recorder used (``dir``). ``pids``: only these
+    processes are triggered (``mldebug hang --fr``: the job's ranks, not other jobs')."""
+    dirs = [dump_dir] + ([d for d in discover_dirs(pids) if d != dump_dir] if discover else [])
     merged: dict[str, Any] = {}
     for d in dirs:
         if d != dump_dir and not os.path.isdir(d):
             continue
-        doc = trigger(d, timeout, include_data, max_bytes)
+        doc = trigger(d, timeout, include_data, max_bytes, pids)
         for item in doc["ranks"]:
             item["dir"] = d
             if "bytes" in item:
@@ -455,9 +461,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-data", action="store_true")
     p.add_argument("--max-bytes", type=int, default=MAX_DUMP_BYTES)
     p.add_argument("--discover", action="store_true")
+    p.add_argument("--pids", default=None, help="comma-separated: only these processes")
     a = p.parse_args(argv)
+    pids = {int(x) for x in a.pids.split(",") if x.isdigit()} if a.pids is not None else None
     doc = trigger_all(a.dir or default_dir(), a.timeout, include_data=not a.no_data,
-                      max_bytes=a.max_bytes, discover=a.discover)
+                      max_bytes=a.max_bytes, discover=a.discover, pids=pids)
     sys.stdout.write(MARKER + json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     return 0
