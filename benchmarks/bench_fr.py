@@ -69,7 +69,7 @@ def distinct_rank(ranks: int, entries: int, r: int) -> dict:
     out, seq, p2p = [], 0, 0
     frames = synth.user_frames("stage_step", 30 + r % 7)
     for i in range(entries):
-        if i % 10 == 9:
+        if i % 10 >= 8:  # sends (even) and receives (odd) stay equal in number
             seq += 1
             out.append(synth.entry(seq, "all_reduce", sizes=((1024,),), frames=frames))
         else:

@@ -324,11 +324,13 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
                     data, item["mode"], _ = _fetch_dump(dir_fd, owner, token, done["file"])
                     item["bytes"] = len(data)
                     if len(data) > max_bytes:
-                        item["error"] = (f"dump is {len(data)} bytes, over the per-node cap "
-                                         f"of {max_bytes}; copy it by hand or raise --max-mb")
-                    elif include_data:
-                        item["data"] = _encode(data)
-                    max_bytes -= len(data)
+                        item["error"] = (f"dump is {len(data)} bytes, over what is left of the "
+                                         f"per-node cap ({max_bytes} bytes); copy "
+                                         f"{item['file']} by hand or raise --max-mb")
+                    else:
+                        max_bytes -= len(data)
+                        if include_data:
+                            item["data"] = _encode(data)
                 except (OSError, ValueError) as e:
                     item["error"] = f"dump refused: {getattr(e, 'strerror', None) or e}"
             out["ranks"].append(item)
