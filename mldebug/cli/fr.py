@@ -34,12 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="Every rank that called mldebug.fr.enable() writes its "
                        "flight-recorder dump; the dumps are gathered into --out, named "
                        "fr-<host>-rank<R>. Works while the job is hung.")
-    t.add_argument("--dir", metavar="DIR",
-                   help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
-                        "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
-    t.add_argument("--out", metavar="DIR",
-                   help="a new or empty directory to gather the dumps in (default: a new "
-                        "private $TMPDIR/mldebug-fr-dumps-<time>-XXXX, printed at the end)")
+    _add_dir_out(t, "to gather the dumps in")
     t.add_argument("--max-mb", type=float, default=1024.0, metavar="MB",
                    help="most megabytes of dumps one node sends back (default: 1024); ranks "
                         "beyond it are named with the reason")
@@ -77,10 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "Stragglers). Needs only mldebug.fr.enable() in the job.")
     w.add_argument("--interval", type=float, default=10.0, metavar="S",
                    help="seconds between the two dumps (default: 10)")
-    w.add_argument("--dir", metavar="DIR", help="the ranks' dump directory (default: as enable())")
-    w.add_argument("--out", metavar="DIR",
-                   help="a new or empty directory for both dumps (<out>/1, <out>/2; default: a "
-                        "new private $TMPDIR/mldebug-fr-dumps-<time>-XXXX)")
+    _add_dir_out(w, "for both dumps (<out>/1, <out>/2)")
     add_target_arguments(w, default_timeout=30.0)
     add_json_argument(w)
     w.set_defaults(_fr=_watch)
@@ -94,6 +86,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--buffer-size", type=int, default=2000, metavar="N",
                    help="entries kept per rank (default: 2000)")
     e.set_defaults(_fr=_env)
+
+
+def _add_dir_out(p: argparse.ArgumentParser, what: str) -> None:
+    """--dir (where the ranks registered) and --out (where the dumps land), as trigger has."""
+    p.add_argument("--dir", metavar="DIR",
+                   help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
+                        "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
+    p.add_argument("--out", metavar="DIR",
+                   help=f"a new or empty directory {what} (default: a new private "
+                        "$TMPDIR/mldebug-fr-dumps-<time>-XXXX, printed at the end)")
 
 
 def run(args: argparse.Namespace) -> int:
