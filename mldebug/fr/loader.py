@@ -200,6 +200,7 @@ def _scan_checked(name: str, keep: bool) -> _Scanned:
 
 def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
     ds = DumpSet()
+    static_cache: dict[bytes, tuple[Any, ...]] = {}
     by_fp: dict[bytes, int] = {}
     for sc in scanned:
         if sc.error is not None or sc.dump is None:
@@ -218,7 +219,7 @@ def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
                 again = _scan(sc.file, keep=True)
                 raw = again.raw_entries or []
             try:
-                entries = [_entry(e) for e in raw]
+                entries = [_entry(e, static_cache) for e in raw]
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError,
                     RecursionError) as e:
                 ds.problems.append(LoadProblem(sc.file, f"malformed entry ({type(e).__name__}: "
@@ -492,9 +493,13 @@ def _seq(v: Any, default: int) -> int:
     return n
 
 
-def _entry(e: dict[str, Any]) -> Entry:
-    if not isinstance(e, dict):
-        raise BadDump(f"an entry is a {type(e).__name__}, not a mapping")
+_STATIC_KEYS = ("profiling_name", "process_group", "pg_id", "input_sizes", "output_sizes",
+                "input_dtypes", "output_dtypes", "frames", "is_p2p")
+_static_key = itemgetter(*_STATIC_KEYS)
+
+
+def _static(e: dict[str, Any]) -> tuple[Any, ...]:
+    """The fields many entries share (op, group, sizes, dtypes, frames), normalised."""
     pg = e.get("process_group") or (_text(e.get("pg_id", "?")), "")
     if isinstance(pg, (list, tuple)) and pg:
         pg_name, pg_desc = _text(pg[0]), _text(pg[1]) if len(pg) > 1 else ""
@@ -502,30 +507,39 @@ def _entry(e: dict[str, Any]) -> Entry:
         pg_name, pg_desc = _text(pg), ""
     prof = sys.intern(_text(e.get("profiling_name") or "", 1024))
     backend, op, src, dst = parse_profiling_name(prof)
-    backend, op, pg_name = sys.intern(backend), sys.intern(op), sys.intern(pg_name)
-    seq = e.get("collective_seq_id", e.get("seq_id", -1))
     is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
+    return (_int(e.get("pg_id")), sys.intern(pg_name), pg_desc, prof, sys.intern(backend),
+            sys.intern(op), _sizes(e.get("input_sizes")), _sizes(e.get("output_sizes")),
+            _intern(_texts(e.get("input_dtypes"))), _intern(_texts(e.get("output_dtypes"))),
+            is_p2p, _frames(e.get("frames")), src, dst)
+
+
+def _entry(e: dict[str, Any], cache: dict[bytes, tuple[Any, ...]] | None = None) -> Entry:
+    """One normalised Entry; ``cache`` shares the static part between entries that recorded
+    the same call (keyed by its pickled raw fields: C speed, no per-field Python work)."""
+    if not isinstance(e, dict):
+        raise BadDump(f"an entry is a {type(e).__name__}, not a mapping")
+    st: tuple[Any, ...] | None = None
+    key = b""
+    if cache is not None:
+        try:
+            key = pickle.dumps(_static_key(e), protocol=4)
+            st = cache.get(key)
+        except (KeyError, TypeError, pickle.PicklingError, RecursionError):
+            key = b""
+    if st is None:
+        st = _static(e)
+        if key:
+            cache[key] = st  # type: ignore[index]
+    seq = e.get("collective_seq_id", e.get("seq_id", -1))
+    (pg_id, pg_name, pg_desc, prof, backend, op, ins, outs, ind, outd, is_p2p, frames, src,
+     dst) = st
     return Entry(
-        record_id=_seq(e.get("record_id"), -1),
-        pg_id=_int(e.get("pg_id")),
-        pg_name=pg_name,
-        pg_desc=pg_desc,
-        seq=_seq(seq, -1),
-        p2p_seq=_seq(e.get("p2p_seq_id") or 0, 0),
-        profiling_name=prof,
-        backend=backend,
-        op=op,
-        input_sizes=_sizes(e.get("input_sizes")),
-        output_sizes=_sizes(e.get("output_sizes")),
-        input_dtypes=_intern(_texts(e.get("input_dtypes"))),
-        output_dtypes=_intern(_texts(e.get("output_dtypes"))),
-        state=sys.intern(_text(e.get("state") or "?", 64)),
-        is_p2p=is_p2p,
-        frames=_frames(e.get("frames")),
-        src=src,
-        dst=dst,
-        time_created_ns=_int(e.get("time_created_ns")),
+        record_id=_seq(e.get("record_id"), -1), pg_id=pg_id, pg_name=pg_name, pg_desc=pg_desc,
+        seq=_seq(seq, -1), p2p_seq=_seq(e.get("p2p_seq_id") or 0, 0), profiling_name=prof,
+        backend=backend, op=op, input_sizes=ins, output_sizes=outs, input_dtypes=ind,
+        output_dtypes=outd, state=sys.intern(_text(e.get("state") or "?", 64)), is_p2p=is_p2p,
+        frames=frames, src=src, dst=dst, time_created_ns=_int(e.get("time_created_ns")),
         time_started_ns=_int(e.get("time_discovered_started_ns")),
         time_completed_ns=_int(e.get("time_discovered_completed_ns")),
-        timeout_ms=_int(e.get("timeout_ms")),
-    )
+        timeout_ms=_int(e.get("timeout_ms")))
