@@ -3,16 +3,21 @@ sleeps (nobody named), and the sleeper's dumps copied with one node's clock shif
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import REPO, run_cli
 
+from mldebug.fanout import Target
 from mldebug.fr.analyze import analyze
+from mldebug.fr.collect import for_hang
 from mldebug.fr.loader import load
 
 pytest.importorskip("torch")
@@ -41,8 +46,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_the_sleeping_rank_is_named(runs):
     r = run_cli("fr", "analyze", str(runs["sleeper"]), "--json")
-    import json
-
     doc = json.loads(r.stdout)
     (st,) = doc["stragglers"]
     assert st["rank"] == 2 and doc["straggler_collectives"] == 200
@@ -84,8 +87,6 @@ def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(t
              str(REPO / "recipes" / "fr_straggler.py"), "--steps", "100000"],
             stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
     try:
-        import time
-
         deadline = time.monotonic() + 120
         while log.read_text(errors="replace").count(" ready") < 4:
             assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
@@ -94,18 +95,11 @@ def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(t
         r = run_cli("fr", "watch", "--dir", str(d), "--interval", "3", "--out",
                     str(tmp_path / "w"), "--timeout", "20", "--json")
         assert r.returncode == 0, r.stderr
-        import json
-
         doc = json.loads(r.stdout)
         a = doc["analysis"]
         assert a["straggler_collectives"] >= 10 and [s["rank"] for s in a["stragglers"]] == [2]
         assert doc["since"]["0"] > 0  # the window starts after the first dump's collectives
         assert len(list((tmp_path / "w" / "1").iterdir())) == 4, (doc["first"], log.read_text())
-
-        from mldebug.fanout import Target
-        from mldebug.fr.collect import for_hang
-
-        import psutil
 
         ranks = [c.pid for c in psutil.Process(job.pid).children(recursive=True)]
         doc, analysis = for_hang(Target(), tmp_path / "hang-fr", 20.0, tmp_path / "elsewhere",
