@@ -9,6 +9,14 @@ the ratio is a lower bound (">").
     .venv/bin/python benchmarks/bench_fr.py                 # 1024x2000 plus smaller sets
     .venv/bin/python benchmarks/bench_fr.py --sets 64x2000 --cap 120
 
+    .venv/bin/python benchmarks/bench_fr.py --distinct 1024x2000 --no-torchfrtrace
+    .venv/bin/python benchmarks/bench_fr.py --scaling 4096,16384 --sets ''
+
+``--distinct``: a pipeline-parallel-like set where every rank records its own timeline
+(sends to the next stage, receives from the previous, an all_reduce every 10th entry), so
+no two files share a timeline. ``--scaling``: the pure analysis (no files) of SPMD sets of
+that many ranks x 200 entries, one culprit; prints the time ratio between the sizes.
+
 Not a test: prints figures, asserts nothing.
 """
 
@@ -24,8 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # fr_synth: the synthetic dump generator
 
-from mldebug.fr import synth  # noqa: E402
+import fr_synth as synth  # noqa: E402
 
 OURS = """
 import sys, time, resource
@@ -53,6 +62,56 @@ def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
         doc["rank"] = r
         (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=4))
     return d
+
+
+def distinct_rank(ranks: int, entries: int, r: int) -> dict:
+    """One pipeline stage's dump: p2p with its neighbours, an all_reduce every 10th entry."""
+    out, seq, p2p = [], 0, 0
+    frames = synth.user_frames("stage_step", 30 + r % 7)
+    for i in range(entries):
+        if i % 10 >= 8:  # sends (even) and receives (odd) stay equal in number
+            seq += 1
+            out.append(synth.entry(seq, "all_reduce", sizes=((1024,),), frames=frames))
+        else:
+            p2p += 1
+            peer = (r + 1) % ranks if i % 2 else (r - 1) % ranks
+            op = "send" if i % 2 else "recv"
+            src, dst = (r, peer) if op == "send" else (peer, r)
+            e = synth.p2p(op, src, dst, p2p, sizes=((256, 1024),), frames=frames)
+            out.append(e)
+    return synth.dump(r, out, world=ranks)
+
+
+def make_distinct(root: Path, ranks: int, entries: int) -> Path:
+    d = root / f"fr-distinct-{ranks}x{entries}"
+    if (d / f"fr_rank{ranks - 1}").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(distinct_rank(ranks, entries, r), protocol=4))
+    return d
+
+
+SCALING = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import fr_synth as synth
+from mldebug.fr.analyze import analyze
+from mldebug.fr.loader import _entry
+from mldebug.fr.model import DumpSet, RankDump, Timeline
+ranks, n = int(sys.argv[1]), 200
+good = synth.spmd_rank(ranks, n, 1, fault="skip", culprit=0, at=150)
+bad = synth.spmd_rank(ranks, n, 0, fault="skip", culprit=0, at=150)
+ds = DumpSet()
+ds.timelines = [Timeline(list(range(1, ranks)), [_entry(e) for e in good["entries"]]),
+                Timeline([0], [_entry(e) for e in bad["entries"]])]
+for r in range(ranks):
+    ds.dumps[r] = RankDump(rank=r, file=f"fr_rank{r}", version="2.10", world_size=ranks,
+                           timeline=0 if r else 1, entry_count=n)
+t = time.perf_counter()
+a = analyze(ds)
+print("analysis_s", time.perf_counter() - t, "culprits", a.culprits)
+"""
 
 
 def run(argv: list[str], cap: float) -> tuple[float, float, bool, str]:
@@ -87,12 +146,30 @@ def main() -> None:
     p.add_argument("--cap", type=float, default=300.0, help="seconds torchfrtrace may take")
     p.add_argument("--root", default="/tmp/mldebug-bench-fr")
     p.add_argument("--no-torchfrtrace", action="store_true")
+    p.add_argument("--distinct", default="", help="e.g. 1024x2000: every rank its own timeline")
+    p.add_argument("--scaling", default="", help="e.g. 4096,16384: analysis time per rank count")
     a = p.parse_args()
     root = Path(a.root)
     print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}")
+    for spec in filter(None, a.distinct.split(",")):
+        ranks, entries = (int(x) for x in spec.split("x"))
+        d = make_distinct(root, ranks, entries)
+        s, rss, _, out = run([sys.executable, "-c", OURS, str(d)], 3600)
+        answer = " ".join(line for line in out.splitlines() if line.startswith("culprits"))
+        print(f"distinct {spec}: {s:.2f} s wall, {rss:.0f} MiB peak RSS  {answer}", flush=True)
+    sizes = [int(x) for x in a.scaling.split(",") if x]
+    times = []
+    for ranks in sizes:
+        _, _, _, out = run([sys.executable, "-c", SCALING, str(ranks), str(REPO / "tests")], 3600)
+        line = next((x for x in out.splitlines() if x.startswith("analysis_s")), out[-500:])
+        times.append(float(line.split()[1]) if line.startswith("analysis_s") else float("nan"))
+        print(f"analysis {ranks} ranks: {line}", flush=True)
+    if len(times) >= 2:
+        print(f"analysis ratio {sizes[-1]}/{sizes[0]} ranks: {times[-1] / times[0]:.2f}x "
+              f"(linear: {sizes[-1] / sizes[0]:.1f}x)")
     print(f"{'set':>10} {'ours_s':>8} {'ours_MiB':>9} {'frtrace_s':>10} {'frtrace_MiB':>11} "
           f"{'ratio':>8}  answer")
-    for spec in a.sets.split(","):
+    for spec in filter(None, a.sets.split(",")):
         ranks, entries = (int(x) for x in spec.split("x"))
         d = make_set(root, ranks, entries, culprit=ranks // 3)
         ours_s, ours_rss, _, ours_out = run([sys.executable, "-c", OURS, str(d)], 3600)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mldebug.fr import synth
+import fr_synth as synth
+
 from mldebug.fr.analyze import analyze, call_site, is_torch_frame
 from mldebug.fr.loader import load
-from mldebug.fr.model import Frame
+from mldebug.fr.model import CallFrame
 
 
 def run(tmp_path: Path, dumps: dict, frames: int = 2):
@@ -222,11 +223,37 @@ def test_call_site_strips_torch_frames_and_honours_n():
     e = load_one_entry()
     assert call_site(e, 1) == ["train_step at /job/train.py:10"]
     assert call_site(e, 0) == []
-    assert is_torch_frame(Frame("x", "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", 1))
-    assert not is_torch_frame(Frame("x", "/home/me/torchtitan/train.py", 1))
+    assert is_torch_frame(CallFrame("x", "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/module.py", 1))
+    assert not is_torch_frame(CallFrame("x", "/home/me/torchtitan/train.py", 1))
 
 
 def load_one_entry():
     from mldebug.fr.loader import _entry
 
     return _entry(synth.entry(1))
+
+
+def test_empty_collective_coalesced_group_on_one_rank_is_a_mismatch(tmp_path):
+    """Rule (docs/fr.md, coalesced groups): a collective coalesced group must hold the same ops
+    on every rank. A gloo run of that case (rank 0 coalesces two all_reduces, rank 1 none)
+    aborts rank 1 with 'Received data size doesn't match expected size': it is a mismatch,
+    although torchfrtrace only logs 'Rank 1 has an empty op list' and goes on."""
+    dumps = synth.spmd_job(3, 4)
+    for r, d in dumps.items():
+        inner = [] if r == 1 else [synth.entry(3, record_id=10 + k) for k in range(2)]
+        d["entries"].insert(2, synth.entry(3, "coalesced", sizes=(), record_id=12))
+        d["entries"][2:2] = inner
+        for e in d["entries"][3 + len(inner):]:
+            e["collective_seq_id"] += 1
+    m = only(run(tmp_path, dumps), "type")
+    assert (m.seq, m.culprit_ranks) == (3, [1])
+
+
+def test_empty_p2p_batch_on_a_rank_without_peers_is_not_a_mismatch(tmp_path):
+    """batch_isend_irecv: a rank with no send or recv in a round records nothing for it."""
+    p2p0 = [synth.p2p("send", 0, 2, 1, state="completed")]
+    p2p2 = [synth.p2p("recv", 0, 2, 1, state="completed")]
+    dumps = {r: synth.dump(r, [synth.entry(1)] + extra, world=3)
+             for r, extra in ((0, p2p0), (1, []), (2, p2p2))}
+    a = run(tmp_path, dumps)
+    assert a.mismatches == []

@@ -6,9 +6,8 @@ import json
 import subprocess
 import sys
 
+import fr_synth as synth
 from conftest import REPO, run_cli
-
-from mldebug.fr import synth
 
 
 def test_env_prints_current_and_old_names():
@@ -35,6 +34,8 @@ def test_analyze_human_json_and_all(tmp_path):
     assert (m["pg"], m["seq"], m["kind"], m["culprit_ranks"]) == ("0", 6, "missing", [3])
     assert m["call_sites"][0]["frames"][0] == "gather_metrics at /job/train.py:57"
     assert doc["missing_ranks"] == [] and doc["never_enqueued"] == [3]
+    (err,) = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert err["code"] == "fr-missing" and "mldebug hang" in err["fix"] and "3" in err["title"]
     a = run_cli("fr", "analyze", str(tmp_path), "--all", env={"NO_COLOR": "1", "COLUMNS": "200"})
     assert "0:#5" in a.stdout and "rank 3" in a.stdout
 

@@ -64,6 +64,15 @@ def test_trigger_over_nodes_gathers_every_rank_and_names_the_culprit(cluster, tm
         assert (m["kind"], m["seq"], m["culprit_ranks"]) == ("missing", 2, [3])
         hosts = {json.loads(p.read_text())["host"] for p in d.glob(".mldebug-fr-*.json")}
         assert hosts == {"node1", "node2"}
+        # a per-node cap smaller than one dump: every rank named with the reason, no file
+        size = max(Path(f).stat().st_size for f in by_host["node1"]["files"])
+        r = run_cli("fr", "trigger", "--nodes", "node[1-2]", "--dir", str(d), "--out",
+                    str(tmp_path / "capped"), "--timeout", "30", "--max-mb",
+                    str(size / 2 / (1 << 20)), "--json", env=cluster.env(), timeout=120)
+        capped = json.loads(r.stdout)
+        assert r.returncode == 1 and capped["files"] == [] and capped["out_dir"] is None
+        errors = [e for n in capped["nodes"] for e in n["errors"]]
+        assert len(errors) == 4 and all("per-node cap" in e for e in errors), errors
     finally:
         for node, pidfile in pidfiles.items():
             if pidfile.exists():

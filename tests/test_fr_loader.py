@@ -6,9 +6,9 @@ import json
 import pickle
 from pathlib import Path
 
+import fr_synth as synth
 import pytest
 
-from mldebug.fr import synth
 from mldebug.fr.analyze import analyze
 from mldebug.fr.loader import UnsafePickle, load, safe_loads
 

@@ -7,10 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import fr_synth as synth
 import pytest
 from conftest import REPO
 
-from mldebug.fr import synth
 from mldebug.fr.recorder import merge_dumps, native_env
 
 

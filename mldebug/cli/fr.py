@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import time
+import sys
 from pathlib import Path
 
 from mldebug.errors import MldebugError, UsageError
@@ -19,7 +19,8 @@ on demand and analyses all ranks at once:
 
   mldebug fr trigger                      # every rank on this host dumps now
   mldebug fr trigger --nodes node[1-8]    # ... on every node, gathered here
-  mldebug fr analyze fr-dumps-*/          # first divergence, culprit rank, call site
+  mldebug fr analyze DIR                  # first divergence, culprit rank, call site
+  mldebug fr watch --interval 10          # the ranks everybody waits for (stragglers)
   mldebug fr env                          # export lines for PyTorch's native recorder
 
 Docs: docs/fr.md."""
@@ -33,11 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="Every rank that called mldebug.fr.enable() writes its "
                        "flight-recorder dump; the dumps are gathered into --out, named "
                        "fr-<host>-rank<R>. Works while the job is hung.")
-    t.add_argument("--dir", metavar="DIR",
-                   help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
-                        "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
-    t.add_argument("--out", metavar="DIR",
-                   help="where to gather the dumps (default: ./fr-dumps-<time>)")
+    _add_dir_out(t, "to gather the dumps in")
+    t.add_argument("--max-mb", type=float, default=1024.0, metavar="MB",
+                   help="most megabytes of dumps one node sends back (default: 1024); ranks "
+                        "beyond it are named with the reason")
+    t.add_argument("--discover", action="store_true",
+                   help="also trigger recorders in every MLDEBUG_FR_DIR found in the rank "
+                        "processes' environments and every /tmp/mldebug-fr-<uid>")
     t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
     t.add_argument("--frames", type=int, default=2, metavar="N",
                    help="user frames per call site with --analyze (default: 2)")
@@ -61,18 +64,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_json_argument(a)
     a.set_defaults(_fr=_analyze)
 
-    e = sub.add_parser("env", help="print export lines for PyTorch's native recorder")
+    w = sub.add_parser("watch", help="dump twice S seconds apart and name the ranks that "
+                       "arrive late at the collectives in between (stragglers)",
+                       description="Trigger every rank's dump, wait --interval seconds, trigger "
+                       "again, and report the stragglers over the collectives issued in between: "
+                       "per rank, how often it arrived last and by how much (docs/fr.md, "
+                       "Stragglers). Needs only mldebug.fr.enable() in the job.")
+    w.add_argument("--interval", type=float, default=10.0, metavar="S",
+                   help="seconds between the two dumps (default: 10)")
+    _add_dir_out(w, "for both dumps (<out>/1, <out>/2)")
+    add_target_arguments(w, default_timeout=30.0)
+    add_json_argument(w)
+    w.set_defaults(_fr=_watch)
+
+    e = sub.add_parser("env", help="print export lines for PyTorch's native recorder",
+                       description="Print the environment PyTorch's own flight recorder reads "
+                       "(current names and their pre-2.9 spellings), for jobs that do not call "
+                       "mldebug.fr.enable() or that use NCCL's dump-on-timeout: paste them into "
+                       "the launch script before init_process_group. Nothing is changed here.")
     e.add_argument("--dir", metavar="DIR", help="dump directory (default: as enable())")
     e.add_argument("--buffer-size", type=int, default=2000, metavar="N",
                    help="entries kept per rank (default: 2000)")
     e.set_defaults(_fr=_env)
 
 
+def _add_dir_out(p: argparse.ArgumentParser, what: str) -> None:
+    """--dir (where the ranks registered) and --out (where the dumps land), as trigger has."""
+    p.add_argument("--dir", metavar="DIR",
+                   help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
+                        "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
+    p.add_argument("--out", metavar="DIR",
+                   help=f"a new or empty directory {what} (default: a new private "
+                        "$TMPDIR/mldebug-fr-dumps-<time>-XXXX, printed at the end)")
+
+
 def run(args: argparse.Namespace) -> int:
     fn = getattr(args, "_fr", None)
     if fn is None:
         raise UsageError("mldebug fr needs a subcommand.",
-                         "Use 'mldebug fr trigger', 'mldebug fr analyze DIR' or 'mldebug fr env'.")
+                         "Use 'mldebug fr trigger', 'mldebug fr analyze DIR', 'mldebug fr watch' "
+                         "or 'mldebug fr env'.")
     return int(fn(args))
 
 
@@ -115,10 +146,22 @@ def _trigger(args: argparse.Namespace) -> int:
     from mldebug.render import console, print_json
 
     target = target_from_args(args)
-    out = Path(args.out or f"fr-dumps-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not args.max_mb > 0:
+        raise UsageError(f"--max-mb must be a positive number, not {args.max_mb}.",
+                         "Pass e.g. --max-mb 1024.")
     kw = fanout_kwargs(args)
     timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
-    result = trigger(target, out, args.dir, timeout=timeout, **kw)
+    progress = None
+    if sys.stderr.isatty() and not target.is_local:
+        def progress(done: int, total: int) -> None:
+            sys.stderr.write(f"\r{done}/{total} node(s) answered")
+            sys.stderr.flush()
+    result = trigger(target, args.out, args.dir, timeout=timeout,
+                     max_bytes=int(args.max_mb * (1 << 20)), progress=progress,
+                     discover=args.discover, **kw)
+    if progress is not None:
+        sys.stderr.write("\n")
+    out = result.out_dir
     analysis = None
     if args.analyze and result.files:
         from mldebug.fr.analyze import analyze
@@ -142,13 +185,54 @@ def _trigger(args: argparse.Namespace) -> int:
                 con.print(Text(f"  {err}", style="yellow"))
             for note in n.notes:
                 con.print(Text(f"  {note}", style="dim"))
-        con.print(Text(f"{len(result.files)} dump(s) in {out}/" + (
-            f"   next: mldebug fr analyze {out}" if result.files and not args.analyze else "")))
+        if result.removed:
+            con.print(Text("0 dump(s); nothing was written (the output directory was removed)"))
+        else:
+            con.print(Text(f"{len(result.files)} dump(s) in {out}/" + (
+                f"   next: mldebug fr analyze {out}" if result.files and not args.analyze
+                else "")))
         if analysis is not None:
             from mldebug.fr.report import render
 
             render(analysis, con)
     return 0 if result.files else 1
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from mldebug.cli._common import fanout_kwargs, target_from_args
+    from mldebug.fr.analyze import analyze
+    from mldebug.fr.collect import watch
+    from mldebug.fr.loader import load_files
+    from mldebug.render import console, print_json
+
+    if not 0 < args.interval < 86400:
+        raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
+                         "Pass e.g. --interval 10.")
+    target = target_from_args(args)
+    kw = fanout_kwargs(args)
+    timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
+    result = watch(target, args.interval, args.out, args.dir, timeout=timeout, **kw)
+    files = result.second.files
+    if not files:
+        raise MldebugError(f"no rank dumped (first trigger: {len(result.first.files)} dump(s)).",
+                           "Check that the job called mldebug.fr.enable(); "
+                           "'mldebug fr trigger' shows each rank's reason.")
+    analysis = analyze(load_files(files), since=result.since)
+    if args.json:
+        doc = result.to_dict()
+        doc["analysis"] = analysis.to_dict()
+        print_json(doc)
+    else:
+        from rich.text import Text
+
+        from mldebug.fr.report import render
+
+        con = console()
+        con.print(Text(f"{len(files)} dump(s) {args.interval:g}s after the first "
+                       f"({result.second.out_dir}); {analysis.straggler_window} collective(s) "
+                       "in between"))
+        render(analysis, con)
+    return 0
 
 
 def _env(args: argparse.Namespace) -> int:

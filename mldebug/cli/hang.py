@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--fr", action="store_true",
                    help="also make every rank that called mldebug.fr.enable() dump its "
                         "flight recorder, and add the cross-rank analysis (docs/fr.md)")
+    a.add_argument("--fr-dir", metavar="DIR",
+                   help="with --fr: the ranks' dump directory when enable(dump_dir=...) set one "
+                        "(default: as enable(); MLDEBUG_FR_DIR of each rank is found anyway)")
     add_json_argument(a)
     add_target_arguments(p, default_timeout=20.0)
     sub = p.add_subparsers(dest="hang_action", metavar="[analyze]")
@@ -116,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         written = save(out, results, report.to_dict(), render_text(report))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
-    fr_doc, fr_analysis = (_flight_recorder(args, target, kw) if args.fr else (None, None))
+    fr_doc, fr_analysis = (_flight_recorder(args, target, kw, [p.pid for p in report.processes])
+                           if args.fr else (None, None))
     if args.json:
         doc = report.to_dict()
         if args.fr:
@@ -129,27 +133,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.processes else 1
 
 
-def _flight_recorder(args: argparse.Namespace, target: object,
-                     kw: dict[str, object]) -> tuple[dict[str, object], object]:
-    """Trigger flight-recorder dumps on the same nodes and analyse them across ranks."""
-    import tempfile
+def _flight_recorder(args: argparse.Namespace, target: object, kw: dict[str, object],
+                     pids: list[int]) -> tuple[dict[str, object], object]:
+    """Trigger flight-recorder dumps on the same nodes and analyse them (mldebug.fr)."""
+    from mldebug.fr.collect import for_hang
 
-    from mldebug.fr.analyze import analyze as fr_analyze
-    from mldebug.fr.collect import trigger
-    from mldebug.fr.loader import load_files
-
-    out = Path(args.out) / "fr" if args.out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
-    result = trigger(target, out, None, timeout=args.timeout, **kw)
-    doc: dict[str, object] = result.to_dict()
-    analysis = None
-    if result.files:
-        analysis = fr_analyze(load_files(result.files))
-        doc["analysis"] = analysis.to_dict()
-    else:
-        doc["analysis"] = None
-        doc["hint"] = ("no rank answered: only ranks that called mldebug.fr.enable() can dump "
-                       "on demand (docs/fr.md)")
-    return doc, analysis
+    out = Path(args.out) / "fr" if args.out else None
+    return for_hang(target, out, args.timeout, args.fr_dir, pids, **kw)
 
 
 def _render_fr(doc: dict[str, object] | None, analysis: object) -> None:

@@ -22,9 +22,9 @@ from mldebug.fr.model import (
     ROOT_INPUT_ONLY,
     ROOT_OUTPUT_ONLY,
     Analysis,
+    CallFrame,
     DumpSet,
     Entry,
-    Frame,
     GroupSummary,
     Lag,
     Mismatch,
@@ -33,7 +33,8 @@ from mldebug.fr.model import (
 
 _TORCH_FRAME = re.compile(
     r"([/\\](site|dist)-packages[/\\]torch[/\\])|(^|[/\\])torch[/\\](distributed|nn|_dynamo|"
-    r"_tensor\.py|utils|autograd|cuda|_ops\.py|_compile|amp|optim|fx|_C)([/\\.]|$)")
+    r"_tensor\.py|utils|autograd|cuda|_ops\.py|_compile|amp|optim|fx|_C)([/\\.]|$)"
+    r"|[/\\]typing_extensions\.py$")  # deprecated()'s wrapper around torch's calls
 
 _GATHER_LIKE = frozenset({"all_gather", "all_gather_base", "_all_gather_base",
                           "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
@@ -45,7 +46,7 @@ _IN_EQ_OUT = frozenset({"all_reduce", "allreduce", "allreduce_coalesced", "broad
 _KIND_ORDER = {"type": 0, "size": 1, "dtype": 2, "state": 3}
 
 
-def is_torch_frame(frame: Frame) -> bool:
+def is_torch_frame(frame: CallFrame) -> bool:
     """Frames of torch's own collective plumbing (stripped from call sites)."""
     return bool(_TORCH_FRAME.search(frame.filename))
 
@@ -173,8 +174,10 @@ def _natural(s: str) -> tuple[int, str]:
     return (int(s), "") if s.isdigit() else (1 << 62, s)
 
 
-def analyze(ds: DumpSet, frames: int = 2) -> Analysis:
-    """Find the first divergence per process group, missing and lagging ranks."""
+def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -> Analysis:
+    """Find the first divergence per process group, missing, lagging and straggling ranks.
+
+    ``since`` (pg -> seq): straggler statistics only over collectives after these."""
     ranks = sorted(ds.dumps)
     world = _world_size(ds) or ((max(ranks) + 1) if ranks else 0)
     notes: list[str] = []
@@ -208,10 +211,16 @@ def analyze(ds: DumpSet, frames: int = 2) -> Analysis:
         lagging.extend(_lags(ds, pg, summary, empty_set))
         summaries.append(summary)
     never = sorted({r for m in mismatches if m.kind == "missing" for r in m.culprit_ranks})
-    return Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
-                    never_enqueued=never, mismatches=mismatches, lagging=lagging,
-                    groups=summaries, problems=list(ds.problems),
-                    duplicates=dict(ds.duplicates), timelines=len(ds.timelines), notes=notes)
+    result = Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
+                      never_enqueued=never, mismatches=mismatches, lagging=lagging,
+                      groups=summaries, problems=list(ds.problems),
+                      duplicates=dict(ds.duplicates), timelines=len(ds.timelines), notes=notes)
+    from mldebug.fr.diagnose import build_findings
+    from mldebug.fr.stragglers import find_stragglers
+
+    result.stragglers, result.straggler_window = find_stragglers(ds, since)
+    result.findings = build_findings(result)
+    return result
 
 
 def _members_by_timeline(ds: DumpSet, pg: _Pg, skip: set[int]) -> list[tuple[int, list[int]]]:
@@ -315,12 +324,13 @@ def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[lis
     (items,) = present.values()
     rs, ents = _merge(items)
     absent = sorted(absent)
+    absent_set = set(absent)
     op = ents[0].op
     groups = [_sig_group(rs, ents, frames), SignatureGroup(absent, "(not enqueued)")]
     last = {}
     for trs, sm in per_tl:
         for r in trs:
-            if r in absent:
+            if r in absent_set:
                 last[r] = max(sm) if sm else None
     last_txt = ", ".join(f"rank {r}: #{v}" if v is not None else f"rank {r}: none"
                          for r, v in sorted(last.items())[:8])
@@ -330,11 +340,76 @@ def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[lis
                f"{last_txt}). Minority vote: the {len(rs)} rank(s) that issued it made an "
                f"extra call.")
         return Mismatch(pg.name, pg.desc, seq, "missing", rs, why, groups)
+    if len(rs) == len(absent):
+        decided = call_site_tiebreak(seq, [rs, absent], per_tl)
+        if decided is not None:
+            culprits, evidence, began = decided
+            extra = culprits == rs
+            why = (f"rank(s) {_fold(rs)} enqueued collective #{seq} ({op}) and wait in it; "
+                   f"rank(s) {_fold(absent)} never enqueued it (last collective in this group: "
+                   f"{last_txt}). A tie on counts, decided by the call sites: {evidence} "
+                   + (f"Rank(s) {_fold(rs)} issued an extra call at #{began}; the sequences "
+                      f"only part at #{seq}." if extra else
+                      f"Rank(s) {_fold(absent)} skipped or added a call at #{began}."))
+            m = Mismatch(pg.name, pg.desc, seq, "missing", culprits, why, groups)
+            m.began_at = began
+            return m
     tie = " (a tie: equally, the others may have issued one call too many)" if len(rs) == len(absent) else ""
     why = (f"rank(s) {_fold(rs)} enqueued collective #{seq} ({op}) and wait in it; rank(s) "
            f"{_fold(absent)} never enqueued it (last collective in this group: {last_txt}): "
            f"they skipped it or are stuck before it{tie}.")
     return Mismatch(pg.name, pg.desc, seq, "missing", absent, why, groups)
+
+
+def _site(ents: list[Entry]) -> tuple[str, ...]:
+    """Where one position was called from: the innermost user frame of each entry."""
+    return tuple(next((str(f) for f in e.frames if not is_torch_frame(f)), "") for e in ents)
+
+
+def call_site_tiebreak(seq: int, sides: list[list[int]],
+                       per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                       ) -> tuple[list[int], str, int] | None:
+    """Break a tie between two equally large sides by where their calls came from.
+
+    Going back from ``seq``, find the first position k where the two sides' call sites
+    differ (the divergence may have begun before the op types differ). The side whose call
+    site at k issued no other collective in this group - on its own ranks or the others' -
+    is the one that made the odd call; the other side's site at k is a line the first side
+    also reaches (its regular pattern). Returns (culprit ranks, the evidence in words, k),
+    or None when the frames do not decide (no frames, no difference, or both sites unique).
+    """
+    if len(sides) != 2:
+        return None
+    maps = []
+    for side in sides:
+        sm = next((m for rs, m in per_tl if side[0] in rs), None)
+        if sm is None:
+            return None
+        maps.append(sm)
+    a, b = maps
+    common = sorted(k for k in a if k in b and k <= seq)
+    diff = [k for k in common if _site(a[k]) != _site(b[k]) and all(_site(a[k]) + _site(b[k]))]
+    if not diff:
+        return None
+    k = diff[0]
+    uses: dict[tuple[str, ...], set[int]] = defaultdict(set)
+    for i, sm in enumerate(maps):
+        for q, ents in sm.items():
+            uses[_site(ents)].add(i * (1 << 40) + q)
+    odd = [i for i, sm in enumerate(maps) if len(uses[_site(sm[k])]) == 1]
+    if len(odd) != 1:
+        return None
+    i = odd[0]
+    other = 1 - i
+    where = _site(maps[i][k])[0]
+    theirs = _site(maps[other][k])[0]
+    also = sorted(q for q, ents in maps[i].items() if _site(ents) == _site(maps[other][k]))
+    evidence = (f"rank(s) {_fold(sides[i])}'s #{k} was called from {where}, a line that issued "
+                f"no other collective in this group on any rank, while rank(s) "
+                f"{_fold(sides[other])}'s #{k} came from {theirs}"
+                + (f", which rank(s) {_fold(sides[i])} also reach at "
+                   f"{', '.join(f'#{q}' for q in also[:4])}." if also else "."))
+    return sorted(sides[i]), evidence, k
 
 
 def _divergence(pg: _Pg, seq: int,
@@ -364,8 +439,14 @@ def _divergence(pg: _Pg, seq: int,
                    f"next collective is the one the others issued at #{seq} (equally, the "
                    "others skipped one).")
         else:
-            culprits = sorted(r for _, rs, _ in merged for r in rs)
-            why = f"no majority ({what}); cannot tell which side is wrong."
+            decided = (call_site_tiebreak(seq, [rs for _, rs, _ in tied], per_tl)
+                       if len(tied) == 2 and len(merged) == 2 else None)
+            if decided is not None:
+                culprits, evidence, _ = decided
+                why = f"no majority ({what}); a tie on counts, decided by the call sites: {evidence}"
+            else:
+                culprits = sorted(r for _, rs, _ in merged for r in rs)
+                why = f"no majority ({what}); cannot tell which side is wrong."
     if absent:
         why += f" Rank(s) {_fold(sorted(absent))} never enqueued #{seq}."
     began = _began_at(seq, top_rs, culprits, per_tl)
@@ -501,13 +582,14 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
 def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[Lag]:
     enq: dict[int, int] = {}
     done: dict[int, int | None] = {}
+    members = set(pg.ranks)  # membership tests per rank: a set, not the list (16k ranks)
     for tl in ds.timelines:
         mine = [e for e in tl.entries if e.pg_name == pg.name and not e.is_p2p]
         ids = {e.pg_id for e in mine if e.pg_id is not None}
         last_e = max((e.seq for e in mine), default=None)
         last_c = max((e.seq for e in mine if e.state == "completed"), default=None)
         for r in tl.ranks:
-            if r not in pg.ranks or r in skip:
+            if r not in members or r in skip:
                 continue
             dump = ds.dumps[r]
             st = None

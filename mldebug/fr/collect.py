@@ -9,8 +9,11 @@ nodes never collide; the rank is also inside each dump.
 from __future__ import annotations
 
 import base64
+import os
 import re
+import time
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ class NodeOutcome:
     files: list[Path] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # "rank 3 (pid 123): why"
     notes: list[str] = field(default_factory=list)
+    dirs: list[tuple[str, int | None]] = field(default_factory=list)  # (dump dir, rank) answered
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "files": [str(f) for f in self.files],
@@ -34,40 +38,109 @@ class NodeOutcome:
 class TriggerResult:
     out_dir: Path
     nodes: list[NodeOutcome]
+    removed: bool = False  # out_dir was made here and removed again: nothing came back
 
     @property
     def files(self) -> list[Path]:
         return [f for n in self.nodes for f in n.files]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"out_dir": str(self.out_dir), "files": [str(f) for f in self.files],
+        return {"out_dir": None if self.removed else str(self.out_dir),
+                "files": [str(f) for f in self.files],
                 "nodes": [n.to_dict() for n in self.nodes]}
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
+    """The directory to gather dumps into, and whether it was created here.
+
+    Default: a new private directory ``$TMPDIR/mldebug-fr-dumps-<time>-XXXX`` (mode 0700) -
+    never the current directory, where a forgotten folder of dumps ends up in a repository.
+    A given ``--out`` must not exist (it is created 0700) or be an empty directory: earlier
+    dumps are never overwritten nor mixed into a new analysis.
+    """
+    import tempfile
+
+    from mldebug.errors import UsageError
+
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path(tempfile.mkdtemp(prefix=f"mldebug-fr-dumps-{stamp}-")), True
+    p = Path(out)
+    if p.is_symlink():
+        raise UsageError(f"--out {p} is a symlink; refused.", "Pass a new directory.")
+    if p.exists():
+        if not p.is_dir():
+            raise UsageError(f"--out {p} exists and is not a directory.", "Pass a new directory.")
+        if any(p.iterdir()):
+            raise UsageError(f"--out {p} already holds files; dumps of two triggers would be "
+                             "mixed (or overwritten).", "Pass a new or empty directory.")
+        return p, False
+    try:
+        p.mkdir(parents=True, mode=0o700)
+    except OSError as e:
+        raise UsageError(f"cannot create --out {p}: {e.strerror}.",
+                         "Pass a directory you can write.") from None
+    return p, True
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> Path:
+    """Create ``path`` exclusively (never through a symlink, never over a file); a name
+    already taken gets a ``-<n>`` suffix."""
+    for n in range(1000):
+        cand = path if n == 0 else path.with_name(f"{path.name}-{n}")
+        try:
+            fd = os.open(cand, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         mode)
+        except FileExistsError:
+            continue
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.chmod(cand, mode)  # the umask must not widen or narrow what the source had
+        return cand
+    raise OSError(f"{path}: 1000 files of that name already")
+
+
 def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path) -> NodeOutcome:
-    """Write the dumps one node returned; pure apart from writing the files."""
-    host = _SAFE.sub("_", str(doc.get("host") or host))
-    outcome = NodeOutcome(host, notes=[str(n) for n in doc.get("notes", [])])
-    for item in doc.get("ranks", []):
-        who = f"rank {item.get('rank')}" + (f" (pid {item['pid']})" if item.get("pid") else "")
+    """Write the dumps one node returned; pure apart from writing the files.
+
+    Each file keeps its source's permission (0644 stays 0644, anything narrower becomes
+    0600): a dump readable only by the job's user is not made readable by all.
+    """
+    host = _SAFE.sub("_", str(doc.get("host") or host))[:255]
+    notes, ranks = doc.get("notes", []), doc.get("ranks", [])
+    if not isinstance(notes, list) or not isinstance(ranks, list):
+        return NodeOutcome(host, errors=["the node sent a malformed document (notes/ranks "
+                                         "are not lists); ignored"])
+    outcome = NodeOutcome(host, notes=[str(n)[:2000] for n in notes])
+    for err in doc.get("errors") or []:
+        outcome.errors.append(str(err)[:2000])
+    for item in ranks:
+        if not isinstance(item, dict):
+            outcome.errors.append(f"malformed rank item {str(item)[:80]!r}; ignored")
+            continue
+        rank, pid = item.get("rank"), item.get("pid")
+        rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
         if item.get("error"):
-            outcome.errors.append(f"{who}: {item['error']}")
+            outcome.errors.append(f"{who}: {str(item['error'])[:2000]}")
         data = item.get("data")
-        if not data:
+        if not data or not isinstance(data, str):
             continue
         try:
-            raw = zlib.decompress(base64.b64decode(data))
+            raw = zlib.decompressobj().decompress(base64.b64decode(data), node_script.MAX_DUMP_BYTES)
         except (ValueError, zlib.error) as e:
             outcome.errors.append(f"{who}: the node sent an unreadable dump ({e})")
             continue
-        rank = item.get("rank")
-        suffix = f"rank{rank}" if isinstance(rank, int) else f"pid{item.get('pid', 'x')}"
-        path = out_dir / f"fr-{host}-{suffix}"
-        path.write_bytes(raw)
-        outcome.files.append(path)
+        src_mode = item.get("mode")
+        mode = 0o644 if isinstance(src_mode, int) and src_mode & 0o044 == 0o044 else 0o600
+        if isinstance(item.get("dir"), str):
+            outcome.dirs.append((item["dir"], rank))
+        suffix = f"rank{rank}" if rank is not None else f"pid{pid if pid else 'x'}"
+        outcome.files.append(_write_new(out_dir / f"fr-{host}-{suffix}", raw, mode))
     return outcome
 
 
@@ -84,31 +157,169 @@ def trigger_local(out_dir: str | Path, timeout: float = 30.0,
 
 
 def trigger_local_report(out_dir: str | Path, timeout: float = 30.0,
-                         dump_dir: str | Path | None = None) -> NodeOutcome:
+                         dump_dir: str | Path | None = None,
+                         max_bytes: int = node_script.MAX_DUMP_BYTES,
+                         discover: bool = False, pids: set[int] | None = None) -> NodeOutcome:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    doc = node_script.trigger(str(dump_dir or node_script.default_dir()), timeout)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    doc = node_script.trigger_all(str(dump_dir or node_script.default_dir()), timeout,
+                                  max_bytes=max_bytes, discover=discover, pids=pids)
     return save_node_doc(str(doc.get("host", "localhost")), doc, out)
 
 
-def trigger(target: Any, out_dir: str | Path, dump_dir: str | Path | None = None,
-            timeout: float = 30.0, **fanout_kwargs: Any) -> TriggerResult:
-    """Trigger every rank on every node of ``target`` (a mldebug.fanout.Target)."""
+def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None = None,
+            timeout: float = 30.0, *, max_bytes: Any = node_script.MAX_DUMP_BYTES,
+            progress: Any = None, discover: Any = False, pids: Any = None,
+            **fanout_kwargs: Any) -> TriggerResult:
+    """Trigger every rank on every node of ``target`` (a mldebug.fanout.Target).
+
+    ``out_dir`` None: a new private temporary directory (see ``prepare_out``). Each node sends
+    at most ``max_bytes`` of dumps; each node's files are written, and its data dropped, as
+    soon as its answer is parsed; ``progress(answered, total)`` is called as nodes answer.
+    ``discover``: also trigger the recorders of every dump directory found in the rank
+    processes' environments (``MLDEBUG_FR_DIR``) and ``/tmp/mldebug-fr-<uid>`` of every user.
+    ``pids`` (a collection of ints): trigger only these processes, and discover only their
+    directories (``mldebug hang --fr`` passes the job's ranks).
+    An output directory created here is removed again when no dump came back.
+    """
+    out, created = prepare_out(out_dir)
+    if target.is_local:
+        only = {int(p) for p in pids} if pids is not None else None
+        nodes = [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
+                                      only)]
+    else:
+        nodes = []
+        extra = [] if pids is None else ["--pids", ",".join(str(int(p)) for p in pids)]
+        for host, doc, error in _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover),
+                                         progress, fanout_kwargs, extra):
+            if doc is None:
+                nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
+            else:
+                nodes.append(save_node_doc(host, doc, out))
+    result = TriggerResult(out, nodes)
+    if created and not result.files:
+        try:
+            out.rmdir()  # empty, and made here: nothing left behind
+            result.removed = True
+        except OSError:
+            pass
+    return result
+
+
+def _fan_out(target: Any, dump_dir: str | Path | None, timeout: float, max_bytes: int,
+             discover: bool, progress: Callable[[int, int], None] | None,
+             fanout_kwargs: dict[str, Any],
+             extra: list[str]) -> Iterator[tuple[str, dict[str, Any] | None, str]]:
+    """The one fan-out call of fr: run the node script on every node, yield (host, doc, error)
+    per node and drop each node's document once handed over."""
     from mldebug import fanout
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    args = ["--timeout", str(timeout)]
+    args = ["--timeout", str(timeout), "--max-bytes", str(max_bytes)]
     if dump_dir is not None:
         args += ["--dir", str(dump_dir)]
-    if target.is_local:
-        return TriggerResult(out, [trigger_local_report(out, timeout, dump_dir)])
+    if discover:
+        args.append("--discover")
+    args += extra
+    total = len(target.hosts) or 1
+    answered = 0
+
+    def on_result(_: Any) -> None:
+        nonlocal answered
+        answered += 1
+        if progress is not None:
+            progress(answered, total)
+
     results = fanout.run_script(Path(node_script.__file__), args, target,
-                                timeout=timeout + 10, **fanout_kwargs)
-    nodes = []
-    for res in results:
-        if res.data is None:
-            nodes.append(NodeOutcome(res.host, errors=[f"node: {res.error}"]))
-        else:
-            nodes.append(save_node_doc(res.host, res.data, out))
-    return TriggerResult(out, nodes)
+                                timeout=timeout + 10, on_result=on_result, **fanout_kwargs)
+    for i, res in enumerate(results):
+        doc, err = res.data, res.error or "no answer"
+        results[i] = None  # type: ignore[call-overload]  # this node's dumps: freed once saved
+        yield res.host, doc, err
+        del doc
+
+
+def for_hang(target: Any, out_dir: str | Path | None, timeout: float,
+             fr_dir: str | Path | None = None, pids: Any = None,
+             **fanout_kwargs: Any) -> tuple[dict[str, Any], Any]:
+    """What ``mldebug hang --fr`` adds: trigger the recorders of the job's rank processes
+    (``pids``; None: every registered process) - in ``fr_dir`` (default: as enable()) and in
+    every directory their environments name - and analyse the dumps. Returns the JSON block
+    and the Analysis (None when no rank answered)."""
+    from mldebug.fr.analyze import analyze
+    from mldebug.fr.loader import load_files
+    from mldebug.render import fold_ints
+
+    result = trigger(target, out_dir, fr_dir, timeout=timeout, discover=True, pids=pids,
+                     **fanout_kwargs)
+    doc: dict[str, Any] = result.to_dict()
+    default = str(fr_dir or node_script.default_dir())
+    elsewhere: dict[str, list[int]] = {}
+    for n in result.nodes:
+        for d, rank in n.dirs:
+            if d != default and rank is not None:
+                elsewhere.setdefault(d, []).append(rank)
+    doc["recorders_elsewhere"] = [{"dir": d, "ranks": sorted(rs)} for d, rs in elsewhere.items()]
+    notes = [f"rank(s) {fold_ints(sorted(rs))} had their recorder in {d}, not in {default}"
+             for d, rs in elsewhere.items()]
+    analysis = None
+    if result.files:
+        analysis = analyze(load_files(result.files))
+        analysis.notes.extend(notes)
+        if notes:
+            from mldebug.fr.diagnose import build_findings
+
+            analysis.findings = build_findings(analysis)
+        doc["analysis"] = analysis.to_dict()
+    else:
+        doc["analysis"] = None
+        doc["hint"] = (f"no rank answered in {default} nor in any MLDEBUG_FR_DIR of the rank "
+                       "processes: only ranks that called mldebug.fr.enable() can dump on "
+                       "demand; if enable(dump_dir=...) names another directory, pass "
+                       "--fr-dir DIR (docs/fr.md)")
+    doc["notes"] = notes
+    return doc, analysis
+
+
+@dataclass
+class WatchResult:
+    """Two triggers ``interval`` seconds apart and the window between them."""
+
+    first: TriggerResult
+    second: TriggerResult
+    since: dict[str, int]  # pg -> last collective seq in the first dumps
+    interval: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interval_s": self.interval, "since": self.since,
+                "first": self.first.to_dict(), "second": self.second.to_dict()}
+
+
+def last_seqs(files: list[Path]) -> dict[str, int]:
+    """Per process group, the highest collective sequence number any of the dumps holds."""
+    from mldebug.fr.loader import load_files
+
+    ds = load_files(files)
+    since: dict[str, int] = {}
+    for tl in ds.timelines:
+        for e in tl.entries:
+            if not e.is_p2p and e.seq > since.get(e.pg_name, -1):
+                since[e.pg_name] = e.seq
+    return since
+
+
+def watch(target: Any, interval: float, out_dir: str | Path | None,
+          dump_dir: str | Path | None = None, timeout: float = 30.0,
+          **fanout_kwargs: Any) -> WatchResult:
+    """Trigger every rank twice, ``interval`` seconds apart, into ``<out>/1`` and ``<out>/2``;
+    the straggler statistics of the second dumps then cover only the collectives between."""
+    out, created = prepare_out(out_dir)
+    first = trigger(target, out / "1", dump_dir, timeout=timeout, **fanout_kwargs)
+    since = last_seqs(first.files) if first.files else {}
+    time.sleep(interval)
+    second = trigger(target, out / "2", dump_dir, timeout=timeout, **fanout_kwargs)
+    if created and not first.files and not second.files:
+        try:
+            out.rmdir()
+        except OSError:
+            pass
+    return WatchResult(first, second, since, interval)

@@ -11,7 +11,6 @@ already kept; only a new timeline is normalised into ``Entry`` objects.
 
 from __future__ import annotations
 
-import ast
 import gc
 import hashlib
 import io
@@ -20,19 +19,36 @@ import os
 import pickle
 import re
 import stat
+import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from mldebug.fr.model import DumpSet, Entry, Frame, LoadProblem, PgStatus, RankDump, Timeline
+from mldebug.fr.model import CallFrame, DumpSet, Entry, LoadProblem, PgStatus, RankDump, Timeline
 
 # Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
 _ALLOWED_GLOBALS = {
     ("builtins", "set"), ("builtins", "frozenset"), ("__builtin__", "set"),
     ("__builtin__", "frozenset"), ("collections", "OrderedDict"),
 }
+
+
+# Bounds on outside data: a dump larger or deeper than these is refused, not analysed.
+MAX_FILE_BYTES = 1 << 30
+MAX_ENTRIES = 1_000_000
+MAX_TENSORS = 4096  # sizes per entry
+MAX_DIMS = 64
+MAX_FRAMES = 512
+MAX_TEXT = 4096  # characters of a name, dtype or file name
+MAX_WORLD = 1 << 18  # ranks: larger world sizes in a dump are not believed
+MAX_INT = 1 << 62  # sizes, sequence numbers, lines
+
+
+class BadDump(ValueError):
+    """A dump that breaks a bound or a type the format fixes; the message says which."""
 
 
 class UnsafePickle(pickle.UnpicklingError):
@@ -81,8 +97,8 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
             for child in sorted(p.iterdir()):
                 if child.name.startswith(".") or child.name.endswith((".tmp", ".trigger")):
                     continue
-                try:
-                    if stat.S_ISREG(child.stat().st_mode):
+                try:  # a symlink planted in a shared directory is not followed
+                    if stat.S_ISREG(child.lstat().st_mode):
                         files.append(child)
                 except OSError:
                     continue
@@ -129,9 +145,37 @@ def _scan_light(path: str) -> _Scanned:
     return _scan(path, keep=False)
 
 
+def _read_bounded(name: str) -> bytes:
+    with open(name, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise BadDump("not a regular file")
+        if size > MAX_FILE_BYTES:
+            raise BadDump(f"{size} bytes, over the {MAX_FILE_BYTES}-byte limit for one dump")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise BadDump(f"over the {MAX_FILE_BYTES}-byte limit for one dump")
+    return data
+
+
 def _scan(name: str, keep: bool) -> _Scanned:
     try:
-        data = Path(name).read_bytes()
+        return _scan_checked(name, keep)
+    except (BadDump, KeyError, TypeError, ValueError, AttributeError, OverflowError,
+            RecursionError, MemoryError) as e:
+        return _Scanned(name, f"malformed ({type(e).__name__}: {_short(e)}); skipped")
+
+
+def _short(e: BaseException) -> str:
+    try:
+        return str(e)[:160]
+    except Exception:  # noqa: BLE001 - str() of a huge int in a message raises ValueError
+        return "?"
+
+
+def _scan_checked(name: str, keep: bool) -> _Scanned:
+    try:
+        data = _read_bounded(name)
     except OSError as e:
         return _Scanned(name, f"cannot read: {e.strerror or e}")
     doc, err = _decode(data)
@@ -144,7 +188,11 @@ def _scan(name: str, keep: bool) -> _Scanned:
     raw_entries = doc.get("entries") or []
     if not isinstance(raw_entries, list):
         return _Scanned(name, "'entries' is not a list; not a flight-recorder dump")
+    if len(raw_entries) > MAX_ENTRIES:
+        return _Scanned(name, f"{len(raw_entries)} entries, over the {MAX_ENTRIES} limit; skipped")
+    _check_budget(raw_entries, len(data))
     dump = _rank_dump(doc, rank, rank_from, name, len(raw_entries))
+    dump.created = array("q", [_stamp(e) for e in raw_entries])
     fp = hashlib.blake2b(pickle.dumps(_project(raw_entries), protocol=4),
                          digest_size=20).digest()
     return _Scanned(name, dump=dump, fingerprint=fp, raw_entries=raw_entries if keep else None)
@@ -152,6 +200,7 @@ def _scan(name: str, keep: bool) -> _Scanned:
 
 def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
     ds = DumpSet()
+    static_cache: dict[bytes, tuple[Any, ...]] = {}
     by_fp: dict[bytes, int] = {}
     for sc in scanned:
         if sc.error is not None or sc.dump is None:
@@ -170,10 +219,12 @@ def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
                 again = _scan(sc.file, keep=True)
                 raw = again.raw_entries or []
             try:
-                entries = [_entry(e) for e in raw]
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                entries = [_entry(e, static_cache) for e in raw]
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError,
+                    RecursionError) as e:
                 ds.problems.append(LoadProblem(sc.file, f"malformed entry ({type(e).__name__}: "
-                                               f"{e}); not a flight-recorder dump of a known version"))
+                                               f"{_short(e)}); not a flight-recorder dump of a "
+                                               "known version; skipped"))
                 continue
             idx = by_fp[sc.fingerprint] = len(ds.timelines)
             ds.timelines.append(Timeline([dump.rank], entries))
@@ -196,8 +247,9 @@ def _decode(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
                       "flight-recorder dump never contains; it may run code, so it was not "
                       "loaded. Do not open it with pickle.load")
     except (EOFError, pickle.UnpicklingError, ValueError, IndexError, json.JSONDecodeError,
-            UnicodeDecodeError, MemoryError) as e:
-        return None, (f"truncated or corrupt ({type(e).__name__}: {str(e)[:80]}); the dump was "
+            UnicodeDecodeError, MemoryError, RecursionError, KeyError, TypeError,
+            OverflowError, AttributeError) as e:
+        return None, (f"truncated or corrupt ({type(e).__name__}: {_short(e)[:80]}); the dump was "
                       "probably cut short; skipped")
     if not isinstance(doc, dict) or "entries" not in doc:
         return None, "not a flight-recorder dump (no 'entries'); skipped"
@@ -207,25 +259,29 @@ def _decode(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
 def _rank_of(doc: dict[str, Any], name: str) -> tuple[int | None, str]:
     meta = doc.get("mldebug")
     for value in (doc.get("rank"), meta.get("rank") if isinstance(meta, dict) else None):
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not 0 <= value < MAX_WORLD:
+                raise BadDump(f"rank {_short_value(value)} is not a rank (0 to {MAX_WORLD - 1})")
             return value, "content"
     m = _TRAILING_NUM.search(os.path.basename(name))
-    if m:
+    if m and len(m.group(1)) <= 9 and int(m.group(1)) < MAX_WORLD:
         return int(m.group(1)), "filename"
     return None, ""
 
 
+_RANKS_TEXT = re.compile(r"[\[({]?\s*(\d{1,9}\s*(,\s*\d{1,9}\s*)*,?)?\s*[\])}]?")
+
+
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
+    """Group members from '[0, 1]' (torch writes a string) or a list; None if not that."""
     if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        if len(value) > 16 * MAX_WORLD or not _RANKS_TEXT.fullmatch(value):
             return None
-    if isinstance(value, (list, tuple, set, frozenset)) and value:
-        try:
-            return tuple(sorted(int(r) for r in value))
-        except (TypeError, ValueError):
-            return None
+        value = [int(x) for x in re.findall(r"\d+", value)]
+    if isinstance(value, (list, tuple, set, frozenset)) and 0 < len(value) <= MAX_WORLD:
+        if all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
+               for r in value):
+            return tuple(sorted(value))
     return None
 
 
@@ -233,19 +289,22 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
                count: int) -> RankDump:
     meta_raw = doc.get("mldebug")
     meta: dict[str, Any] = meta_raw if isinstance(meta_raw, dict) else {}
-    dump = RankDump(rank=rank, file=name, version=str(doc.get("version", "?")),
+    world = _int(meta.get("world_size"))
+    dump = RankDump(rank=rank, file=name, version=_text(doc.get("version", "?")),
                     rank_from=rank_from, entry_count=count,
-                    host=meta.get("host"), pid=meta.get("pid"),
-                    world_size=meta.get("world_size"), reason=meta.get("reason"))
+                    host=_text(meta["host"]) if isinstance(meta.get("host"), str) else None,
+                    pid=_int(meta.get("pid")),
+                    world_size=world if world is not None and 0 < world <= MAX_WORLD else None,
+                    reason=_text(meta["reason"]) if isinstance(meta.get("reason"), str) else None)
     cfg = doc.get("pg_config") or {}
     if isinstance(cfg, dict):
         for key, val in cfg.items():
             if isinstance(val, dict):
-                pg_name = str(val.get("name", key))
-                desc = str(val.get("desc", ""))
+                pg_name = _text(val.get("name", key))
+                desc = _text(val.get("desc", ""))
                 ranks = _parse_ranks(val.get("ranks"))
             elif isinstance(val, (list, tuple)) and len(val) >= 2:
-                pg_name, desc, ranks = str(key), str(val[0]), _parse_ranks(val[1])
+                pg_name, desc, ranks = _text(key), _text(val[0]), _parse_ranks(val[1])
             else:
                 continue
             if pg_name == "" and ranks is None:
@@ -255,35 +314,146 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
     if isinstance(status, dict):
         for key, val in status.items():
             if isinstance(val, dict):
-                dump.pg_status[str(key)] = PgStatus(
-                    _int(val.get("last_enqueued_collective")),
-                    _int(val.get("last_started_collective")),
-                    _int(val.get("last_completed_collective")))
+                dump.pg_status[_text(key)] = PgStatus(  # torch's JSON dump writes strings
+                    _num(val.get("last_enqueued_collective")),
+                    _num(val.get("last_started_collective")),
+                    _num(val.get("last_completed_collective")))
     return dump
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and -MAX_INT < v < MAX_INT else None
+
+
+def _stamp(e: Any) -> int:
+    t = e.get("time_created_ns") if isinstance(e, dict) else None
+    return t if isinstance(t, int) and not isinstance(t, bool) and 0 < t < MAX_INT else -1
+
+
+def _num(v: Any) -> int | None:
+    """An integer written as a number or as its decimal string ('2', '-1')."""
+    if isinstance(v, str) and 0 < len(v) <= 19 and v.lstrip("-").isdigit():
+        return int(v)
+    return _int(v)
+
+
+def _text(v: Any, limit: int = MAX_TEXT) -> str:
+    """A string field as text: strings cut at ``limit``, bounded ints and floats spelled,
+    anything else (huge ints, containers) as '?'."""
+    if isinstance(v, str):
+        return v[:limit]
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return str(v) if -MAX_INT < v < MAX_INT else "?"
+    if isinstance(v, float):
+        return repr(v)
+    return "?"
+
+
+def _texts(v: Any) -> tuple[str, ...]:
+    """A field that is a string or a list of strings (dtypes): never split into characters."""
+    if not v:
+        return ()
+    if isinstance(v, (str, int, float)):
+        return (_text(v, 64),)
+    if isinstance(v, (list, tuple)):
+        if len(v) > MAX_TENSORS:
+            raise BadDump(f"{len(v)} dtypes, over the {MAX_TENSORS} limit")
+        return tuple(_text(x, 64) for x in v)
+    raise BadDump(f"a dtype field is a {type(v).__name__}")
+
+
+def _dim(x: Any) -> int:
+    if isinstance(x, int) and not isinstance(x, bool) and 0 <= x < MAX_INT:
+        return x
+    raise BadDump(f"tensor size {_short_value(x)} is not a size (0 to 2**62)")
+
+
+def _short_value(x: Any) -> str:
+    if isinstance(x, int) and not -MAX_INT < x < MAX_INT:
+        return f"an integer of {x.bit_length()} bits"
+    return repr(x)[:40] if isinstance(x, (str, float, bool, type(None))) else type(x).__name__
+
+
+_interned: dict[Any, Any] = {}
+
+
+def _intern(v: Any) -> Any:
+    """One shared copy of equal sizes/dtypes tuples (millions of entries repeat a few)."""
+    got = _interned.get(v)
+    if got is None:
+        if len(_interned) > 1_000_000:
+            _interned.clear()
+        got = _interned[v] = v
+    return got
 
 
 def _sizes(v: Any) -> tuple[tuple[int, ...], ...]:
+    return _intern(_sizes_raw(v))  # type: ignore[no-any-return]
+
+
+def _sizes_raw(v: Any) -> tuple[tuple[int, ...], ...]:
     if not v:
         return ()
-    return tuple(tuple(int(x) for x in s) if isinstance(s, (list, tuple)) else (int(s),)
-                 for s in v)
-
-
-_frame_cache: dict[tuple[str, str, int], Frame] = {}
-
-
-def _frames(v: Any) -> tuple[Frame, ...]:
+    if not isinstance(v, (list, tuple)) or len(v) > MAX_TENSORS:
+        raise BadDump(f"sizes are not a list of at most {MAX_TENSORS} shapes")
     out = []
-    for f in v or ():
+    for s in v:
+        if isinstance(s, (list, tuple)):
+            if len(s) > MAX_DIMS:
+                raise BadDump(f"a shape of {len(s)} dimensions, over {MAX_DIMS}")
+            out.append(tuple(_dim(x) for x in s))
+        else:
+            out.append((_dim(s),))
+    return tuple(out)
+
+
+def _check_budget(entries: list[Any], nbytes: int) -> None:
+    """Refuse a pickle whose shared references (memo) expand far beyond its bytes.
+
+    A real dump spends bytes on every size and frame it holds; a "memo bomb" repeats one
+    list by reference millions of times. The work per entry is bounded by the sizes and
+    frames it lists, so their total is checked against the file's size first.
+    """
+    budget = 64 * nbytes + 100_000
+    seen: set[int] = set()
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        for key in ("input_sizes", "output_sizes", "frames"):
+            v = e.get(key)
+            if isinstance(v, (list, tuple)) and id(v) not in seen:
+                seen.add(id(v))
+                budget -= len(v)
+                for s in v[:MAX_TENSORS + 1]:
+                    if isinstance(s, (list, tuple, dict)):
+                        budget -= len(s)
+        budget -= 1
+        if budget < 0:
+            raise BadDump("the entries expand to far more data than the file holds (shared "
+                          "references repeated: a pickle 'memo bomb'); refused")
+
+
+_frame_cache: dict[tuple[str, str, int], CallFrame] = {}
+
+
+def _frames(v: Any) -> tuple[CallFrame, ...]:
+    if not v:
+        return ()
+    if not isinstance(v, (list, tuple)):
+        raise BadDump(f"frames are a {type(v).__name__}, not a list")
+    out = []
+    for f in v[:MAX_FRAMES]:
         if isinstance(f, dict):
-            key = (str(f.get("name", "?")), str(f.get("filename", "?")), int(f.get("line", 0) or 0))
+            line = _int(f.get("line", 0))
+            key = (_text(f.get("name", "?")), _text(f.get("filename", "?")),
+                   line if line is not None and line >= 0 else 0)
             fr = _frame_cache.get(key)
             if fr is None:
-                fr = _frame_cache[key] = Frame(*key)
+                if len(_frame_cache) > 1_000_000:
+                    _frame_cache.clear()
+                fr = _frame_cache[key] = CallFrame(*key)
             out.append(fr)
     return tuple(out)
 
@@ -314,37 +484,62 @@ def _maybe_int(s: str) -> int | None:
         return None
 
 
-def _entry(e: dict[str, Any]) -> Entry:
-    pg = e.get("process_group") or (str(e.get("pg_id", "?")), "")
-    if isinstance(pg, (list, tuple)):
-        pg_name, pg_desc = str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+def _seq(v: Any, default: int) -> int:
+    if v is None:
+        return default
+    n = _int(v)
+    if n is None:
+        raise BadDump(f"a sequence number is {_short_value(v)}, not an integer")
+    return n
+
+
+_STATIC_KEYS = ("profiling_name", "process_group", "pg_id", "input_sizes", "output_sizes",
+                "input_dtypes", "output_dtypes", "frames", "is_p2p")
+_static_key = itemgetter(*_STATIC_KEYS)
+
+
+def _static(e: dict[str, Any]) -> tuple[Any, ...]:
+    """The fields many entries share (op, group, sizes, dtypes, frames), normalised."""
+    pg = e.get("process_group") or (_text(e.get("pg_id", "?")), "")
+    if isinstance(pg, (list, tuple)) and pg:
+        pg_name, pg_desc = _text(pg[0]), _text(pg[1]) if len(pg) > 1 else ""
     else:
-        pg_name, pg_desc = str(pg), ""
-    prof = str(e.get("profiling_name") or "")
+        pg_name, pg_desc = _text(pg), ""
+    prof = sys.intern(_text(e.get("profiling_name") or "", 1024))
     backend, op, src, dst = parse_profiling_name(prof)
-    seq = e.get("collective_seq_id", e.get("seq_id", -1))
     is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
+    return (_int(e.get("pg_id")), sys.intern(pg_name), pg_desc, prof, sys.intern(backend),
+            sys.intern(op), _sizes(e.get("input_sizes")), _sizes(e.get("output_sizes")),
+            _intern(_texts(e.get("input_dtypes"))), _intern(_texts(e.get("output_dtypes"))),
+            is_p2p, _frames(e.get("frames")), src, dst)
+
+
+def _entry(e: dict[str, Any], cache: dict[bytes, tuple[Any, ...]] | None = None) -> Entry:
+    """One normalised Entry; ``cache`` shares the static part between entries that recorded
+    the same call (keyed by its pickled raw fields: C speed, no per-field Python work)."""
+    if not isinstance(e, dict):
+        raise BadDump(f"an entry is a {type(e).__name__}, not a mapping")
+    st: tuple[Any, ...] | None = None
+    key = b""
+    if cache is not None:
+        try:
+            key = pickle.dumps(_static_key(e), protocol=4)
+            st = cache.get(key)
+        except (KeyError, TypeError, pickle.PicklingError, RecursionError):
+            key = b""
+    if st is None:
+        st = _static(e)
+        if key:
+            cache[key] = st  # type: ignore[index]
+    seq = e.get("collective_seq_id", e.get("seq_id", -1))
+    (pg_id, pg_name, pg_desc, prof, backend, op, ins, outs, ind, outd, is_p2p, frames, src,
+     dst) = st
     return Entry(
-        record_id=int(e.get("record_id", -1)),
-        pg_id=_int(e.get("pg_id")),
-        pg_name=pg_name,
-        pg_desc=pg_desc,
-        seq=int(seq if seq is not None else -1),
-        p2p_seq=int(e.get("p2p_seq_id") or 0),
-        profiling_name=prof,
-        backend=backend,
-        op=op,
-        input_sizes=_sizes(e.get("input_sizes")),
-        output_sizes=_sizes(e.get("output_sizes")),
-        input_dtypes=tuple(str(d) for d in e.get("input_dtypes") or ()),
-        output_dtypes=tuple(str(d) for d in e.get("output_dtypes") or ()),
-        state=str(e.get("state") or "?"),
-        is_p2p=is_p2p,
-        frames=_frames(e.get("frames")),
-        src=src,
-        dst=dst,
-        time_created_ns=_int(e.get("time_created_ns")),
+        record_id=_seq(e.get("record_id"), -1), pg_id=pg_id, pg_name=pg_name, pg_desc=pg_desc,
+        seq=_seq(seq, -1), p2p_seq=_seq(e.get("p2p_seq_id") or 0, 0), profiling_name=prof,
+        backend=backend, op=op, input_sizes=ins, output_sizes=outs, input_dtypes=ind,
+        output_dtypes=outd, state=sys.intern(_text(e.get("state") or "?", 64)), is_p2p=is_p2p,
+        frames=frames, src=src, dst=dst, time_created_ns=_int(e.get("time_created_ns")),
         time_started_ns=_int(e.get("time_discovered_started_ns")),
         time_completed_ns=_int(e.get("time_discovered_completed_ns")),
-        timeout_ms=_int(e.get("timeout_ms")),
-    )
+        timeout_ms=_int(e.get("timeout_ms")))

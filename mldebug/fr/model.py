@@ -8,8 +8,11 @@ what 1,024 copies of the same one would.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
+
+from mldebug.findings import Finding
 
 # Operation names whose sizes legitimately differ across ranks (torch's own rules).
 ALL_TO_ALL = frozenset({"all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall",
@@ -20,7 +23,7 @@ P2P_OPS = frozenset({"send", "recv"})
 
 
 @dataclass(frozen=True)
-class Frame:
+class CallFrame:
     name: str
     filename: str
     line: int
@@ -29,7 +32,7 @@ class Frame:
         return f"{self.name} at {self.filename}:{self.line}"
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One recorded operation, normalised across format versions 2.3-2.10."""
 
@@ -48,7 +51,7 @@ class Entry:
     output_dtypes: tuple[str, ...]
     state: str
     is_p2p: bool
-    frames: tuple[Frame, ...] = ()
+    frames: tuple[CallFrame, ...] = ()
     src: int | None = None  # group-local peers of send/recv
     dst: int | None = None
     time_created_ns: int | None = None
@@ -85,6 +88,9 @@ class RankDump:
     pg_status: dict[str, PgStatus] = field(default_factory=dict)  # key: pg_id as str
     timeline: int = -1  # index into DumpSet.timelines
     entry_count: int = 0
+    # this rank's own enqueue times (time_created_ns, -1 when absent), aligned with its
+    # timeline's entries: ranks that share a timeline share entries but not times
+    created: array[int] = field(default_factory=lambda: array("q"))
 
 
 @dataclass
@@ -170,6 +176,25 @@ class Lag:
 
 
 @dataclass
+class Straggler:
+    """A rank that arrived last at matched collectives far more often than chance."""
+
+    rank: int
+    host: str | None
+    collectives: int  # matched collectives compared
+    times_last: int
+    late_ms_median: float  # behind the median rank's arrival, host clocks aligned
+    late_ms_p90: float
+    late_ms_mean: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "collectives": self.collectives,
+                "times_last": self.times_last, "late_ms_median": round(self.late_ms_median, 3),
+                "late_ms_p90": round(self.late_ms_p90, 3),
+                "late_ms_mean": round(self.late_ms_mean, 3)}
+
+
+@dataclass
 class GroupSummary:
     pg: str
     desc: str
@@ -198,6 +223,9 @@ class Analysis:
     duplicates: dict[int, list[str]]
     timelines: int
     notes: list[str] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    straggler_window: int = 0  # matched collectives the straggler statistics cover
+    findings: list[Finding] = field(default_factory=list)  # built by analysis (fr.diagnose)
 
     @property
     def culprits(self) -> list[int]:
@@ -223,4 +251,7 @@ class Analysis:
             "duplicates": {str(k): v for k, v in self.duplicates.items()},
             "distinct_timelines": self.timelines,
             "notes": self.notes,
+            "stragglers": [st.to_dict() for st in self.stragglers],
+            "straggler_collectives": self.straggler_window,
+            "findings": [f.to_dict() for f in self.findings],
         }

@@ -12,18 +12,27 @@ rank that is not listening is reported, never waited on), then waits until the r
 ``.mldebug-fr-<host>-<pid>.done`` naming that token and its dump file. When no rank registered but
 PyTorch's native NCCL pipes exist (``<dir>/nccl/*.pipe``), it pokes those instead.
 
-Output: one line ``MLDEBUG-JSON {"host":..., "ranks":[{"rank", "pid", "file", "data"|"error"}],
-"notes":[...]}`` with each dump zlib-compressed and base64-encoded.
+Output: one line ``MLDEBUG-JSON {"host":..., "ranks":[{"rank", "pid", "file", "mode",
+"data"|"error"}], "notes":[...]}`` with each dump zlib-compressed and base64-encoded.
+
+The directory is shared ground (/tmp): it is refused when it is a symlink, or another user
+than its owner can write it; every file used in it (registration, FIFO, acknowledgement,
+dump) is opened without following symlinks and must be what it claims (a FIFO, a regular
+file) and belong to the directory's owner; a dump is read only from the place the protocol
+names (``<dir>/triggered/<token>/fr_rank<R>``), never from a path a file in the directory
+points to.
 """
 
 from __future__ import annotations
 
 import base64
 import errno
-import glob
 import json
 import os
+import pwd
+import re
 import socket
+import stat
 import sys
 import time
 import zlib
@@ -33,8 +42,110 @@ MARKER = "MLDEBUG-JSON "
 REGISTRY_PREFIX = ".mldebug-fr-"
 
 
+TRIGGERED = "triggered"  # <dir>/triggered/<token>/fr_rank<R>: one folder per trigger
+MAX_DUMP_BYTES = 1 << 30  # per rank: a larger file is refused, not read
+MAX_SMALL_BYTES = 1 << 16  # registrations and acknowledgements
+_TOKEN = re.compile(r"^[0-9A-Za-z-]{1,64}$")
+_DUMP_NAME = re.compile(r"^fr_rank([0-9]{1,9})$")
+
+
+class UnsafeDir(Exception):
+    """The dump directory is not private to its owner (message names owner and mode)."""
+
+
 def default_dir() -> str:
     return os.environ.get("MLDEBUG_FR_DIR") or f"/tmp/mldebug-fr-{os.getuid()}"
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_dir(path: str, uid: int | None = None) -> os.stat_result:
+    """The directory's lstat when it is safe to use; raises UnsafeDir saying why and what to do.
+
+    Safe: a real directory (not a symlink), not writable by group or others, and owned by
+    ``uid`` when given (the recorder: its own user) - anyone else could plant files in it.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise UnsafeDir(f"cannot inspect {path}: {e.strerror}") from None
+    fix = ("Remove it (it is not mldebug's) or choose another directory with MLDEBUG_FR_DIR "
+           "/ --dir; mldebug creates its own with mode 0700.")
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeDir(f"{path} is a symlink (owner {_owner(st.st_uid)}), refused as a "
+                        f"flight-recorder directory. {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDir(f"{path} is not a directory. {fix}")
+    mode = stat.S_IMODE(st.st_mode)
+    if uid is not None and st.st_uid != uid:
+        raise UnsafeDir(f"{path} belongs to {_owner(st.st_uid)}, not to {_owner(uid)} "
+                        f"(mode {mode:04o}): another user created it, so it is refused. {fix}")
+    if mode & 0o022:
+        raise UnsafeDir(f"{path} (owner {_owner(st.st_uid)}, mode {mode:04o}) can be written "
+                        f"by other users, so it is refused. {fix} Or: chmod go-w {path}")
+    return st
+
+
+def private_dir(path: str) -> os.stat_result:
+    """Create ``path`` mode 0700 (parents as needed) or accept it when it is already safe."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    return check_dir(path, os.getuid())
+
+
+def open_in(dir_fd: int, name: str, owner: int, kind: str, flags: int = os.O_RDONLY) -> int:
+    """Open ``name`` inside the directory ``dir_fd`` without following a symlink, and check it
+    is a ``kind`` ("file", "fifo", "dir") belonging to ``owner``; raises OSError/ValueError."""
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"{name!r} is not a plain name inside the directory")
+    extra = os.O_DIRECTORY if kind == "dir" else 0
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | extra, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        ok = {"file": stat.S_ISREG, "fifo": stat.S_ISFIFO, "dir": stat.S_ISDIR}[kind](st.st_mode)
+        if not ok:
+            raise ValueError(f"{name} is not a {kind}")
+        if st.st_uid != owner:
+            raise ValueError(f"{name} belongs to {_owner(st.st_uid)}, not to the directory's "
+                             f"owner {_owner(owner)}")
+        if kind == "dir" and stat.S_IMODE(st.st_mode) & 0o022:
+            raise ValueError(f"{name} can be written by other users")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_in(dir_fd: int, name: str, owner: int, limit: int) -> tuple[bytes, int]:
+    """A regular file's bytes (at most ``limit``) and mode, opened as ``open_in`` does."""
+    fd = open_in(dir_fd, name, owner, "file", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if st.st_size > limit:
+            raise ValueError(f"{name} is {st.st_size} bytes, over the {limit}-byte limit")
+        chunks, left = [], limit + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise ValueError(f"{name} grew over the {limit}-byte limit while read")
+        return data, stat.S_IMODE(st.st_mode)
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:
@@ -47,17 +158,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _poke(path: str, token: str, deadline: float) -> str | None:
-    """Write the token into a FIFO without ever blocking; returns an error or None."""
+def _poke(dir_fd: int, name: str, owner: int, token: str, deadline: float) -> str | None:
+    """Write the token into a FIFO inside the directory without ever blocking or following a
+    symlink; returns an error or None."""
     while True:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            fd = open_in(dir_fd, name, owner, "fifo", os.O_WRONLY | os.O_NONBLOCK)
+        except ValueError as e:
+            return f"trigger FIFO refused: {e}"
         except OSError as e:
             if e.errno == errno.ENXIO and time.monotonic() < deadline:
                 time.sleep(0.05)  # the listener is between two reads (or busy dumping)
                 continue
             if e.errno == errno.ENXIO:
                 return "not listening on its trigger FIFO (process stuck before enable()?)"
+            if e.errno == errno.ELOOP:
+                return "trigger FIFO refused: it is a symlink"
             return f"cannot open trigger FIFO: {e.strerror}"
         try:
             os.write(fd, (token + "\n").encode())
@@ -68,72 +184,156 @@ def _poke(path: str, token: str, deadline: float) -> str | None:
         return None
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def _read_json(dir_fd: int, name: str, owner: int) -> dict[str, Any] | None:
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        data, _ = read_in(dir_fd, name, owner, MAX_SMALL_BYTES)
+        doc = json.loads(data)
         return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
-def _encode(path: str) -> tuple[str | None, str | None, int]:
+def registration(doc: dict[str, Any] | None, name: str) -> tuple[int, str, int | None]:
+    """(pid, host, rank) of a registration document; ValueError saying what is malformed."""
+    if doc is None:
+        raise ValueError("not a JSON object (unreadable, too large, or not owned by the "
+                         "directory's owner)")
+    pid, host, rank = doc.get("pid"), doc.get("host"), doc.get("rank")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 1 << 31:
+        raise ValueError(f"'pid' is {str(pid)[:40]!r}, not a process id")
+    if not isinstance(host, str) or not host or len(host) > 255:
+        raise ValueError("'host' is not a host name")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
+                             or not 0 <= rank < 1 << 24):
+        raise ValueError(f"'rank' is {str(rank)[:40]!r}, not a rank")
+    if name != f"{REGISTRY_PREFIX}{host}-{pid}.json":
+        raise ValueError("its name does not match its host and pid")
+    return pid, host, rank
+
+
+def _encode(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 1)).decode()
+
+
+def _fetch_dump(dir_fd: int, owner: int, token: str, file: Any) -> tuple[bytes, int, str]:
+    """The acknowledged dump, read only from ``triggered/<token>/fr_rank<R>`` inside the
+    directory; ValueError/OSError when the acknowledgement names anything else."""
+    if not isinstance(file, str):
+        raise ValueError("the acknowledgement names no file")
+    parts = file.split("/")
+    if len(parts) < 3 or parts[-3:-1] != [TRIGGERED, token] or not _DUMP_NAME.match(parts[-1]):
+        raise ValueError(f"the acknowledgement names {file[:200]!r}, outside "
+                         f"{TRIGGERED}/{token}/ of the directory: refused")
+    tdir = open_in(dir_fd, TRIGGERED, owner, "dir")
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        return None, f"dump {path} unreadable: {e.strerror}", 0
-    return base64.b64encode(zlib.compress(data, 1)).decode(), None, len(data)
+        kdir = open_in(tdir, token, owner, "dir")
+        try:
+            data, mode = read_in(kdir, parts[-1], owner, MAX_DUMP_BYTES)
+        finally:
+            os.close(kdir)
+    finally:
+        os.close(tdir)
+    return data, mode, parts[-1]
 
 
-def trigger(dump_dir: str, timeout: float, include_data: bool = True) -> dict[str, Any]:
+def trigger(dump_dir: str, timeout: float, include_data: bool = True,
+            max_bytes: int = MAX_DUMP_BYTES, pids: set[int] | None = None) -> dict[str, Any]:
     host = socket.gethostname().split(".")[0]
     out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
-    if not os.path.isdir(dump_dir):
+    try:
+        st = check_dir(dump_dir)
+    except FileNotFoundError:
         out["notes"].append(f"{dump_dir} does not exist on {host}: no rank called "
                             "mldebug.fr.enable() with this directory here")
         return out
+    except UnsafeDir as e:
+        out["errors"] = [str(e)]
+        out["notes"].append(f"{host}: {e}")
+        return out
+    owner = st.st_uid
+    try:
+        dir_fd = os.open(dump_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        out["notes"].append(f"cannot open {dump_dir}: {e.strerror}")
+        return out
+    try:
+        _trigger_in(dir_fd, owner, dump_dir, host, timeout, include_data, max_bytes, pids, out)
+    finally:
+        os.close(dir_fd)
+    return out
+
+
+def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: float,
+                include_data: bool, max_bytes: int, pids: set[int] | None,
+                out: dict[str, Any]) -> None:
     deadline = time.monotonic() + timeout
-    token = f"{time.time_ns()}-{os.getpid()}"
+    token = f"{time.time_ns()}-{os.getpid()}-{os.urandom(4).hex()}"
     waiting: list[dict[str, Any]] = []
     stale = 0
-    for reg_path in sorted(glob.glob(os.path.join(dump_dir, REGISTRY_PREFIX + "*.json"))):
-        reg = _read_json(reg_path)
-        if not reg or reg.get("host") != host:
+    for name in sorted(os.listdir(dir_fd)):
+        if not (name.startswith(REGISTRY_PREFIX + host + "-") and name.endswith(".json")):
             continue
-        pid = int(reg.get("pid", -1))
-        if pid <= 0 or not _alive(pid):
+        try:
+            pid, _, rank = registration(_read_json(dir_fd, name, owner), name)
+        except ValueError as e:
+            out["ranks"].append({"rank": None, "pid": None,
+                                 "error": f"malformed registration {name}: {e}; ignored"})
+            continue
+        if pids is not None and pid not in pids:
+            continue  # another job's rank
+        if not _alive(pid):
             stale += 1
             continue
-        item: dict[str, Any] = {"pid": pid, "rank": reg.get("rank")}
-        err = _poke(str(reg.get("fifo")), token, min(deadline, time.monotonic() + 5))
+        item: dict[str, Any] = {"pid": pid, "rank": rank}
+        try:
+            pid_uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            pid_uid = owner  # no /proc (not Linux): the directory's checks stand alone
+        if pid_uid != owner:
+            item["error"] = (f"registration {name} names pid {pid}, a process of "
+                             f"{_owner(pid_uid)}, not of the directory's owner {_owner(owner)}; "
+                             "ignored")
+            out["ranks"].append(item)
+            continue
+        err = _poke(dir_fd, f"{REGISTRY_PREFIX}{host}-{pid}.trigger", owner, token,
+                    min(deadline, time.monotonic() + 5))
         if err:
             item["error"] = err
             out["ranks"].append(item)
         else:
-            item["_done"] = str(reg.get("done") or os.path.join(
-                dump_dir, f"{REGISTRY_PREFIX}{host}-{pid}.done"))
+            item["_done"] = f"{REGISTRY_PREFIX}{host}-{pid}.done"
             waiting.append(item)
     if stale:
         out["notes"].append(f"{stale} registration(s) of processes that no longer run were ignored")
     if not waiting and not out["ranks"]:
-        _native(dump_dir, deadline, include_data, out)
+        _native(dir_fd, owner, deadline, include_data, out)
     while waiting and time.monotonic() < deadline:
         for item in list(waiting):
-            done = _read_json(item["_done"])
-            if done and done.get("token") == token:
-                waiting.remove(item)
-                del item["_done"]
-                item["rank"] = done.get("rank", item["rank"])
-                if not done.get("file"):
-                    item["error"] = "the rank could not dump: " + str(done.get("error", "?"))
-                else:
-                    item["file"] = done["file"]
-                    if include_data:
-                        item["data"], err, item["bytes"] = _encode(done["file"])
-                        if err:
-                            item["error"] = err
-                out["ranks"].append(item)
+            done = _read_json(dir_fd, item["_done"], owner)
+            if not done or done.get("token") != token:
+                continue
+            waiting.remove(item)
+            del item["_done"]
+            r = done.get("rank", item["rank"])
+            item["rank"] = r if isinstance(r, int) and not isinstance(r, bool) else item["rank"]
+            if not done.get("file"):
+                item["error"] = "the rank could not dump: " + str(done.get("error", "?"))[:500]
+            else:
+                item["file"] = str(done["file"])[:4096]
+                try:
+                    data, item["mode"], _ = _fetch_dump(dir_fd, owner, token, done["file"])
+                    item["bytes"] = len(data)
+                    if len(data) > max_bytes:
+                        item["error"] = (f"dump is {len(data)} bytes, over what is left of the "
+                                         f"per-node cap ({max_bytes} bytes); copy "
+                                         f"{item['file']} by hand or raise --max-mb")
+                    else:
+                        max_bytes -= len(data)
+                        if include_data:
+                            item["data"] = _encode(data)
+                except (OSError, ValueError) as e:
+                    item["error"] = f"dump refused: {getattr(e, 'strerror', None) or e}"
+            out["ranks"].append(item)
         if waiting:
             time.sleep(0.05)
     for item in waiting:
@@ -144,44 +344,114 @@ def trigger(dump_dir: str, timeout: float, include_data: bool = True) -> dict[st
     if not out["ranks"]:
         out["notes"].append(f"no rank on {host} is registered in {dump_dir}: call "
                             "mldebug.fr.enable() in the training script (or pass --dir)")
-    return out
 
 
-def _native(dump_dir: str, deadline: float, include_data: bool, out: dict[str, Any]) -> None:
+def _native(dir_fd: int, owner: int, deadline: float, include_data: bool,
+            out: dict[str, Any]) -> None:
     """Fallback: PyTorch's own NCCL debug pipes (<stem><rank>.pipe) without mldebug.enable()."""
-    pipes = sorted(glob.glob(os.path.join(dump_dir, "nccl", "*.pipe")))
-    if not pipes:
+    try:
+        nfd = open_in(dir_fd, "nccl", owner, "dir")
+    except (OSError, ValueError):
         return
-    start = time.time()
-    pending = {}
-    for pipe in pipes:
-        target = pipe[: -len(".pipe")]
-        err = _poke(pipe, "1", min(deadline, time.monotonic() + 2))
-        if err:
-            out["ranks"].append({"rank": None, "file": target, "error": "native pipe " + err})
-        else:
-            pending[target] = pipe
-    while pending and time.monotonic() < deadline:
-        for target in list(pending):
-            try:
-                fresh = os.stat(target).st_mtime >= start
-            except OSError:
-                fresh = False
-            if fresh:
+    try:
+        pipes = sorted(n for n in os.listdir(nfd) if n.endswith(".pipe"))
+        start = time.time()
+        pending = []
+        for pipe in pipes:
+            target = pipe[: -len(".pipe")]
+            err = _poke(nfd, pipe, owner, "1", min(deadline, time.monotonic() + 2))
+            if err:
+                out["ranks"].append({"rank": None, "file": target, "error": "native pipe " + err})
+            else:
+                pending.append(target)
+        while pending and time.monotonic() < deadline:
+            for target in list(pending):
+                try:
+                    fresh = os.stat(target, dir_fd=nfd, follow_symlinks=False).st_mtime >= start
+                except OSError:
+                    fresh = False
+                if not fresh:
+                    continue
                 time.sleep(0.2)  # the watchdog writes in place
-                del pending[target]
-                digits = "".join(ch for ch in os.path.basename(target) if ch.isdigit())
-                item: dict[str, Any] = {"rank": int(digits) if digits else None, "file": target,
-                                        "native": True}
-                if include_data:
-                    item["data"], err, item["bytes"] = _encode(target)
-                    if err:
-                        item["error"] = err
+                pending.remove(target)
+                digits = "".join(ch for ch in target if ch.isdigit())
+                item: dict[str, Any] = {"rank": int(digits[-9:]) if digits else None,
+                                        "file": target, "native": True}
+                try:
+                    data, item["mode"] = read_in(nfd, target, owner, MAX_DUMP_BYTES)
+                    item["bytes"] = len(data)
+                    if include_data:
+                        item["data"] = _encode(data)
+                except (OSError, ValueError) as e:
+                    item["error"] = f"dump refused: {getattr(e, 'strerror', None) or e}"
                 out["ranks"].append(item)
-        time.sleep(0.05)
-    for target in pending:
-        out["ranks"].append({"rank": None, "file": target,
-                             "error": "native NCCL pipe poked but no dump appeared in time"})
+            time.sleep(0.05)
+        for target in pending:
+            out["ranks"].append({"rank": None, "file": target,
+                                 "error": "native NCCL pipe poked but no dump appeared in time"})
+    finally:
+        os.close(nfd)
+
+
+def discover_dirs(only: set[int] | None = None) -> list[str]:
+    """Dump directories of this node's processes: ``MLDEBUG_FR_DIR`` from each readable
+    ``/proc/<pid>/environ`` (a rank that set its own directory) and, unless ``only`` names
+    the job's pids (then only theirs are read), every user's default ``/tmp/mldebug-fr-<uid>``."""
+    found: dict[str, None] = {}
+    try:
+        pids = ([str(p) for p in sorted(only)] if only is not None
+                else [n for n in os.listdir("/proc") if n.isdigit()])
+    except OSError:
+        pids = []
+    key = b"MLDEBUG_FR_DIR="
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read(1 << 20)
+        except OSError:
+            continue
+        if key not in env:
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(key) and len(var) < 4096:
+                found.setdefault(var[len(key):].decode(errors="replace"), None)
+    try:
+        for name in sorted(os.listdir("/tmp")) if only is None else []:
+            if re.fullmatch(r"mldebug-fr-[0-9]+", name):
+                found.setdefault(os.path.join("/tmp", name), None)
+    except OSError:
+        pass
+    return [d for d in found if d and os.path.isabs(d)]
+
+
+def trigger_all(dump_dir: str, timeout: float, include_data: bool = True,
+                max_bytes: int = MAX_DUMP_BYTES, discover: bool = False,
+                pids: set[int] | None = None) -> dict[str, Any]:
+    """``trigger`` on ``dump_dir`` and, with ``discover``, on every other directory found;
+    each rank item says which directory its recorder used (``dir``). ``pids``: only these
+    processes are triggered (``mldebug hang --fr``: the job's ranks, not other jobs')."""
+    dirs = [dump_dir] + ([d for d in discover_dirs(pids) if d != dump_dir] if discover else [])
+    merged: dict[str, Any] = {}
+    for d in dirs:
+        if d != dump_dir and not os.path.isdir(d):
+            continue
+        doc = trigger(d, timeout, include_data, max_bytes, pids)
+        for item in doc["ranks"]:
+            item["dir"] = d
+            if "bytes" in item:
+                max_bytes -= int(item["bytes"])
+        if not merged:
+            merged = doc
+            continue
+        merged["ranks"].extend(doc["ranks"])
+        merged.setdefault("errors", []).extend(doc.get("errors", []))
+        if doc["ranks"]:  # notes of empty extra directories would only be noise
+            merged["notes"].extend(doc["notes"])
+    if len(dirs) > 1 and any(i.get("dir") != dump_dir for i in merged["ranks"]):
+        merged["notes"] = [n for n in merged["notes"] if "is registered in" not in n
+                           and "does not exist on" not in n]
+    merged["dirs"] = dirs
+    return merged
 
 
 def main(argv: list[str]) -> int:
@@ -191,8 +461,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--dir", default=None)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--no-data", action="store_true")
+    p.add_argument("--max-bytes", type=int, default=MAX_DUMP_BYTES)
+    p.add_argument("--discover", action="store_true")
+    p.add_argument("--pids", default=None, help="comma-separated: only these processes")
     a = p.parse_args(argv)
-    doc = trigger(a.dir or default_dir(), a.timeout, include_data=not a.no_data)
+    pids = {int(x) for x in a.pids.split(",") if x.isdigit()} if a.pids is not None else None
+    doc = trigger_all(a.dir or default_dir(), a.timeout, include_data=not a.no_data,
+                      max_bytes=a.max_bytes, discover=a.discover, pids=pids)
     sys.stdout.write(MARKER + json.dumps(doc, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     return 0

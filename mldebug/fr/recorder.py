@@ -21,7 +21,9 @@ import os
 import pickle
 import signal
 import socket
+import stat
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from mldebug.dist import identity
+from mldebug.fr.node import _TOKEN, TRIGGERED, UnsafeDir, private_dir
 
 PREFIX = "fr_rank"
 NATIVE_SUBDIR = "nccl"
@@ -110,14 +113,18 @@ class Recorder:
 
     # -- dumping -------------------------------------------------------------------------
     def dump(self, reason: str, token: str | None = None) -> Path | None:
-        """Write this rank's dump now; never raises (a failed dump must not hurt the job)."""
+        """Write this rank's dump now; never raises (a failed dump must not hurt the job).
+
+        With a trigger ``token`` the dump goes to ``<dir>/triggered/<token>/fr_rank<R>`` (one
+        folder per trigger, so a later dump on failure never overwrites it) and the token is
+        acknowledged in ``.done``."""
         me = threading.get_ident()
         if self._dumping_thread == me:
             return None  # re-entered from a signal handler while dumping
         with self._lock:
             self._dumping_thread = me
             try:
-                path = self._dump(reason)
+                path = self._dump(reason, token)
                 if token is not None:
                     _atomic_write(self.done, json.dumps(
                         {"token": token, "file": str(path) if path else None,
@@ -137,20 +144,27 @@ class Recorder:
                 if self._terminate_after:
                     _die_by(signal.SIGTERM)
 
-    def _dump(self, reason: str) -> Path:
+    def _dump(self, reason: str, token: str | None = None) -> Path:
+        folder = self.dump_dir
+        if token is not None:
+            if not _TOKEN.match(token):
+                raise ValueError(f"malformed trigger token {token[:80]!r}")
+            private_dir(str(self.dump_dir / TRIGGERED))
+            folder = self.dump_dir / TRIGGERED / token
+            private_dir(str(folder))
         raw = _raw_trace()
         from mldebug.fr.loader import safe_loads
 
         doc = safe_loads(raw)
         rank = self.current_rank()
         if self.raw_copy:  # torch's bytes untouched, e.g. to report a bug upstream
-            (self.dump_dir / "raw").mkdir(exist_ok=True)
+            private_dir(str(self.dump_dir / "raw"))
             _atomic_write(self.dump_dir / "raw" / f"{PREFIX}{rank}", raw)
         doc["rank"] = rank
         doc["mldebug"] = {"rank": rank, "world_size": _world_size(), "host": self.host,
                           "pid": self.pid, "reason": reason, "time": time.time()}
         _fill_pg_config(doc)
-        path = self.dump_dir / f"{PREFIX}{rank}"
+        path = folder / f"{PREFIX}{rank}"
         _atomic_write(path, pickle.dumps(doc, protocol=4))
         self.dumps.append(path)
         _log(f"rank {rank} wrote {path} ({len(doc.get('entries', []))} entries; {reason})")
@@ -159,7 +173,7 @@ class Recorder:
     # -- trigger thread ------------------------------------------------------------------
     def start_trigger_thread(self) -> None:
         try:
-            if self.fifo.exists():
+            if os.path.lexists(self.fifo):  # a previous process with this pid (private dir)
                 self.fifo.unlink()
             os.mkfifo(self.fifo, 0o600)
         except OSError as e:
@@ -173,6 +187,8 @@ class Recorder:
         atexit.register(self._unregister)
 
     def _unregister(self) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked child exiting: the registration is its parent's
         for p in (self.registry, self.fifo, self.done):
             try:
                 p.unlink()
@@ -181,9 +197,12 @@ class Recorder:
 
     def _serve(self) -> None:
         while True:
-            try:
-                with open(self.fifo, "rb") as f:  # blocks until a writer opens it
-                    data = f.read()
+            try:  # blocks until a writer opens it; never a symlink, only our FIFO
+                fd = os.open(self.fifo, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                with open(fd, "rb") as f:
+                    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                        raise OSError(f"{self.fifo} is not a FIFO")
+                    data = f.read(4096)
             except OSError:
                 time.sleep(1.0)
                 continue
@@ -274,10 +293,19 @@ def _die_by(signum: int) -> None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    """Write through a random, exclusively created (O_EXCL, O_NOFOLLOW) 0600 temporary file
+    renamed over ``path``: a symlink planted at ``path`` is replaced, never written through."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _raw_trace() -> bytes:
@@ -377,7 +405,12 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
     if _RECORDER is not None:
         return _RECORDER
     d = Path(dump_dir) if dump_dir is not None else default_dir()
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        private_dir(str(d))
+    except (UnsafeDir, OSError) as e:
+        from mldebug.errors import MldebugError
+
+        raise MldebugError(f"mldebug.fr.enable(): {e}") from None
     if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(buffer_size)
     if native:
@@ -387,9 +420,9 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
         for key, value in env.items():
             os.environ.setdefault(key, value)
         try:
-            (d / NATIVE_SUBDIR).mkdir(exist_ok=True)
-        except OSError:
-            pass
+            private_dir(str(d / NATIVE_SUBDIR))
+        except (UnsafeDir, OSError) as e:
+            _log(f"no native NCCL dump folder: {e}")
     me = identity()  # any launcher's variables; torch.distributed's rank wins below
     rec = Recorder(dump_dir=d, rank=me.rank, host=me.host,
                    raw_copy=raw_copy or os.environ.get("MLDEBUG_FR_RAW") == "1")

@@ -1,91 +1,19 @@
-"""Turn an Analysis into Findings and human output (rich); the timeline view for --all."""
+"""Human output (rich) of an Analysis, whose findings analysis built; the timeline view for --all."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mldebug.findings import Finding, Severity, render_findings
+from mldebug.findings import render_findings
 from mldebug.fr.analyze import call_site, describe
-from mldebug.fr.model import Analysis, DumpSet, Mismatch
+from mldebug.fr.model import Analysis, DumpSet
 from mldebug.render import fold_ints
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-_KIND_TITLE = {
-    "type": "collective type mismatch",
-    "size": "size mismatch",
-    "dtype": "dtype mismatch",
-    "syntax": "shape/dtype rule broken",
-    "missing": "not every rank enqueued the collective",
-    "p2p": "send/recv mismatch",
-    "state": "state mismatch",
-}
-_KIND_FIX = {
-    "type": "Make every rank issue the same collectives in the same order: look for a "
-            "collective under a rank-dependent branch at the culprit's call site.",
-    "size": "Make the tensors passed at this call the same shape on every rank (or pad them); "
-            "for all_gather/reduce_scatter the output must be group-size times the input.",
-    "dtype": "Pass tensors of one dtype on every rank (check autocast / .half() on some ranks).",
-    "syntax": "Fix the tensor shapes at the call site so they satisfy the collective's rule.",
-    "missing": "Find why the culprit ranks never reached this collective: run 'mldebug hang' "
-               "to see where they are, or look for an early return/skip on those ranks.",
-    "p2p": "Pair every send with a recv of the same size on the peer, in the same order.",
-    "state": "Some ranks completed this collective and others did not: inspect the "
-             "non-completed ranks with 'mldebug hang'.",
-}
-
-
-def mismatch_finding(m: Mismatch) -> Finding:
-    where = f"process group {m.pg}" + (f" ({m.pg_desc})" if m.pg_desc and m.pg_desc != "undefined" else "")
-    seq = f"p2p #{m.seq}" if m.p2p else f"collective #{m.seq}"
-    lines = [m.reasoning]
-    for g in m.groups:
-        lines.append(f"rank(s) {fold_ints(g.ranks)}: {g.description}"
-                     + (f"  [{g.state}]" if g.state else ""))
-        for fr in g.call_site:
-            lines.append(f"    {fr}")
-    return Finding(
-        Severity.ERROR,
-        f"{_KIND_TITLE.get(m.kind, m.kind)} at {seq} in {where}: culprit rank(s) "
-        f"{fold_ints(m.culprit_ranks) or '?'}",
-        "\n".join(lines), _KIND_FIX.get(m.kind, ""), code=f"fr-{m.kind}")
-
-
-def findings(a: Analysis) -> list[Finding]:
-    out = [mismatch_finding(m) for m in a.mismatches]
-    if a.missing_ranks:
-        out.append(Finding(
-            Severity.WARNING, f"no dump from rank(s) {fold_ints(a.missing_ranks)}",
-            "These ranks are members of the job's process groups but no readable dump came "
-            "from them: they may have died, been frozen, or never called mldebug.fr.enable().",
-            "Collect again with 'mldebug fr trigger' (add the missing nodes), or run "
-            "'mldebug hang' to see whether those processes still exist.", code="fr-missing-dump"))
-    for lag_pg in sorted({lag.pg for lag in a.lagging}):
-        lags = [lag for lag in a.lagging if lag.pg == lag_pg]
-        worst = max(lag.behind_by for lag in lags)
-        out.append(Finding(
-            Severity.WARNING if not a.mismatches else Severity.INFO,
-            f"lagging rank(s) {fold_ints(lag.rank for lag in lags)} in process group {lag_pg}: "
-            f"up to {worst} collective(s) behind",
-            "\n".join(f"rank {lag.rank}: last enqueued #{lag.last_enqueued}"
-                      + (f", last completed #{lag.last_completed}" if lag.last_completed is not None else "")
-                      for lag in lags[:16]),
-            "The lagging ranks have not issued collectives the others already wait in; see "
-            "where they are with 'mldebug hang'.", code="fr-lagging"))
-    for p in a.problems:
-        out.append(Finding(Severity.WARNING, f"skipped {p.file}", p.error, code="fr-bad-file"))
-    for rank, files in a.duplicates.items():
-        out.append(Finding(Severity.WARNING, f"several dumps claim rank {rank}",
-                           "used the first: " + ", ".join(files),
-                           "Analyse one job's dumps at a time (one directory per trigger).",
-                           code="fr-duplicate-rank"))
-    for n in a.notes:
-        out.append(Finding(Severity.INFO, n, code="fr-note"))
-    return out
-
-
 def render(a: Analysis, console: Console) -> None:
+    """The header, one line per process group, the findings and the culprit line."""
     from rich.text import Text
 
     head = Text()
@@ -105,7 +33,14 @@ def render(a: Analysis, console: Console) -> None:
         console.print(Text(f"  group {g.pg} ({g.desc or '-'}): ranks {fold_ints(g.ranks)} "
                            f"[{g.membership}], collectives #{g.compared_from}-#{g.compared_to} "
                            f"compared{wait}", style="dim"))
-    render_findings(findings(a), console, empty="No mismatch: every rank recorded the same "
+    if a.straggler_window:
+        from mldebug.fr.stragglers import MIN_COLLECTIVES
+
+        named = ", ".join(f"rank {st.rank}" for st in a.stragglers) or (
+            "none" if a.straggler_window >= MIN_COLLECTIVES else "too few to judge")
+        console.print(Text(f"  stragglers over {a.straggler_window} matched collective(s): "
+                           f"{named}", style="dim"))
+    render_findings(a.findings, console, empty="No mismatch: every rank recorded the same "
                     "collectives in the same order.")
     if a.culprits:
         console.print(Text(f"Culprit rank(s): {fold_ints(a.culprits)}", style="bold red"))

@@ -1,0 +1,348 @@
+"""The flight recorder on shared ground: another user's directory, planted symlinks and FIFOs,
+acknowledgements that point outside, a forked child, hostile dump files (docs/fr.md, Safety).
+
+A second, unprivileged user is created for the module (useradd; skipped with the reason when
+that is not possible). The "rank" answering a trigger is a thread of this test: a real FIFO,
+real files, the real node script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import pwd
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import fr_synth as synth
+import pytest
+from conftest import REPO, run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mldebug.fr import node
+from mldebug.fr.analyze import analyze
+from mldebug.fr.collect import prepare_out, trigger_local_report
+from mldebug.fr.loader import load, load_files
+from mldebug.fr.recorder import _atomic_write
+
+HOST = socket.gethostname().split(".")[0]
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user (useradd)")
+    name = f"mldfr{os.getpid() % 100000}"
+    r = subprocess.run(["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"useradd is unavailable here: {r.stderr.strip()[:200]}")
+    try:
+        yield pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_dir_is_created_0700_and_another_users_or_writable_dir_is_refused(tmp_path, other_user):
+    mine = tmp_path / "mine"
+    node.private_dir(str(mine))
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.chown(planted, other_user, other_user)
+    with pytest.raises(node.UnsafeDir, match=r"belongs to mldfr\d+ \(uid \d+\).*mode 0755"):
+        node.private_dir(str(planted))
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(node.UnsafeDir, match="mode 0777.*written by other users"):
+        node.private_dir(str(open_dir))
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    with pytest.raises(node.UnsafeDir, match="is a symlink"):
+        node.private_dir(str(link))
+    # the trigger side refuses the writable one too, and says so instead of using it
+    doc = node.trigger(str(open_dir), 1)
+    assert doc["ranks"] == [] and "0777" in doc["errors"][0]
+
+
+def test_enable_refuses_a_directory_another_user_created(tmp_path, other_user):
+    pytest.importorskip("torch")
+    d = tmp_path / "mldebug-fr-x"
+    d.mkdir()
+    os.chown(d, other_user, other_user)
+    code = f"import mldebug.fr; mldebug.fr.enable({str(d)!r}, on_failure=False)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode != 0 and "another user created it" in r.stderr, r.stderr[-2000:]
+    assert list(d.iterdir()) == []
+
+
+def test_dump_replaces_a_planted_symlink_instead_of_writing_through_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    d = tmp_path / "d"
+    node.private_dir(str(d))
+    (d / "fr_rank0").symlink_to(victim)
+    _atomic_write(d / "fr_rank0", b"dump")
+    assert victim.read_text() == "precious"
+    assert not (d / "fr_rank0").is_symlink() and (d / "fr_rank0").read_bytes() == b"dump"
+    assert stat.S_IMODE((d / "fr_rank0").stat().st_mode) == 0o600
+    assert [p.name for p in d.iterdir()] == ["fr_rank0"]  # no temporary left
+
+
+def _register(d: Path, pid: int, **extra: object) -> None:
+    doc = {"pid": pid, "host": HOST, "rank": 0, **extra}
+    (d / f".mldebug-fr-{HOST}-{pid}.json").write_text(json.dumps(doc))
+
+
+class FakeRank(threading.Thread):
+    """Listens on a real FIFO like mldebug.fr's thread and answers with ``answer(token)``."""
+
+    def __init__(self, d: Path, answer, pid: int | None = None) -> None:
+        super().__init__(daemon=True)
+        self.d, self.answer, self.pid = d, answer, pid or os.getpid()
+        _register(d, self.pid)
+        os.mkfifo(d / f".mldebug-fr-{HOST}-{self.pid}.trigger", 0o600)
+
+    def run(self) -> None:
+        with open(self.d / f".mldebug-fr-{HOST}-{self.pid}.trigger", "rb") as f:
+            token = f.read().decode().split()[0]
+        done = self.answer(token)
+        (self.d / f".mldebug-fr-{HOST}-{self.pid}.done").write_text(json.dumps(done))
+
+
+def test_done_naming_a_file_outside_the_directory_is_refused(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root's secret")
+    secret.chmod(0o600)
+    d = tmp_path / "d"
+    node.private_dir(str(d))
+    rank = FakeRank(d, lambda tok: {"token": tok, "file": str(secret), "rank": 0})
+    rank.start()
+    out = tmp_path / "out"
+    res = trigger_local_report(out, timeout=5, dump_dir=d)
+    assert res.files == [] and "outside" in res.errors[0], res
+    assert list(out.iterdir()) == []
+    # the same through a symlink planted where the protocol expects the dump
+    d2 = tmp_path / "d2"
+    node.private_dir(str(d2))
+    rank = FakeRank(d2, lambda tok: _plant(d2, tok, secret), pid=_other_live_pid())
+    rank.start()
+    res = trigger_local_report(tmp_path / "out2", timeout=5, dump_dir=d2)
+    assert res.files == [] and "dump refused" in " ".join(res.errors), res
+
+
+def _plant(d: Path, token: str, target: Path) -> dict:
+    node.private_dir(str(d / "triggered" / token))
+    (d / "triggered" / token / "fr_rank0").symlink_to(target)
+    return {"token": token, "file": str(d / "triggered" / token / "fr_rank0"), "rank": 0}
+
+
+def _other_live_pid() -> int:
+    p = subprocess.Popen(["sleep", "30"])
+    _other_live_pid.procs.append(p)  # type: ignore[attr-defined]
+    return p.pid
+
+
+_other_live_pid.procs = []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644])
+def test_output_keeps_the_source_permission(tmp_path, mode):
+    d = tmp_path / "d"
+    node.private_dir(str(d))
+    data = pickle.dumps(synth.dump(0, [synth.entry(1)], world=1))
+
+    def answer(tok: str) -> dict:
+        node.private_dir(str(d / "triggered" / tok))
+        f = d / "triggered" / tok / "fr_rank0"
+        f.write_bytes(data)
+        f.chmod(mode)
+        return {"token": tok, "file": str(f), "rank": 0}
+
+    FakeRank(d, answer).start()
+    res = trigger_local_report(tmp_path / "out", timeout=5, dump_dir=d)
+    (f,) = res.files
+    assert f.read_bytes() == data and stat.S_IMODE(f.stat().st_mode) == mode
+
+
+def test_registrations_that_lie_are_refused(tmp_path, other_user):
+    victim = tmp_path / "root-file"
+    victim.write_text("keep")
+    d = tmp_path / "d"
+    node.private_dir(str(d))
+    # 1. its FIFO is a regular file (a root-owned file hard to tell from a FIFO by name)
+    p1 = _other_live_pid()
+    _register(d, p1)
+    (d / f".mldebug-fr-{HOST}-{p1}.trigger").write_text("keep")
+    # 2. its FIFO is a symlink to a file outside
+    p2 = _other_live_pid()
+    _register(d, p2)
+    (d / f".mldebug-fr-{HOST}-{p2}.trigger").symlink_to(victim)
+    # 3. malformed: pid is text
+    (d / f".mldebug-fr-{HOST}-abc.json").write_text(json.dumps({"pid": "abc", "host": HOST}))
+    # 4. written by another user
+    p4 = _other_live_pid()
+    _register(d, p4)
+    os.chown(d / f".mldebug-fr-{HOST}-{p4}.json", other_user, other_user)
+    # 5. nested a million levels deep
+    (d / f".mldebug-fr-{HOST}-1.json").write_text("[" * 100000)
+    doc = node.trigger(str(d), 2)
+    errors = sorted(str(r.get("error")) for r in doc["ranks"])
+    assert victim.read_text() == "keep"
+    assert (d / f".mldebug-fr-{HOST}-{p1}.trigger").read_text() == "keep"
+    text = "\n".join(errors)
+    assert "trigger FIFO refused: .mldebug" in text and "is not a fifo" in text
+    assert "trigger FIFO refused: it is a symlink" in text
+    assert "malformed registration .mldebug-fr-" in text and "'pid' is 'abc'" in text
+    assert text.count("not a JSON object") == 2, text  # the other user's, the deep one
+    r = run_cli("fr", "trigger", "--dir", str(d), "--out", str(tmp_path / "o"), "--timeout", "2")
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    assert "malformed registration" in r.stdout
+
+
+def test_a_forked_child_exiting_keeps_the_parents_registration(tmp_path):
+    pytest.importorskip("torch")
+    code = textwrap.dedent(f"""
+        import os, sys, glob
+        import mldebug.fr
+        rec = mldebug.fr.enable({str(tmp_path)!r}, on_failure=False)
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # a normal exit: atexit handlers run in the child
+        os.waitpid(pid, 0)
+        print(os.path.exists(rec.registry), os.path.exists(rec.fifo))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.stdout.split() == ["True", "True"], r.stderr[-2000:]
+
+
+def _hostile_dumps() -> dict[str, bytes]:
+    """One per class of bad input; each must be skipped with its reason, fast."""
+    base = synth.dump(69, [synth.entry(1)], world=70)
+    out: dict[str, bytes] = {}
+    big = dict(base, entries=[synth.entry(1, sizes=((10**5000,),))])
+    out["huge_int"] = pickle.dumps(big)
+    nan = dict(base, entries=[synth.entry(1, sizes=((float("nan"),),))])
+    out["nan_size"] = pickle.dumps(nan)
+    inf = synth.dump(69, [synth.entry(1)], world=70)
+    inf["entries"][0]["collective_seq_id"] = float("inf")
+    out["inf_seq"] = pickle.dumps(inf)
+    world = synth.dump(69, [synth.entry(1)], world=70)
+    world["mldebug"] = {"world_size": 10**12}
+    world["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(3)))[:-1] + ", 99999999999]"}}
+    out["world"] = pickle.dumps(world)
+    n = 200000  # {"entries": [[[[...]]]]} 200,000 lists deep, written opcode by opcode
+    out["deep"] = b"\x80\x04}\x8c\x07entries" + b"]" * n + b"a" * (n - 1) + b"s."
+    row = list(range(1000))
+    shapes = [row] * 1000
+    bomb = dict(synth.entry(1), input_sizes=shapes, output_sizes=shapes)
+    out["memo_bomb"] = pickle.dumps(dict(base, entries=[bomb] * 4000))
+    out["json_deep"] = b'{"entries": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    out["json_huge_int"] = b'{"rank": 5, "entries": [], "version": ' + b"9" * 5000 + b"}"
+    return out
+
+
+def test_one_bad_file_among_70_is_skipped_and_the_others_analysed(tmp_path):
+    for name, data in _hostile_dumps().items():
+        d = tmp_path / name
+        synth.write(d, {r: synth.dump(r, [synth.entry(1), synth.entry(2)], world=70)
+                        for r in range(69)})
+        (d / "rank_69").write_bytes(data)
+        start = time.monotonic()
+        ds = load([d])
+        a = analyze(ds)
+        took = time.monotonic() - start
+        assert took < 20, (name, took)
+        assert sorted(ds.dumps) == list(range(69)) or name == "world", name
+        if name == "world":  # a world size nobody believes: the file is read, the size is not
+            assert a.world_size == 70 and len(a.ranks) == 70
+            continue
+        (problem,) = ds.problems
+        assert problem.file.endswith("rank_69") and "skipped" in problem.error, problem
+        assert a.missing_ranks == [69] and a.mismatches[0].culprit_ranks == [69]
+
+
+def test_trigger_output_directory_rules(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run_cli("fr", "trigger", "--dir", str(tmp_path / "none"), "--timeout", "1", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["out_dir"] is None and doc["files"] == []
+    assert list(tmp_path.iterdir()) == []  # nothing in the current directory, nothing left
+    out, created = prepare_out(None)
+    assert created and stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert not str(out).startswith(str(tmp_path))
+    out.rmdir()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "fr-x-rank0").write_bytes(b"earlier")
+    r = run_cli("fr", "trigger", "--dir", str(tmp_path), "--out", str(tmp_path / "used"))
+    assert r.returncode == 2 and "already holds files" in r.stderr
+    assert (tmp_path / "used" / "fr-x-rank0").read_bytes() == b"earlier"
+
+
+# -- property-based: whatever the bytes, the loader parses them or names why not ----------
+
+_scalars = (st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30)
+            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20))
+_values = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=4)
+                       | st.dictionaries(st.text(max_size=8), kids, max_size=4), max_leaves=20)
+_FIELDS = ["process_group", "collective_seq_id", "p2p_seq_id", "profiling_name", "input_sizes",
+           "output_sizes", "input_dtypes", "output_dtypes", "state", "is_p2p", "frames",
+           "record_id", "pg_id", "time_created_ns"]
+
+
+@st.composite
+def _dumps(draw: st.DrawFn) -> dict:
+    """A real-looking dump with some fields replaced by anything at all."""
+    d = synth.dump(draw(st.integers(0, 3)), [synth.entry(i) for i in range(1, 4)], world=4)
+    for e in d["entries"]:
+        for key in draw(st.lists(st.sampled_from(_FIELDS), max_size=3)):
+            e[key] = draw(_values)
+    for key in draw(st.lists(st.sampled_from(["rank", "pg_config", "pg_status", "version",
+                                              "mldebug", "entries"]), max_size=2)):
+        d[key] = draw(_values)
+    return d
+
+
+def _loads_within_bounds(tmp: Path, data: bytes) -> None:
+    f = tmp / "rank_1"
+    f.write_bytes(data)
+    start = time.monotonic()
+    ds = load_files([f])
+    assert len(ds.dumps) + len(ds.problems) == 1
+    analyze(ds)  # whatever was accepted can be analysed
+    assert time.monotonic() - start < 5
+
+
+_PROPS = settings(max_examples=40, deadline=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                         HealthCheck.too_slow])
+
+
+@_PROPS
+@given(_dumps())
+def test_any_pickled_dump_parses_or_is_named(tmp_path, doc):
+    _loads_within_bounds(tmp_path, pickle.dumps(doc, protocol=4))
+
+
+@_PROPS
+@given(_dumps())
+def test_any_json_dump_parses_or_is_named(tmp_path, doc):
+    _loads_within_bounds(tmp_path, json.dumps(doc, default=str).encode())
+
+
+@_PROPS
+@given(st.binary(max_size=300))
+def test_any_bytes_parse_or_are_named(tmp_path, data):
+    _loads_within_bounds(tmp_path, b"\x80\x04" + data)
+    _loads_within_bounds(tmp_path, b"{" + data)
