@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 # Inside each node (its own mount namespace) root's ~/.bashrc is hidden: an ssh login would
 # otherwise run this machine's `pyenv init`, whose rehash lock, left behind when a node is
 # killed mid-login, stalls every later login for a minute. Real nodes have no such rc file.
