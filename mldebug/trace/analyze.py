@@ -80,9 +80,10 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
             Severity.WARNING,
             f"{who} left the others' path at {d.left_at.where}",
             detail=f"{who} went to {d.left_at.describe()}{after}; {others}.",
-            fix=(f"Look at the condition at {d.branch.where}: " if d.branch else "Look at ")
-            + ("this branch. A rank-dependent branch that adds, skips or delays a collective "
-               "on some ranks hangs the others: make every rank issue the same collectives."),
+            fix=(f"Look at the condition at {d.branch.where}" if d.branch
+                 else f"Look at how {who} got to {d.left_at.where}")
+            + ": a rank-dependent branch that adds, skips or delays a collective on some "
+              "ranks hangs the others; make every rank issue the same collectives.",
             code="trace-path-diverged"))
     if len(groups) > 1 and not divs:
         out.append(Finding(

@@ -86,10 +86,11 @@ def run_script(argv: list[str], out: str | Path, lines: bool) -> int:
     tracer = FullTrace(out, lines)
     sys.stderr.write(f"mldebug.trace: tracing into {tracer.path}\n")
     sys.argv = list(argv)
-    sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+    script = Path(argv[0]).resolve()
+    sys.path.insert(0, str(script.parent))
     tracer.start()
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
