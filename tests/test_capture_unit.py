@@ -248,3 +248,21 @@ def test_lazy_exports_do_not_import_torch():
                         "print('torch' in sys.modules)"],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_stall_also_dumps_the_flight_recorder_and_the_ring(tmp_path):
+    r = run_py("""
+        import mldebug.fr, mldebug.trace
+        mldebug.fr.enable("fr")
+        mldebug.trace.enable(events="calls", ring=16)
+        def waiting_here():
+            time.sleep(2)
+        mldebug.watchdog(timeout=0.5, dir="cap", poll=0.1)
+        waiting_here()
+    """, tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    meta = only_dump(tmp_path / "cap")["capture"]
+    assert meta["flight_recorder"] == str(tmp_path / "fr" / "fr_rank0")
+    assert (tmp_path / "fr" / "fr_rank0").stat().st_size > 0
+    ring = json.loads(Path(meta["trace"]).read_text())
+    assert "waiting_here" in {loc[2] for loc in ring["locations"]}

@@ -183,9 +183,8 @@ class DumpHandler:
             threads = python_threads(self.locals, skip={threading.get_ident()}
                                      if threading.current_thread().name == self.thread_name
                                      else None)
-            path = self.write(threads, self._meta(reason, route, **extra), later=later)
-            self._extras(reason)
-            return path
+            extra.update(self._extras(reason))
+            return self.write(threads, self._meta(reason, route, **extra), later=later)
         except Exception as e:  # noqa: BLE001
             _log(f"could not write the stack dump ({type(e).__name__}: {e})")
             return None
@@ -201,14 +200,19 @@ class DumpHandler:
             return None
         return self.write(threads, self._meta(reason, "faulthandler", **extra), later=later)
 
-    def _extras(self, reason: str) -> None:
-        """The flight recorder's dump (after mldebug.fr.enable()) and the trace ring's tail."""
+    def _extras(self, reason: str) -> dict[str, Any]:
+        """The flight recorder's dump (after mldebug.fr.enable()) and the trace ring's tail;
+        their paths, for the dump's ``capture`` block."""
+        out: dict[str, Any] = {}
         rec_mod = sys.modules.get("mldebug.fr.recorder")
         if rec_mod is not None and getattr(rec_mod, "_RECORDER", None) is not None:
-            rec_mod._RECORDER.dump(f"mldebug.capture: {reason}")
+            fr = rec_mod._RECORDER.dump(f"mldebug.capture: {reason}")
+            out["flight_recorder"] = str(Path(fr).resolve()) if fr else None
         ring = sys.modules.get("mldebug.trace.ring")
         if ring is not None and ring.active() is not None:
-            ring.write(private_dir(self.dir / "trace"), reason=reason)
+            tr = ring.write(private_dir(self.dir / "trace"), reason=reason)
+            out["trace"] = str(tr) if tr else None
+        return out
 
 
 _HANDLER: DumpHandler | None = None
