@@ -24,6 +24,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from gil_hold import hold_gil
 
 import mldebug
 import mldebug.trace
@@ -40,9 +41,7 @@ def forbid_ptrace() -> None:
 def validate(step: int) -> None:
     """The branch only one rank takes: it never comes back."""
     if os.environ.get("BLOCK") == "gil":
-        # a C call that keeps the GIL (ctypes.PyDLL does not release it): no Python thread
-        # of this process can run, only C-level faulthandler can see the stack
-        ctypes.PyDLL(None).sleep(int(os.environ.get("GIL_SECONDS", "8")))
+        hold_gil(float(os.environ.get("GIL_SECONDS", "8")))
     threading.Event().wait()  # stuck: nobody sets this event
 
 

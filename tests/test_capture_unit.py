@@ -20,14 +20,14 @@ from mldebug.capture.signal import NO_HANDLER, catches
 from mldebug.capture.stacks import parse_faulthandler
 from mldebug.errors import MldebugError
 
-PRELUDE = "import ctypes, os, sys, time\nimport mldebug\n"
+PRELUDE = "import ctypes, os, sys, time\nimport mldebug\nfrom gil_hold import hold_gil\n"
 
 
 def run_py(code: str, tmp: Path, timeout: float = 60, env: dict[str, str] | None = None,
            ) -> subprocess.CompletedProcess[str]:
     script = tmp / "job.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
-    full = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    full = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'recipes'}", **(env or {}))
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=full, cwd=tmp, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -59,7 +59,7 @@ def test_stall_dump_is_what_hang_analyze_reads(tmp_path):
     doc = only_dump(d)
     assert doc["format"] == "mldebug.hang.dump/1" and doc["capture"]["route"] == "python"
     assert doc["capture"]["reason"] == "stall" and doc["capture"]["beats"] == 3
-    assert main_frames(doc)[0] == "stuck_here:5"
+    assert main_frames(doc)[0] == "stuck_here:6"
     assert not any(t["thread_name"] == "mldebug-capture" for t in doc["dump"])
     a = run_cli("hang", "analyze", str(d), "--json")
     assert a.returncode == 0, a.stderr
@@ -120,7 +120,7 @@ def test_dump_and_continue_dumps_again_at_2x_and_4x(tmp_path):
 def test_gil_held_in_a_c_call_is_dumped_by_faulthandler(tmp_path):
     r = run_py("""
         def in_c():
-            ctypes.PyDLL(None).sleep(3)   # holds the GIL: no Python thread can run
+            hold_gil(3)   # no Python thread can run
         mldebug.watchdog(timeout=0.5, dir="cap", poll=0.1)
         in_c()
         time.sleep(0.5)
@@ -129,7 +129,7 @@ def test_gil_held_in_a_c_call_is_dumped_by_faulthandler(tmp_path):
     doc = only_dump(tmp_path / "cap")
     assert doc["capture"]["route"] == "faulthandler", doc["capture"]
     assert "GIL was held" in doc["capture"]["note"]
-    assert main_frames(doc)[0] == "in_c:5"
+    assert main_frames(doc)[:2] == ["hold_gil:24", "in_c:6"]
     a = run_cli("hang", "analyze", str(tmp_path / "cap"), "--json")
     assert "in_c" in a.stdout
 
@@ -188,7 +188,7 @@ HANDLER_JOB = """
     mldebug.install_dump_handler(dir="cap", poll=0.1)
     os.write(1, b"ready\\n")
     if os.environ.get("HOLD_GIL"):
-        ctypes.PyDLL(None).sleep(60)
+        hold_gil(60)
     waiting()
 """
 
@@ -197,7 +197,7 @@ def start(tmp: Path, code: str, env: dict[str, str]) -> subprocess.Popen[str]:
     script = tmp / "job.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(REPO), **env), cwd=tmp)
+                         env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'recipes'}", **env), cwd=tmp)
     assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     return p
 
@@ -214,6 +214,8 @@ def test_signal_collects_from_a_rank_with_a_handler(tmp_path, hold_gil, route, f
         rep = json.loads(r.stdout)
         assert [x["rank"] for x in rep["processes"]] == [5], rep
         assert frame in json.dumps(rep["groups"])
+        assert [f["code"] for f in rep["capture"]["findings"]] == [f"capture-route-{route}"]
+        assert rep["capture"]["findings"][0]["title"].startswith("rank 5 answered through")
         saved = json.loads((tmp_path / "cap" / "dumps" / next(
             iter(os.listdir(tmp_path / "cap" / "dumps")))).read_text()) if not hold_gil else None
         assert hold_gil or saved["capture"]["route"] == route
@@ -235,6 +237,10 @@ def test_signal_never_sends_to_a_rank_without_handler(tmp_path):
         rep = json.loads(r.stdout)
         assert r.returncode == 1
         assert [e["error"] for e in rep["errors"]] == [NO_HANDLER]
+        [f] = rep["capture"]["findings"]
+        assert f["code"] == "capture-no-handler" and "mldebug.watchdog()" in f["fix"]
+        human = run_cli("hang", "--signal", "--pid", str(p.pid), "--timeout", "2")
+        assert "rank 0: no dump handler, not signalled" in human.stdout
         time.sleep(0.3)
         assert p.poll() is None  # SIGUSR1 would have killed it
     finally:

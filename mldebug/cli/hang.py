@@ -129,11 +129,20 @@ def run(args: argparse.Namespace) -> int:
         doc = report.to_dict()
         if args.fr:
             doc["flight_recorder"] = fr_doc
+        if args.signal:
+            from mldebug.capture.report import to_dict
+
+            doc["capture"] = to_dict(results)
         print_json(doc)
     else:
         render(report)
         if args.fr:
             _render_fr(fr_doc, fr_analysis)
+        if args.signal:  # which route answered, which ranks have no handler
+            from mldebug.capture.report import render as render_capture
+            from mldebug.render import console
+
+            render_capture(results, console())
     return 0 if report.processes else 1
 
 
