@@ -28,6 +28,7 @@ from mldebug.capture.privdir import (
     private_dir,
     write_atomic,
 )
+from mldebug.capture.signal import start_time
 from mldebug.capture.stacks import parse_faulthandler, python_threads
 
 DUMP_FORMAT = "mldebug.hang.dump/1"  # mldebug.hang.collect.DUMP_FORMAT (a test pins it)
@@ -40,17 +41,6 @@ def _log(msg: str) -> None:
         sys.stderr.flush()
     except Exception:  # noqa: BLE001 - logging must never hurt the job
         pass
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (/proc/PID/stat field 22): pid + start time
-    names one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        return int(stat[stat.rfind(")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _signum(sig: int | str) -> int:

@@ -57,7 +57,9 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (/proc/PID/stat field 22): pid + start time
+    names one process, even after the pid is reused."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
@@ -106,7 +108,7 @@ def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
             if not entry or not isinstance(entry.get("pid"), int):
                 continue
             pid = entry["pid"]
-            if entry.get("start_time") != _start_time(pid):
+            if entry.get("start_time") != start_time(pid):
                 continue  # a stale entry: that process is gone (or its pid reused)
             try:
                 if os.stat(f"/proc/{pid}").st_uid != uid:
