@@ -11,6 +11,7 @@ which route produced it.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import json
 import os
@@ -83,6 +84,7 @@ class DumpHandler:
         self.registry_path = self._register()
         self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
         self._thread.start()
+        atexit.register(self._unregister)
 
     # -- registry: how `mldebug hang --signal` finds us without reading our environment ------
     def _register(self) -> Path | None:
@@ -107,17 +109,23 @@ class DumpHandler:
             faulthandler.unregister(self.signum)
         except Exception:  # noqa: BLE001
             pass
-        if self.registry_path is not None:
-            try:
-                os.unlink(self.registry_path)
-            except OSError:
-                pass
+        self._unregister()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=self.poll * 2 + 1)
         try:
             os.close(self._fh_fd)
         except OSError:
             pass
+
+    def _unregister(self) -> None:
+        """Remove our registry entry (at exit too; a killed rank's stale entry is ignored by
+        the collector, whose pid + start time check fails)."""
+        if self.registry_path is not None:
+            try:
+                os.unlink(self.registry_path)
+            except OSError:
+                pass
+            self.registry_path = None
 
     # -- the thread ------------------------------------------------------------------------
     def _loop(self) -> None:
