@@ -272,3 +272,28 @@ def test_stall_also_dumps_the_flight_recorder_and_the_ring(tmp_path):
     assert (tmp_path / "fr" / "fr_rank0").stat().st_size > 0
     ring = json.loads(Path(meta["trace"]).read_text())
     assert "waiting_here" in {loc[2] for loc in ring["locations"]}
+
+
+def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_path):
+    from mldebug.capture.handler import REGISTRY_FORMAT
+    from mldebug.capture.privdir import own_registry_dir
+    from mldebug.dist import short_hostname
+
+    stale = own_registry_dir() / f"{short_hostname()}-4194999.json"
+    stale.write_text(json.dumps({"format": REGISTRY_FORMAT, "pid": 4194999, "start_time": 1}))
+    foreign = own_registry_dir() / f"{short_hostname()}-notours.json"
+    foreign.write_text("{}")
+    try:
+        r = run_py("""
+            h = mldebug.install_dump_handler(dir="cap")
+            print(h.registry_path.exists(), h.registry_path)
+        """, tmp_path)
+        existed, own = r.stdout.split()
+        assert existed == "True", r.stderr
+        assert not Path(own).exists()  # removed at exit
+        assert not stale.exists()
+        assert foreign.exists()  # not an mldebug entry: left alone
+        assert not list(own_registry_dir().glob("*-" + "*.json.tmp"))
+    finally:
+        foreign.unlink(missing_ok=True)
+        stale.unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from mldebug.capture.privdir import (
     open_private,
     own_registry_dir,
     private_dir,
+    read_bounded,
     write_atomic,
 )
 from mldebug.capture.signal import start_time
@@ -95,7 +96,9 @@ class DumpHandler:
                  "identity": self.identity, "cmdline": [sys.executable, *sys.argv],
                  "python_path": [p for p in sys.path if p]}
         try:
-            path = own_registry_dir() / f"{self.host}-{self.pid}.json"
+            reg = own_registry_dir()
+            _prune(reg, self.host)
+            path = reg / f"{self.host}-{self.pid}.json"
             write_atomic(path, json.dumps(entry).encode())
             return path
         except Exception as e:  # noqa: BLE001 - dumps still work; only discovery suffers
@@ -211,6 +214,21 @@ class DumpHandler:
             tr = ring.write(private_dir(self.dir / "trace"), reason=reason)
             out["trace"] = str(tr) if tr else None
         return out
+
+
+def _prune(reg: Path, host: str) -> None:
+    """Remove this host's registry entries whose process is gone (killed ranks leave them)."""
+    for name in os.listdir(reg):
+        if not (name.startswith(host + "-") and name.endswith(".json")):
+            continue
+        try:
+            entry = json.loads(read_bounded(reg / name, 1 << 20))
+            if entry.get("format") != REGISTRY_FORMAT:
+                continue
+            if start_time(int(entry["pid"])) != entry.get("start_time"):
+                os.unlink(reg / name)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
 
 
 _HANDLER: DumpHandler | None = None
