@@ -133,45 +133,63 @@ class Ring:
         return self
 
     def _start_monitoring(self) -> None:
+        """PY_START globally; LINE only on the code objects the filter keeps (set per code
+        object on its first start), so the line callback has nothing to check."""
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         tool = next((t for t in (4, 3, 5, 2) if mon.get_tool(t) is None), None)
         if tool is None:
             raise RuntimeError("every sys.monitoring tool id is taken")
         mon.use_tool_id(tool, "mldebug.trace")
         self._tool = tool
-        disable = mon.DISABLE
-        rings, size, wanted = self.rings, self.size, self._wanted
-        get_ident = threading.get_ident
+        disable, line_ev = mon.DISABLE, mon.events.LINE
+        set_local = mon.set_local_events
+        lines = self.events == "lines"
+        rings, size, cache, keep_fn = self.rings, self.size, self._cache, self.keep
+        tls = threading.local()
+
+        def new_ring() -> deque[tuple[CodeType, int]]:
+            r: deque[tuple[CodeType, int]] = deque(maxlen=size)
+            tls.r = rings[threading.get_ident()] = r
+            return r
 
         def on_start(code: CodeType, offset: int) -> Any:
-            if not wanted(code):
+            keep = cache.get(code)
+            if keep is None:
+                keep = cache[code] = keep_fn(code)
+                if keep and lines:
+                    set_local(tool, code, line_ev)
+            if not keep:
                 return disable
-            r = rings.get(get_ident())
-            if r is None:
-                r = rings[get_ident()] = deque(maxlen=size)
-            r.append((code, code.co_firstlineno))
+            try:
+                tls.r.append((code, code.co_firstlineno))
+            except AttributeError:
+                new_ring().append((code, code.co_firstlineno))
             return None
 
         def on_line(code: CodeType, line: int) -> Any:
-            if not wanted(code):
-                return disable
-            r = rings.get(get_ident())
-            if r is None:
-                r = rings[get_ident()] = deque(maxlen=size)
-            r.append((code, line))
-            return None
+            try:
+                tls.r.append((code, line))
+            except AttributeError:
+                new_ring().append((code, line))
 
-        ev = mon.events.PY_START
         mon.register_callback(tool, mon.events.PY_START, on_start)
-        if self.events == "lines":
-            mon.register_callback(tool, mon.events.LINE, on_line)
-            ev |= mon.events.LINE
-        mon.set_events(tool, ev)
+        if lines:
+            mon.register_callback(tool, line_ev, on_line)
+            for frame in list(sys._current_frames().values()):  # already running
+                f: FrameType | None = frame
+                while f is not None:
+                    if self._wanted(f.f_code):
+                        set_local(tool, f.f_code, line_ev)
+                    f = f.f_back
+        mon.set_events(tool, mon.events.PY_START)
 
     def stop(self) -> None:
         if self._tool is not None:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
             mon.set_events(self._tool, 0)
+            for code, keep in list(self._cache.items()):
+                if keep and self.events == "lines":
+                    mon.set_local_events(self._tool, code, 0)
             mon.register_callback(self._tool, mon.events.PY_START, None)
             mon.register_callback(self._tool, mon.events.LINE, None)
             mon.free_tool_id(self._tool)
