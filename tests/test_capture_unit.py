@@ -297,3 +297,8 @@ def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_pat
     finally:
         foreign.unlink(missing_ok=True)
         stale.unlink(missing_ok=True)
+
+
+def test_unknown_signal_is_a_usage_error():
+    r = run_cli("hang", "--signal", "SIGNOPE")
+    assert r.returncode == 2 and "not a signal name or number" in r.stderr

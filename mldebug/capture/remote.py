@@ -18,7 +18,14 @@ def signal_docs(opts: CollectOptions, target: Target, *, signal: str = "SIGUSR1"
                 on_result: Callable[[NodeResult], None] | None = None) -> list[NodeResult]:
     """One hang node document per node, the stacks coming from the ranks' own handlers."""
     from mldebug.capture import signal as node
+    from mldebug.errors import UsageError
 
+    try:
+        node.signal_number(signal)
+    except ValueError:
+        raise UsageError(f"--signal {signal!r} is not a signal name or number.",
+                         "e.g. --signal SIGUSR1 (what mldebug.watchdog() listens to by "
+                         "default)") from None
     args = [*opts.node_args(), "--signal", signal]
     if target.is_local:
         doc = node.collect(node.parser().parse_args(args))
