@@ -302,3 +302,20 @@ def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_pat
 def test_unknown_signal_is_a_usage_error():
     r = run_cli("hang", "--signal", "SIGNOPE")
     assert r.returncode == 2 and "not a signal name or number" in r.stderr
+
+
+def test_locals_when_asked(tmp_path):
+    r = run_py("""
+        def stuck(step, lr=0.5):
+            batch = list(range(3))
+            time.sleep(1.5)
+        mldebug.watchdog(timeout=0.3, dir="cap", locals=True, poll=0.05)
+        stuck(41)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = only_dump(tmp_path / "cap")
+    main = next(t for t in doc["dump"] if t["thread_name"] == "MainThread")
+    got = {v["name"]: (v["repr"], v["arg"]) for v in main["frames"][0]["locals"]}
+    assert got == {"step": ("41", True), "lr": ("0.5", True), "batch": ("[0, 1, 2]", False)}
+    a = run_cli("hang", "analyze", str(tmp_path / "cap"), "--json")
+    assert a.returncode == 0 and "stuck" in a.stdout
