@@ -92,7 +92,8 @@ class DumpHandler:
         entry = {"format": REGISTRY_FORMAT, "pid": self.pid, "host": self.host,
                  "start_time": start_time(self.pid), "dir": str(self.dir),
                  "dump": str(self.dump_path), "faulthandler": str(self.fh_path),
-                 "signal": self.signum, "main_ident": threading.main_thread().ident,
+                 "signal": self.signum, "poll": self.poll,
+                 "main_ident": threading.main_thread().ident,
                  "identity": self.identity, "cmdline": [sys.executable, *sys.argv],
                  "python_path": [p for p in sys.path if p]}
         try:

@@ -31,7 +31,8 @@ NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
 MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
            "mldebug.capture.stacks", "mldebug.capture.signal")
 MAX_ENTRY = 1 << 20
-FALLBACK_WAIT = 3.0  # after the C-level text arrived, how long the Python route may take
+FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread should have
+                    # woken (its poll), how long the Python route may still take
 
 
 def signal_number(name: str) -> int:
@@ -198,7 +199,9 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
                 del pending[pid]
             elif _fh_size(t["entry"]) > t["_offset"]:
                 first = fh_seen.setdefault(pid, time.monotonic())
-                if time.monotonic() - first > FALLBACK_WAIT:
+                poll = t["entry"].get("poll")
+                grace = FALLBACK_WAIT + (float(poll) if isinstance(poll, (int, float)) else 5.0)
+                if time.monotonic() - first > grace:
                     t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
                     del pending[pid]
     for pid, t in pending.items():
