@@ -156,3 +156,13 @@ def test_trace_run_writes_a_prefixed_timestamped_trace(tmp_path):
 def test_trace_run_refuses_a_non_python_command():
     r = run_cli("trace", "run", "--", "bash", "x.sh")
     assert r.returncode == 2 and "not a Python interpreter" in r.stderr
+
+
+def test_many_ranks_stay_one_screen():
+    common = [Loc("t.py", 1, "f"), Loc("t.py", 2, "f")]
+    traces = [_trace(r, [*common, Loc("t.py", 100 + (r // 100) % 40, "g")] if r % 100 == 0 else common)
+              for r in range(8000)]
+    rep = analyze(traces)
+    assert len(rep.divergences) == 40
+    assert len(rep.findings) == 6 and rep.findings[-1].code == "trace-path-diverged-more"
+    assert rep.findings[0].title == "ranks 0,4000 left the others' path at t.py:100 in g"

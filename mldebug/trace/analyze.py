@@ -11,6 +11,7 @@ from mldebug.render import fold_ints
 from mldebug.trace.model import Divergence, Loc, RankTrace, TraceGroup, TraceReport
 
 TAIL = 6
+MAX_FINDINGS = 5  # one screen at 8,000 ranks: the rest are in --json
 
 
 def _ranks_text(labels: list[str], ranks: list[int]) -> str:
@@ -61,17 +62,18 @@ def divergences(traces: list[RankTrace]) -> list[Divergence]:
         if t.rank is not None:
             d.ranks.append(t.rank)
         d.labels.append(t.label)
+    seen = {id(t): {e.key for e in t.events} for t in traces}
     for d in found.values():
         mine = set(d.labels)
         d.others = [t.rank for t in traces if t.label not in mine and t.rank is not None
-                    and d.left_at.key not in {e.key for e in t.events}]
+                    and d.left_at.key not in seen[id(t)]]
     return sorted(found.values(), key=lambda d: len(d.labels))
 
 
 def findings(traces: list[RankTrace], groups: list[TraceGroup],
              divs: list[Divergence]) -> list[Finding]:
     out: list[Finding] = []
-    for d in divs:
+    for d in divs[:MAX_FINDINGS]:
         who = _ranks_text(d.labels, d.ranks)
         after = f" after {d.branch.describe()}" if d.branch else ""
         others = (f"ranks {fold_ints(d.others)} never reached it in their recorded events"
@@ -85,6 +87,13 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
             + ": a rank-dependent branch that adds, skips or delays a collective on some "
               "ranks hangs the others; make every rank issue the same collectives.",
             code="trace-path-diverged"))
+    if len(divs) > MAX_FINDINGS:
+        rest = divs[MAX_FINDINGS:]
+        out.append(Finding(
+            Severity.WARNING, f"{len(rest)} more places where ranks left the others' path",
+            detail=f"{sum(len(d.labels) for d in rest)} more ranks; see --json (divergences).",
+            fix="Start with the smallest groups above: the fewer ranks took a path, the more "
+                "likely it is the odd one out.", code="trace-path-diverged-more"))
     if len(groups) > 1 and not divs:
         out.append(Finding(
             Severity.HINT, f"the ranks stopped in {len(groups)} different places",
