@@ -319,3 +319,19 @@ def test_locals_when_asked(tmp_path):
     assert got == {"step": ("41", True), "lr": ("0.5", True), "batch": ("[0, 1, 2]", False)}
     a = run_cli("hang", "analyze", str(tmp_path / "cap"), "--json")
     assert a.returncode == 0 and "stuck" in a.stdout
+
+
+def test_a_signal_someone_else_handles_is_refused(tmp_path):
+    r = run_py("""
+        import signal
+        signal.signal(signal.SIGUSR1, lambda *a: None)   # e.g. a SLURM requeue handler
+        try:
+            mldebug.watchdog(timeout=10, dir="cap")
+        except Exception as e:
+            print(str(e))
+        wd = mldebug.watchdog(timeout=10, dir="cap", signum="SIGUSR2")
+        print("ok", wd.signum == signal.SIGUSR2)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "SIGUSR1 already has a handler" in r.stdout and 'signum="SIGUSR2"' in r.stdout
+    assert "ok True" in r.stdout

@@ -65,6 +65,16 @@ class DumpHandler:
         self.dumps_dir = private_dir(self.dir / "dumps")
         self.fh_dir = private_dir(self.dir / "faulthandler")
         self.signum = _signum(signum)
+        current = signal.getsignal(self.signum)
+        if callable(current):  # e.g. Lightning's SLURM requeue on SIGUSR1: never take it over
+            from mldebug.errors import MldebugError
+
+            name = signal.Signals(self.signum).name
+            raise MldebugError(
+                f"{name} already has a handler in this process "
+                f"({getattr(current, '__qualname__', current)!r}); mldebug would replace it.",
+                "Pass another signal: mldebug.watchdog(signum=\"SIGUSR2\") and "
+                "mldebug hang --signal SIGUSR2.")
         self.locals = locals
         self.poll = poll
         self.pid = os.getpid()
