@@ -28,6 +28,9 @@ _LAZY: dict[str, str] = {
     "patch_tensor_repr": "mldebug.numerics",
     "lovely": "mldebug.numerics",
     "OverflowDetected": "mldebug.numerics",
+    "watchdog": "mldebug.capture",
+    "beat": "mldebug.capture",
+    "install_dump_handler": "mldebug.capture",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -24,7 +24,8 @@ class UsageError(MldebugError):
 
 PTRACE_FIX = (
     "Run as root, or allow ptrace: sudo sysctl -w kernel.yama.ptrace_scope=0 "
-    "(containers: --cap-add=SYS_PTRACE)."
+    "(containers: --cap-add=SYS_PTRACE). Without ptrace: mldebug hang --signal, with "
+    "mldebug.watchdog() or mldebug.install_dump_handler() in the ranks."
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="py-spy binary on the nodes (default: beside their Python, then PATH)")
     d.add_argument("--watch", type=float, metavar="S",
                    help="dump twice S seconds apart and mark each group stuck or moving")
+    d.add_argument("--signal", nargs="?", const="SIGUSR1", metavar="SIG",
+                   help="no ptrace: send SIG (default SIGUSR1) to the ranks and collect the dumps "
+                        "their mldebug.watchdog()/install_dump_handler() writes (docs/capture.md)")
     a = p.add_argument_group("report")
     a.add_argument("--all-threads", action="store_true",
                    help="group by every thread's stack, not only the main thread's")
@@ -104,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     kw = fanout_kwargs(args)
     kw.pop("timeout")
+    if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
+        from mldebug.capture.remote import signal_docs
+
+        node_docs = functools.partial(signal_docs, signal=args.signal)  # noqa: F811
     if not target.is_local and not args.json and sys.stderr.isatty():
         from mldebug.render import console
 
@@ -125,11 +133,20 @@ def run(args: argparse.Namespace) -> int:
         doc = report.to_dict()
         if args.fr:
             doc["flight_recorder"] = fr_doc
+        if args.signal:
+            from mldebug.capture.report import to_dict
+
+            doc["capture"] = to_dict(results)
         print_json(doc)
     else:
         render(report)
         if args.fr:
             _render_fr(fr_doc, fr_analysis)
+        if args.signal:  # which route answered, which ranks have no handler
+            from mldebug.capture.report import render as render_capture
+            from mldebug.render import console
+
+            render_capture(results, console())
     return 0 if report.processes else 1
 
 

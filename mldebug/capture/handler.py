@@ -1,0 +1,256 @@
+"""Dumps on a signal, without ptrace: ``install_dump_handler()``.
+
+Two routes answer one signal. At C level, ``faulthandler.register`` writes every thread's
+Python stack into a private file from the signal handler itself - it needs no GIL, so a rank
+blocked in a collective or holding the GIL in a C call still answers. At Python level, a
+daemon thread that wakes every ``poll`` seconds sees that file grow and writes the richer dump
+(thread names, locals when asked) in the format of ``mldebug hang --out``. ``mldebug hang
+--signal`` uses the richer one when it arrives and parses the C one otherwise; each dump says
+which route produced it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mldebug.capture.privdir import (
+    default_dir,
+    open_private,
+    own_registry_dir,
+    private_dir,
+    read_bounded,
+    write_atomic,
+)
+from mldebug.capture.signal import start_time
+from mldebug.capture.stacks import parse_faulthandler, python_threads
+
+DUMP_FORMAT = "mldebug.hang.dump/1"  # mldebug.hang.collect.DUMP_FORMAT (a test pins it)
+REGISTRY_FORMAT = "mldebug.capture.registry/1"
+
+
+def _log(msg: str) -> None:
+    try:
+        sys.stderr.write(f"mldebug.capture: {msg}\n")
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - logging must never hurt the job
+        pass
+
+
+def _signum(sig: int | str) -> int:
+    if isinstance(sig, int):
+        return sig
+    name = sig.upper()
+    return int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
+
+
+class DumpHandler:
+    """Dump this process's stacks into ``dir`` on ``signum`` (and on demand with ``dump()``)."""
+
+    thread_name = "mldebug-capture"
+
+    def __init__(self, dir: str | Path | None = None, signum: int | str = signal.SIGUSR1,
+                 locals: bool = False, poll: float = 1.0) -> None:
+        from mldebug.dist import identity
+
+        self.dir = private_dir(dir if dir is not None else default_dir()).resolve()
+        self.dumps_dir = private_dir(self.dir / "dumps")
+        self.fh_dir = private_dir(self.dir / "faulthandler")
+        self.signum = _signum(signum)
+        current = signal.getsignal(self.signum)
+        if callable(current):  # e.g. Lightning's SLURM requeue on SIGUSR1: never take it over
+            from mldebug.errors import MldebugError
+
+            name = signal.Signals(self.signum).name
+            raise MldebugError(
+                f"{name} already has a handler in this process "
+                f"({getattr(current, '__qualname__', current)!r}); mldebug would replace it.",
+                "Pass another signal: mldebug.watchdog(signum=\"SIGUSR2\") and "
+                "mldebug hang --signal SIGUSR2.")
+        self.locals = locals
+        self.poll = poll
+        self.pid = os.getpid()
+        ident = identity()
+        self.identity = ident.to_dict()
+        self.host = ident.host
+        rank = ident.rank
+        self.stem = f"{self.host}-rank{rank}-{self.pid}" if rank is not None else f"{self.host}-{self.pid}"
+        self.dump_path = self.dumps_dir / f"{self.stem}.json"
+        self.fh_path = self.fh_dir / f"{self.stem}.txt"
+        self._fh_fd = open_private(self.fh_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self._fh_seen = os.fstat(self._fh_fd).st_size
+        self._first: list[dict[str, Any]] | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.dumps = 0
+        faulthandler.register(self.signum, file=self._fh_fd, all_threads=True, chain=False)
+        self.registry_path = self._register()
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+        atexit.register(self._unregister)
+
+    # -- registry: how `mldebug hang --signal` finds us without reading our environment ------
+    def _register(self) -> Path | None:
+        entry = {"format": REGISTRY_FORMAT, "pid": self.pid, "host": self.host,
+                 "start_time": start_time(self.pid), "dir": str(self.dir),
+                 "dump": str(self.dump_path), "faulthandler": str(self.fh_path),
+                 "signal": self.signum, "poll": self.poll,
+                 "main_ident": threading.main_thread().ident,
+                 "identity": self.identity, "cmdline": [sys.executable, *sys.argv],
+                 "python_path": [p for p in sys.path if p]}
+        try:
+            reg = own_registry_dir()
+            _prune(reg, self.host)
+            path = reg / f"{self.host}-{self.pid}.json"
+            write_atomic(path, json.dumps(entry).encode())
+            return path
+        except Exception as e:  # noqa: BLE001 - dumps still work; only discovery suffers
+            _log(f"could not register for 'mldebug hang --signal' ({e})")
+            return None
+
+    def close(self) -> None:
+        """Stop the thread, unregister the signal and the registry entry."""
+        self._stop.set()
+        try:
+            faulthandler.unregister(self.signum)
+        except Exception:  # noqa: BLE001
+            pass
+        self._unregister()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.poll * 2 + 1)
+        try:
+            os.close(self._fh_fd)
+        except OSError:
+            pass
+
+    def _unregister(self) -> None:
+        """Remove our registry entry (at exit too; a killed rank's stale entry is ignored by
+        the collector, whose pid + start time check fails)."""
+        if self.registry_path is not None:
+            try:
+                os.unlink(self.registry_path)
+            except OSError:
+                pass
+            self.registry_path = None
+
+    # -- the thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self._tick()
+            except Exception as e:  # noqa: BLE001 - the job must never die of its watchdog
+                _log(f"{type(e).__name__}: {e}")
+
+    def _tick(self) -> None:
+        size = os.fstat(self._fh_fd).st_size
+        if size > self._fh_seen:  # a signal came: faulthandler has written its part
+            self._fh_seen = size
+            self.dump(reason="signal", route="python")
+
+    # -- dumping ---------------------------------------------------------------------------
+    def _meta(self, reason: str, route: str, **extra: Any) -> dict[str, Any]:
+        return {"reason": reason, "route": route, "time": time.time(),
+                "signal": signal.Signals(self.signum).name, "seq": self.dumps, **extra}
+
+    def _rank(self) -> dict[str, Any]:
+        ident = dict(self.identity)
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                ident["rank"] = int(dist.get_rank())
+                ident["world_size"] = int(dist.get_world_size())
+        except Exception:  # noqa: BLE001
+            pass
+        return ident
+
+    def write(self, threads: list[dict[str, Any]], meta: dict[str, Any],
+              later: bool = False) -> Path:
+        """Write the dump file: the first dump, and with ``later`` the newest one beside it
+        (``mldebug hang --watch``'s shape, so the analysis tells stuck from slow)."""
+        with self._lock:
+            self.dumps += 1
+            if not later or self._first is None:
+                self._first, latest = threads, None
+            else:
+                latest = threads
+            doc = {"format": DUMP_FORMAT, "host": self.host, "pid": self.pid,
+                   "ppid": os.getppid(), "cmdline": [sys.executable, *sys.argv],
+                   "identity": self._rank(), "dump": self._first, "dump_later": latest,
+                   "error": None, "capture": meta}
+            write_atomic(self.dump_path, json.dumps(doc, default=str).encode())
+        return self.dump_path
+
+    def dump(self, reason: str = "requested", route: str = "python", later: bool = False,
+             **extra: Any) -> Path | None:
+        """Dump every thread's stack now (Python route); never raises."""
+        try:
+            threads = python_threads(self.locals, skip={threading.get_ident()}
+                                     if threading.current_thread().name == self.thread_name
+                                     else None)
+            extra.update(self._extras(reason))
+            return self.write(threads, self._meta(reason, route, **extra), later=later)
+        except Exception as e:  # noqa: BLE001
+            _log(f"could not write the stack dump ({type(e).__name__}: {e})")
+            return None
+
+    def dump_faulthandler_text(self, text: str, reason: str, later: bool = False,
+                               **extra: Any) -> Path | None:
+        """Turn a C-level faulthandler dump into the hang format (the GIL was held)."""
+        threads = parse_faulthandler(text, self.pid, threading.main_thread().ident,
+                                     {t.ident: t.name for t in threading.enumerate()
+                                      if t.ident is not None})
+        threads = [t for t in threads if t["thread_name"] != self.thread_name]
+        if not threads:
+            return None
+        return self.write(threads, self._meta(reason, "faulthandler", **extra), later=later)
+
+    def _extras(self, reason: str) -> dict[str, Any]:
+        """The flight recorder's dump (after mldebug.fr.enable()) and the trace ring's tail;
+        their paths, for the dump's ``capture`` block."""
+        out: dict[str, Any] = {}
+        rec_mod = sys.modules.get("mldebug.fr.recorder")
+        if rec_mod is not None and getattr(rec_mod, "_RECORDER", None) is not None:
+            fr = rec_mod._RECORDER.dump(f"mldebug.capture: {reason}")
+            out["flight_recorder"] = str(Path(fr).resolve()) if fr else None
+        ring = sys.modules.get("mldebug.trace.ring")
+        if ring is not None and ring.active() is not None:
+            tr = ring.write(private_dir(self.dir / "trace"), reason=reason)
+            out["trace"] = str(tr) if tr else None
+        return out
+
+
+def _prune(reg: Path, host: str) -> None:
+    """Remove this host's registry entries whose process is gone (killed ranks leave them)."""
+    for name in os.listdir(reg):
+        if not (name.startswith(host + "-") and name.endswith(".json")):
+            continue
+        try:
+            entry = json.loads(read_bounded(reg / name, 1 << 20))
+            if entry.get("format") != REGISTRY_FORMAT:
+                continue
+            if start_time(int(entry["pid"])) != entry.get("start_time"):
+                os.unlink(reg / name)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+
+
+_HANDLER: DumpHandler | None = None
+
+
+def install_dump_handler(dir: str | Path | None = None, signum: int | str = signal.SIGUSR1,
+                         locals: bool = False, poll: float = 1.0) -> DumpHandler:
+    """Dump every thread's stack into ``dir`` (default ``$MLDEBUG_DIR`` or ./mldebug-capture)
+    whenever this process gets ``signum``; what ``mldebug hang --signal`` asks for. Calling
+    again returns the installed handler."""
+    global _HANDLER
+    if _HANDLER is None:
+        _HANDLER = DumpHandler(dir, signum, locals, poll)
+    return _HANDLER

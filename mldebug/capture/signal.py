@@ -1,0 +1,297 @@
+"""``mldebug hang --signal``: ask the ranks for their stacks with a signal instead of ptrace.
+
+Per node (stdlib only, sent over the fan-out like ``mldebug.hang.node``): find the rank
+processes as ``hang`` does, plus those that announced a dump handler in their user's registry
+(``~/.cache/mldebug/capture``; found even when their environment cannot be read), check that
+each one really catches the signal (``SigCgt`` in /proc/PID/status: an uncaught SIGUSR1 would
+kill it), send it, and collect the dump the rank writes - the Python route's file, or the
+C-level faulthandler text when the rank holds the GIL. The answer is the same per-node
+document ``mldebug.hang.node.collect`` returns, so the hang analysis runs unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import re
+import signal as _signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mldebug.capture.privdir import check_private, read_bounded, registry_dir
+from mldebug.capture.stacks import parse_faulthandler
+from mldebug.hang.node import MARKER, NODE_VERSION, find_ranks, list_processes, resolve_user
+
+NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
+MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
+           "mldebug.capture.stacks", "mldebug.capture.signal")
+MAX_ENTRY = 1 << 20
+FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread should have
+                    # woken (its poll), how long the Python route may still take
+
+
+def signal_number(name: str) -> int:
+    """SIGUSR1, USR1 or 10 as a signal number."""
+    if name.isdigit():
+        return int(name)
+    up = name.upper()
+    num = getattr(_signal, up if up.startswith("SIG") else "SIG" + up, None)
+    if not isinstance(num, int):
+        raise ValueError(f"unknown signal {name!r}")
+    return int(num)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status; no ptrace)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(1 << 16).decode(errors="replace").splitlines():
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (/proc/PID/stat field 22): pid + start time
+    names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return int(stat[stat.rfind(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_json(path: Path, uid: int) -> dict[str, Any] | None:
+    """A JSON file owned by ``uid``, read without following links, bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_uid != uid:
+            return None
+        data = os.read(fd, MAX_ENTRY)
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
+    """pid -> registry entry of every live process on this host that installed a handler."""
+    found: dict[int, dict[str, Any]] = {}
+    for uid in uids:
+        try:
+            home = pwd.getpwuid(uid).pw_dir
+        except KeyError:
+            continue
+        reg = registry_dir(home)
+        try:
+            check_private(reg, uid)
+            names = os.listdir(reg)
+        except Exception:  # noqa: BLE001 - no registry, or one we must not trust
+            continue
+        for name in names:
+            if not (name.startswith(host + "-") and name.endswith(".json")):
+                continue
+            entry = _read_json(reg / name, uid)
+            if not entry or not isinstance(entry.get("pid"), int):
+                continue
+            pid = entry["pid"]
+            if entry.get("start_time") != start_time(pid):
+                continue  # a stale entry: that process is gone (or its pid reused)
+            try:
+                if os.stat(f"/proc/{pid}").st_uid != uid:
+                    continue
+            except OSError:
+                continue
+            entry["uid"] = uid
+            found[pid] = entry
+    return found
+
+
+def _inside(path: str, parent: str) -> bool:
+    p, d = os.path.normpath(path), os.path.normpath(parent)
+    return p.startswith(d.rstrip("/") + "/")
+
+
+def _rank_dump(entry: dict[str, Any], since: float) -> dict[str, Any] | None:
+    """The rank's Python-route dump written after ``since``, read safely."""
+    d, dump = str(entry.get("dir", "")), str(entry.get("dump", ""))
+    if not _inside(dump, d):
+        return None
+    try:
+        check_private(Path(d), entry["uid"])
+        check_private(Path(dump).parent, entry["uid"])
+    except Exception:  # noqa: BLE001
+        return None
+    doc = _read_json(Path(dump), entry["uid"])
+    meta = (doc or {}).get("capture") or {}
+    if doc is None or not isinstance(meta.get("time"), (int, float)) or meta["time"] < since:
+        return None
+    return doc
+
+
+def _fh_size(entry: dict[str, Any]) -> int:
+    fh = str(entry.get("faulthandler", ""))
+    if not _inside(fh, str(entry.get("dir", ""))):
+        return -1
+    try:
+        st = os.lstat(fh)
+    except OSError:
+        return -1
+    return st.st_size if st.st_uid == entry["uid"] else -1
+
+
+def _fh_threads(entry: dict[str, Any], offset: int) -> list[dict[str, Any]]:
+    try:
+        raw = read_bounded(Path(entry["faulthandler"]), offset + (16 << 20))[offset:]
+    except OSError:
+        return []
+    ident = entry.get("main_ident")
+    threads = parse_faulthandler(raw.decode(errors="replace"), int(entry["pid"]),
+                                 ident if isinstance(ident, int) else None,
+                                 prefixes=[p for p in entry.get("python_path") or ()
+                                           if isinstance(p, str)])
+    return [t for t in threads if t.get("thread_name") != "mldebug-capture"]
+
+
+def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) -> None:
+    """Signal every target that has a handler, then wait for their dumps (``key`` is "dump"
+    or "dump_later"); targets gain ``key``, ``route`` and, on failure, ``error``."""
+    pending: dict[int, dict[str, Any]] = {}
+    for t in targets:
+        entry = t.get("entry")
+        if entry is None or not catches(t["pid"], signum):
+            t.setdefault("error", NO_HANDLER)
+            continue
+        if int(entry.get("signal") or 0) != signum:
+            t.setdefault("error", f"its handler listens to signal {entry.get('signal')}, not "
+                                  f"{signum}: pass --signal {entry.get('signal')}")
+            continue
+        t["_offset"], t["_since"] = _fh_size(entry), time.time() - 0.05
+        try:
+            os.kill(t["pid"], signum)
+        except OSError as e:
+            t.setdefault("error", f"could not signal pid {t['pid']}: {e.strerror}")
+            continue
+        pending[t["pid"]] = t
+    deadline = time.monotonic() + timeout
+    fh_seen: dict[int, float] = {}
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for pid, t in list(pending.items()):
+            doc = _rank_dump(t["entry"], t["_since"])
+            if doc is not None:
+                t[key], t["route"] = doc.get("dump"), (doc.get("capture") or {}).get("route")
+                t["identity"] = doc.get("identity") or t["identity"]
+                del pending[pid]
+            elif _fh_size(t["entry"]) > t["_offset"]:
+                first = fh_seen.setdefault(pid, time.monotonic())
+                poll = t["entry"].get("poll")
+                grace = FALLBACK_WAIT + (float(poll) if isinstance(poll, (int, float)) else 5.0)
+                if time.monotonic() - first > grace:
+                    t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
+                    del pending[pid]
+    for pid, t in pending.items():
+        if _fh_size(t["entry"]) > t["_offset"]:
+            t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
+        elif not os.path.exists(f"/proc/{pid}"):
+            t.setdefault("error", f"process {pid} exited before it answered")
+        else:
+            t.setdefault("error", f"pid {pid} did not answer the signal within {timeout:g}s")
+
+
+def collect(opts: argparse.Namespace) -> dict[str, Any]:
+    """Find the ranks here, signal them, and return hang's per-node document."""
+    start = time.monotonic()
+    host = socket.gethostname().split(".")[0]
+    doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
+                           "errors": [], "python": sys.executable, "mode": "signal"}
+    try:
+        signum = signal_number(opts.signal)
+    except ValueError as e:
+        doc["errors"].append({"pid": None, "error": str(e)})
+        return doc
+    procs = list_processes()
+    uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
+    if opts.user:
+        uid = resolve_user(opts.user)
+        if uid is None:
+            doc["errors"].append({"pid": None, "error": f"no user {opts.user!r} on {host}"})
+            return doc
+    targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host,
+                                 slurm_job=opts.slurm_job)
+    doc["errors"].extend(errors)
+    uids = {p["uid"] for p in procs.values()} if uid is None else {uid}
+    entries = registry_entries(uids, host)
+    by_pid = {t["pid"]: t for t in targets}
+    for pid, entry in entries.items():
+        if pid in by_pid:
+            by_pid[pid]["entry"] = entry
+            continue
+        info = procs.get(pid)
+        if info is None or pid == os.getpid():
+            continue
+        if opts.pid is not None and pid != opts.pid and opts.pid not in _ancestors(pid, procs):
+            continue
+        if opts.pattern and not re.search(opts.pattern, " ".join(info["cmdline"])):
+            continue
+        ident: dict[str, Any] = entry["identity"] if isinstance(entry.get("identity"), dict) else {}
+        if opts.slurm_job and ident.get("run_id") != opts.slurm_job:
+            continue
+        # not found by its environment (unreadable without ptrace rights): the registry says
+        by_pid[pid] = dict(info, identity=ident, entry=entry)
+    targets = [by_pid[p] for p in sorted(by_pid)]
+    ask(targets, signum, opts.timeout, "dump")
+    if opts.watch:
+        time.sleep(opts.watch)
+        ask([t for t in targets if t.get("dump") is not None], signum, opts.timeout, "dump_later")
+    for t in targets:
+        doc["processes"].append({
+            "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
+            "identity": t["identity"], "dump": t.get("dump"), "dump_later": t.get("dump_later"),
+            "error": t.get("error"), "route": t.get("route"),
+        })
+    doc["seconds"] = round(time.monotonic() - start, 3)
+    return doc
+
+
+def _ancestors(pid: int, procs: dict[int, dict[str, Any]]) -> set[int]:
+    out: set[int] = set()
+    while pid in procs and pid not in out:
+        out.add(pid)
+        pid = procs[pid]["ppid"]
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    from mldebug.hang.node import parser as hang_parser
+
+    p = hang_parser()
+    p.prog = "mldebug-signal-collect"
+    p.add_argument("--signal", default="SIGUSR1", help="the signal the ranks' handler listens to")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parser().parse_args(argv)
+    doc = collect(opts)
+    print(MARKER + json.dumps(doc, separators=(",", ":")))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Pure analysis of the ranks' recorded paths: group them by where they stopped, and find
+where a rank's path left the others' (the event only a minority of ranks reached, and the
+shared event just before it - typically a rank-dependent ``if``)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from mldebug.findings import Finding, Severity
+from mldebug.render import fold_ints
+from mldebug.trace.model import Divergence, Loc, RankTrace, TraceGroup, TraceReport
+
+TAIL = 6
+MAX_FINDINGS = 5  # one screen at 8,000 ranks: the rest are in --json
+
+
+def _ranks_text(labels: list[str], ranks: list[int]) -> str:
+    if ranks and len(ranks) == len(labels):
+        return f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)}"
+    return ", ".join(labels[:6]) + (f" and {len(labels) - 6} more" if len(labels) > 6 else "")
+
+
+def group(traces: list[RankTrace]) -> list[TraceGroup]:
+    """Ranks grouped by their last recorded event, biggest group first."""
+    by_last: dict[tuple[str, int, str] | None, list[RankTrace]] = defaultdict(list)
+    for t in traces:
+        by_last[t.events[-1].key if t.events else None].append(t)
+    groups = [TraceGroup(ranks=[t.rank for t in ts if t.rank is not None],
+                         labels=[t.label for t in ts], last=ts[0].events[-TAIL:])
+              for ts in by_last.values()]
+    groups.sort(key=lambda g: -len(g.labels))
+    return groups
+
+
+def divergences(traces: list[RankTrace]) -> list[Divergence]:
+    """For each rank, the latest run of events that at most half of the ranks reached."""
+    n = len(traces)
+    if n < 2:
+        return []
+    reached: Counter[tuple[str, int, str]] = Counter()
+    for t in traces:
+        reached.update({e.key for e in t.events})
+    majority = n / 2
+    found: dict[tuple[tuple[str, int, str] | None, tuple[str, int, str]], Divergence] = {}
+    for t in traces:
+        ev = t.events
+        j = len(ev) - 1
+        while j >= 0 and reached[ev[j].key] > majority:
+            j -= 1
+        if j < 0:
+            continue
+        i = j
+        while i > 0 and reached[ev[i - 1].key] <= majority:
+            i -= 1
+        branch: Loc | None = ev[i - 1] if i > 0 else None
+        left = ev[i]
+        key = (branch.key if branch else None, left.key)
+        d = found.get(key)
+        if d is None:
+            d = found[key] = Divergence(ranks=[], labels=[], branch=branch, left_at=left,
+                                        others=[])
+        if t.rank is not None:
+            d.ranks.append(t.rank)
+        d.labels.append(t.label)
+    seen = {id(t): {e.key for e in t.events} for t in traces}
+    for d in found.values():
+        mine = set(d.labels)
+        d.others = [t.rank for t in traces if t.label not in mine and t.rank is not None
+                    and d.left_at.key not in seen[id(t)]]
+    return sorted(found.values(), key=lambda d: len(d.labels))
+
+
+def findings(traces: list[RankTrace], groups: list[TraceGroup],
+             divs: list[Divergence]) -> list[Finding]:
+    out: list[Finding] = []
+    for d in divs[:MAX_FINDINGS]:
+        who = _ranks_text(d.labels, d.ranks)
+        after = f" after {d.branch.describe()}" if d.branch else ""
+        others = (f"ranks {fold_ints(d.others)} never reached it in their recorded events"
+                  if d.others else "the other ranks did not reach it in their recorded events")
+        out.append(Finding(
+            Severity.WARNING,
+            f"{who} left the others' path at {d.left_at.where}",
+            detail=f"{who} went to {d.left_at.describe()}{after}; {others}.",
+            fix=(f"Look at the condition at {d.branch.where}" if d.branch
+                 else f"Look at how {who} got to {d.left_at.where}")
+            + ": a rank-dependent branch that adds, skips or delays a collective on some "
+              "ranks hangs the others; make every rank issue the same collectives.",
+            code="trace-path-diverged"))
+    if len(divs) > MAX_FINDINGS:
+        rest = divs[MAX_FINDINGS:]
+        out.append(Finding(
+            Severity.WARNING, f"{len(rest)} more places where ranks left the others' path",
+            detail=f"{sum(len(d.labels) for d in rest)} more ranks; see --json (divergences).",
+            fix="Start with the smallest groups above: the fewer ranks took a path, the more "
+                "likely it is the odd one out.", code="trace-path-diverged-more"))
+    if len(groups) > 1 and not divs:
+        out.append(Finding(
+            Severity.HINT, f"the ranks stopped in {len(groups)} different places",
+            detail="; ".join(f"{_ranks_text(g.labels, g.ranks)} at "
+                             f"{g.last[-1].where if g.last else '(nothing recorded)'}"
+                             for g in groups[:5]),
+            fix="Compare the groups' last events below; the smaller group is the suspect.",
+            code="trace-different-places"))
+    if not traces:
+        out.append(Finding(Severity.ERROR, "no ring files could be read",
+                           fix="Check the errors below; pass the watchdog's directory.",
+                           code="trace-nothing-read"))
+    return out
+
+
+def analyze(traces: list[RankTrace], errors: list[str] | None = None) -> TraceReport:
+    groups = group(traces)
+    divs = divergences(traces)
+    return TraceReport(traces=traces, groups=groups, divergences=divs,
+                       findings=findings(traces, groups, divs), errors=list(errors or ()))

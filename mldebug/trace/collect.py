@@ -1,0 +1,79 @@
+"""Read the ring files ``mldebug.trace`` writes (one per rank), bounded and without following
+links: they come from a job's directory, which other users may be able to write to."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mldebug.errors import UsageError
+from mldebug.trace.model import Loc, RankTrace
+from mldebug.trace.ring import FORMAT
+
+MAX_FILE = 64 << 20
+
+
+def _files(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            sub = p / "trace" if (p / "trace").is_dir() else p
+            out.extend(sorted(f for f in sub.iterdir() if f.suffix == ".json" and f.is_file()
+                              and not f.is_symlink()))
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise UsageError(f"{p} does not exist.",
+                             "Pass the dump directory (DIR or DIR/trace) or ring files.")
+    return out
+
+
+def rank_from_doc(doc: dict[str, Any], source: str) -> RankTrace:
+    table = doc.get("locations") or []
+    locs = [Loc(str(x[0]), int(x[1]), str(x[2]), str(x[3]) if len(x) > 3 else "")
+            for x in table if isinstance(x, list) and len(x) >= 3]
+    threads = [t for t in doc.get("threads") or () if isinstance(t, dict)]
+    main = threads[0] if threads else {}
+    events = [locs[i] for i in main.get("events") or () if isinstance(i, int) and 0 <= i < len(locs)]
+    rank = doc.get("rank")
+    return RankTrace(host=str(doc.get("host") or "?"), pid=int(doc.get("pid") or 0),
+                     rank=int(rank) if isinstance(rank, int) else None,
+                     kind=str(doc.get("events") or "?"), reason=str(doc.get("reason") or ""),
+                     events=events, threads=len(threads), source=source)
+
+
+def load(paths: list[str]) -> tuple[list[RankTrace], list[str]]:
+    """The rank traces in the given files or directories, and one error per bad file."""
+    traces: list[RankTrace] = []
+    errors: list[str] = []
+    files = _files(paths)
+    if not files:
+        raise UsageError(f"no trace files in {', '.join(paths)}.",
+                         "Enable the ring in the job (mldebug.trace.enable()) and pass the "
+                         "watchdog's directory, or DIR/trace.")
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                raw = os.read(fd, MAX_FILE + 1)
+            finally:
+                os.close(fd)
+            if len(raw) > MAX_FILE:
+                errors.append(f"{f.name}: larger than {MAX_FILE >> 20} MiB, skipped")
+                continue
+            doc = json.loads(raw)
+        except (OSError, ValueError, RecursionError) as e:
+            errors.append(f"{f.name}: unreadable ({e})")
+            continue
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            errors.append(f"{f.name}: not an mldebug.trace ring file")
+            continue
+        try:
+            traces.append(rank_from_doc(doc, f.name))
+        except (TypeError, ValueError) as e:
+            errors.append(f"{f.name}: malformed ({e})")
+    traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.host, t.pid))
+    return traces, errors

@@ -1,0 +1,135 @@
+"""Real torchrun jobs (gloo, CPU) that capture their own hang: the watchdog's dumps give the
+verdict of a live `mldebug hang`, the ring names the branch, dump+abort fails the job with
+code 86, a GIL-holding C call is dumped by faulthandler, dump+continue dumps again, and with
+ptrace forbidden `mldebug hang --signal` names the culprit where `mldebug hang` cannot."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+from jobs import torchrun
+
+RECIPE = "capture_rank_branch.py"
+
+
+def job_env(tmp: Path, **kw: str) -> dict[str, str]:
+    return dict(os.environ, MLDEBUG_DIR=str(tmp / "cap"), **kw)
+
+
+def wait_files(d: Path, n: int, timeout: float = 90, pred=lambda doc: True) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        docs = []
+        for f in d.glob("*.json") if d.is_dir() else ():
+            try:
+                docs.append(json.loads(f.read_text()))
+            except ValueError:
+                continue
+        if len(docs) >= n and all(pred(x) for x in docs):
+            return docs
+        time.sleep(0.5)
+    raise AssertionError(f"{n} files in {d} not there in {timeout}s: {list(d.glob('*'))}")
+
+
+def report(*args: str, runner=run_cli) -> dict:
+    r = runner(*args, "--json")
+    assert r.stdout, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_watchdog_dump_gives_the_live_verdict_and_trace_show_names_the_branch(tmp_path):
+    job = torchrun(RECIPE, 3, tmp_path / "log", env=job_env(tmp_path, STALL_TIMEOUT="3"))
+    try:
+        job.wait_ready(settle=0)
+        cap = tmp_path / "cap"
+        wait_files(cap / "dumps", 3)
+        wait_files(cap / "trace", 3)
+        saved = report("hang", "analyze", str(cap))
+        live = report("hang", "--pid", str(job.pid))
+        assert [s["rank"] for s in saved["suspects"]] == [2], saved["suspects"]
+        assert saved["suspects"] == live["suspects"]
+        assert saved["verdict"] == live["verdict"]
+        trace = report("trace", "show", str(cap))
+        [div] = trace["divergences"]
+        assert div["ranks"] == [2] and div["others"] == [0, 1]
+        assert div["branch"]["text"] == "if rank == hang_rank and step == hang_step:"
+        assert div["left_at"]["text"] == "validate(step)"
+    finally:
+        job.stop()
+
+
+def test_dump_and_abort_fails_the_job_with_code_86(tmp_path):
+    job = torchrun(RECIPE, 2, tmp_path / "log",
+                   env=job_env(tmp_path, STALL_TIMEOUT="2", ON_STALL="dump+abort", HANG_RANK="1"))
+    try:
+        job.procs[0].wait(timeout=120)
+        text = job.text()
+        assert job.procs[0].returncode != 0
+        assert re.search(r"exitcode\s*:\s*86", text), text[-2000:]
+        assert "on_stall=dump+abort: exiting with code 86" in text
+        assert list((tmp_path / "cap" / "dumps").glob("*rank1-*.json"))
+    finally:
+        job.stop()
+
+
+def test_gil_held_rank_dumped_by_faulthandler_and_continue_dumps_again(tmp_path):
+    env = job_env(tmp_path, STALL_TIMEOUT="2", ON_STALL="dump+continue", BLOCK="gil",
+                  GIL_SECONDS="10")
+    job = torchrun(RECIPE, 3, tmp_path / "log", env=env)
+    try:
+        job.wait_ready(settle=0)
+        dumps = tmp_path / "cap" / "dumps"
+        docs = wait_files(dumps, 3, pred=lambda d: d["identity"]["rank"] == 2
+                          or d["dump_later"] is not None)
+        by_rank = {d["identity"]["rank"]: d for d in docs}
+        held = by_rank[2]
+        assert held["capture"]["route"] == "faulthandler", held["capture"]
+        main = next(t for t in held["dump"] if t["thread_name"] == "MainThread")
+        assert [f["name"] for f in main["frames"][:2]] == ["hold_gil", "validate"]
+        for r in (0, 1):
+            assert by_rank[r]["capture"]["route"] == "python"
+            assert by_rank[r]["capture"]["stalled_for"] >= 4  # the 2x dump (4x follows)
+        saved = report("hang", "analyze", str(tmp_path / "cap"))
+        assert [s["rank"] for s in saved["suspects"]] == [2]
+    finally:
+        job.stop()
+
+
+def run_without_ptrace(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as root but without CAP_SYS_PTRACE (what a container without SYS_PTRACE is)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = " ".join([sys.executable, "-m", "mldebug", *args])
+    return subprocess.run(["capsh", "--drop=cap_sys_ptrace", "--", "-c", cmd],
+                          capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("capsh") is None,
+                    reason="needs root and capsh to drop CAP_SYS_PTRACE")
+def test_signal_names_the_culprit_where_ptrace_is_forbidden(tmp_path):
+    # the ranks make themselves non-dumpable (prctl(PR_SET_DUMPABLE, 0)); mldebug runs
+    # without CAP_SYS_PTRACE: py-spy cannot attach, /proc/PID/environ cannot be read
+    job = torchrun(RECIPE, 4, tmp_path / "log",
+                   env=job_env(tmp_path, STALL_TIMEOUT="600", NO_PTRACE="1"))
+    try:
+        job.wait_ready()
+        plain = report("hang", "--pattern", RECIPE, runner=run_without_ptrace)
+        errors = [e["error"] for e in plain["errors"]]
+        assert plain["suspects"] == [] and errors
+        assert all("ptrace denied" in e and "mldebug hang --signal" in e for e in errors), errors
+        sig = report("hang", "--signal", "--pattern", RECIPE, "--timeout", "10",
+                     runner=run_without_ptrace)
+        assert [s["rank"] for s in sig["suspects"]] == [2], sig
+        assert "not in any collective" in sig["suspects"][0]["reason"]
+        assert sorted(p["rank"] for p in sig["processes"]) == [0, 1, 2, 3]
+        assert all(job.procs[0].poll() is None for _ in (0,))  # the job still runs
+    finally:
+        job.stop()

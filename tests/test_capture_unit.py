@@ -1,0 +1,337 @@
+"""The capture package without torch: watchdog dumps in plain Python processes (spinning,
+sleeping, holding the GIL in a C call), the private directory rules, the faulthandler parser,
+and `mldebug hang --signal` against processes with and without a handler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from mldebug.capture.privdir import private_dir
+from mldebug.capture.signal import NO_HANDLER, catches
+from mldebug.capture.stacks import parse_faulthandler
+from mldebug.errors import MldebugError
+
+PRELUDE = "import ctypes, os, sys, time\nimport mldebug\nfrom gil_hold import hold_gil\n"
+
+
+def run_py(code: str, tmp: Path, timeout: float = 60, env: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    script = tmp / "job.py"
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    full = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'recipes'}", **(env or {}))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=full, cwd=tmp, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def only_dump(d: Path) -> dict:
+    files = list((d / "dumps").glob("*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+def main_frames(doc: dict, key: str = "dump") -> list[str]:
+    main = next(t for t in doc[key] if t["thread_name"] == "MainThread")
+    return [f"{f['name']}:{f['line']}" for f in main["frames"]]
+
+
+def test_stall_dump_is_what_hang_analyze_reads(tmp_path):
+    r = run_py("""
+        def stuck_here():
+            time.sleep(3)          # the line the dump must name
+        wd = mldebug.watchdog(timeout=0.5, dir="cap")
+        for _ in range(3):
+            mldebug.beat()
+        stuck_here()
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "no beat for" in r.stderr
+    d = tmp_path / "cap"
+    assert (d.stat().st_mode & 0o777) == 0o700
+    doc = only_dump(d)
+    assert doc["format"] == "mldebug.hang.dump/1" and doc["capture"]["route"] == "python"
+    assert doc["capture"]["reason"] == "stall" and doc["capture"]["beats"] == 3
+    assert main_frames(doc)[0] == "stuck_here:6"
+    assert not any(t["thread_name"] == "mldebug-capture" for t in doc["dump"])
+    a = run_cli("hang", "analyze", str(d), "--json")
+    assert a.returncode == 0, a.stderr
+    report = json.loads(a.stdout)
+    assert report["processes"] and "stuck_here" in json.dumps(report["groups"])
+
+
+def test_dump_format_is_hangs():
+    from mldebug.capture.handler import DUMP_FORMAT
+    from mldebug.hang.collect import DUMP_FORMAT as HANG
+
+    assert DUMP_FORMAT == HANG
+
+
+def test_spinning_in_python_is_seen_and_beats_reset_the_clock(tmp_path):
+    r = run_py("""
+        wd = mldebug.watchdog(timeout=0.6, dir="cap")
+        for _ in range(20):                    # beating: never a stall
+            time.sleep(0.1); mldebug.beat()
+        def spin():
+            t = time.monotonic()
+            while time.monotonic() - t < 2.5:  # spinning in Python, no beat
+                pass
+        spin()
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = only_dump(tmp_path / "cap")
+    assert doc["capture"]["beats"] == 20
+    assert main_frames(doc)[0].startswith("spin:")
+
+
+def test_dump_and_abort_exits_with_the_distinct_code(tmp_path):
+    r = run_py("""
+        mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort")
+        time.sleep(30)
+        print("not reached")
+    """, tmp_path)
+    from mldebug.capture import STALL_EXIT_CODE
+
+    assert r.returncode == STALL_EXIT_CODE == 86, (r.returncode, r.stderr)
+    assert "not reached" not in r.stdout
+    assert only_dump(tmp_path / "cap")["capture"]["reason"] == "stall"
+
+
+def test_dump_and_continue_dumps_again_at_2x_and_4x(tmp_path):
+    r = run_py("""
+        mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+continue", poll=0.05)
+        time.sleep(3)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    stalls = [float(x.split("no beat for ")[1].split("s")[0])
+              for x in r.stderr.splitlines() if "no beat for" in x]
+    assert len(stalls) == 3 and stalls[1] >= 1.0 and stalls[2] >= 2.0, r.stderr
+    doc = only_dump(tmp_path / "cap")
+    assert doc["dump"] and doc["dump_later"] and doc["capture"]["seq"] == 2
+
+
+def test_gil_held_in_a_c_call_is_dumped_by_faulthandler(tmp_path):
+    r = run_py("""
+        def in_c():
+            hold_gil(3)   # no Python thread can run
+        mldebug.watchdog(timeout=0.5, dir="cap", poll=0.1)
+        in_c()
+        time.sleep(0.5)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = only_dump(tmp_path / "cap")
+    assert doc["capture"]["route"] == "faulthandler", doc["capture"]
+    assert "GIL was held" in doc["capture"]["note"]
+    assert main_frames(doc)[:2] == ["hold_gil:24", "in_c:6"]
+    a = run_cli("hang", "analyze", str(tmp_path / "cap"), "--json")
+    assert "in_c" in a.stdout
+
+
+def test_context_manager_and_decorator(tmp_path):
+    r = run_py("""
+        import mldebug.capture as cap
+        with mldebug.watchdog(timeout=30, dir="a") as wd:
+            wd.beat()
+        assert cap.handler._HANDLER is None
+        @mldebug.watchdog(timeout=0.4, dir="b", poll=0.05)
+        def train():
+            time.sleep(1.5)
+        train()
+        print("ok")
+    """, tmp_path)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+    assert not list((tmp_path / "a" / "dumps").glob("*"))
+    assert main_frames(only_dump(tmp_path / "b"))[0].startswith("train:")
+
+
+def test_private_dir_refuses_links_and_shared_dirs(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(MldebugError, match="symlink"):
+        private_dir(tmp_path / "link")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(MldebugError, match="writable by other users"):
+        private_dir(shared)
+    os.chown(tmp_path / "real", 65534, 65534)
+    with pytest.raises(MldebugError, match="belongs to uid 65534"):
+        private_dir(tmp_path / "real")
+    assert (private_dir(tmp_path / "new" / "deep").stat().st_mode & 0o777) == 0o700
+
+
+def test_parse_faulthandler_text():
+    text = ('Thread 0x00007f0000000002 (most recent call first):\n'
+            '  File "/usr/lib/python3.11/threading.py", line 324 in wait\n\n'
+            'Current thread 0x00007f0000000001 (most recent call first):\n'
+            '  File "/job/train.py", line 12 in step\n'
+            '  File "/job/train.py", line 30 in <module>\n'
+            'Thread 0x00007f0000000002 (most recent call first):\n'   # a second dump: ignored
+            '  File "/x.py", line 1 in other\n')
+    threads = parse_faulthandler(text, 42, main_ident=0x7F0000000001, prefixes=["/job"])
+    assert [t["thread_name"] for t in threads] == [None, "MainThread"]
+    assert threads[1]["os_thread_id"] == 42
+    assert [(f["name"], f["line"], f["short_filename"]) for f in threads[1]["frames"]] == [
+        ("step", 12, "train.py"), ("<module>", 30, "train.py")]
+
+
+HANDLER_JOB = """
+    def waiting():
+        time.sleep(60)
+    mldebug.install_dump_handler(dir="cap", poll=0.1)
+    os.write(1, b"ready\\n")
+    if os.environ.get("HOLD_GIL"):
+        hold_gil(60)
+    waiting()
+"""
+
+
+def start(tmp: Path, code: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    script = tmp / "job.py"
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'recipes'}", **env), cwd=tmp)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+@pytest.mark.parametrize("hold_gil,route,frame", [(False, "python", "waiting"),
+                                                  (True, "faulthandler", "<module>")])
+def test_signal_collects_from_a_rank_with_a_handler(tmp_path, hold_gil, route, frame):
+    env = {"RANK": "5", "WORLD_SIZE": "8", "HOLD_GIL": "1" if hold_gil else ""}
+    p = start(tmp_path, HANDLER_JOB, env)
+    try:
+        time.sleep(0.3)
+        r = run_cli("hang", "--signal", "--pid", str(p.pid), "--timeout", "5", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        rep = json.loads(r.stdout)
+        assert [x["rank"] for x in rep["processes"]] == [5], rep
+        assert frame in json.dumps(rep["groups"])
+        assert [f["code"] for f in rep["capture"]["findings"]] == [f"capture-route-{route}"]
+        assert rep["capture"]["findings"][0]["title"].startswith("rank 5 answered through")
+        saved = json.loads((tmp_path / "cap" / "dumps" / next(
+            iter(os.listdir(tmp_path / "cap" / "dumps")))).read_text()) if not hold_gil else None
+        assert hold_gil or saved["capture"]["route"] == route
+        assert p.poll() is None  # asked, not hurt
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_signal_never_sends_to_a_rank_without_handler(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("import os, time\nos.write(1, b'ready\\n')\ntime.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, RANK="0", WORLD_SIZE="1"))
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert not catches(p.pid, 10)
+        r = run_cli("hang", "--signal", "--pid", str(p.pid), "--timeout", "2", "--json")
+        rep = json.loads(r.stdout)
+        assert r.returncode == 1
+        assert [e["error"] for e in rep["errors"]] == [NO_HANDLER]
+        [f] = rep["capture"]["findings"]
+        assert f["code"] == "capture-no-handler" and "mldebug.watchdog()" in f["fix"]
+        human = run_cli("hang", "--signal", "--pid", str(p.pid), "--timeout", "2")
+        assert "rank 0: no dump handler, not signalled" in human.stdout
+        time.sleep(0.3)
+        assert p.poll() is None  # SIGUSR1 would have killed it
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_lazy_exports_do_not_import_torch():
+    r = subprocess.run([sys.executable, "-c", "import sys, mldebug; mldebug.watchdog; "
+                        "mldebug.beat; mldebug.install_dump_handler; import mldebug.trace; "
+                        "print('torch' in sys.modules)"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.stdout.strip() == "False", r.stderr
+
+
+def test_stall_also_dumps_the_flight_recorder_and_the_ring(tmp_path):
+    r = run_py("""
+        import mldebug.fr, mldebug.trace
+        mldebug.fr.enable("fr")
+        mldebug.trace.enable(events="calls", ring=16)
+        def waiting_here():
+            time.sleep(2)
+        mldebug.watchdog(timeout=0.5, dir="cap", poll=0.1)
+        waiting_here()
+    """, tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    meta = only_dump(tmp_path / "cap")["capture"]
+    assert meta["flight_recorder"] == str(tmp_path / "fr" / "fr_rank0")
+    assert (tmp_path / "fr" / "fr_rank0").stat().st_size > 0
+    ring = json.loads(Path(meta["trace"]).read_text())
+    assert "waiting_here" in {loc[2] for loc in ring["locations"]}
+
+
+def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_path):
+    from mldebug.capture.handler import REGISTRY_FORMAT
+    from mldebug.capture.privdir import own_registry_dir
+    from mldebug.dist import short_hostname
+
+    stale = own_registry_dir() / f"{short_hostname()}-4194999.json"
+    stale.write_text(json.dumps({"format": REGISTRY_FORMAT, "pid": 4194999, "start_time": 1}))
+    foreign = own_registry_dir() / f"{short_hostname()}-notours.json"
+    foreign.write_text("{}")
+    try:
+        r = run_py("""
+            h = mldebug.install_dump_handler(dir="cap")
+            print(h.registry_path.exists(), h.registry_path)
+        """, tmp_path)
+        existed, own = r.stdout.split()
+        assert existed == "True", r.stderr
+        assert not Path(own).exists()  # removed at exit
+        assert not stale.exists()
+        assert foreign.exists()  # not an mldebug entry: left alone
+        assert not list(own_registry_dir().glob("*-" + "*.json.tmp"))
+    finally:
+        foreign.unlink(missing_ok=True)
+        stale.unlink(missing_ok=True)
+
+
+def test_unknown_signal_is_a_usage_error():
+    r = run_cli("hang", "--signal", "SIGNOPE")
+    assert r.returncode == 2 and "not a signal name or number" in r.stderr
+
+
+def test_locals_when_asked(tmp_path):
+    r = run_py("""
+        def stuck(step, lr=0.5):
+            batch = list(range(3))
+            time.sleep(1.5)
+        mldebug.watchdog(timeout=0.3, dir="cap", locals=True, poll=0.05)
+        stuck(41)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = only_dump(tmp_path / "cap")
+    main = next(t for t in doc["dump"] if t["thread_name"] == "MainThread")
+    got = {v["name"]: (v["repr"], v["arg"]) for v in main["frames"][0]["locals"]}
+    assert got == {"step": ("41", True), "lr": ("0.5", True), "batch": ("[0, 1, 2]", False)}
+    a = run_cli("hang", "analyze", str(tmp_path / "cap"), "--json")
+    assert a.returncode == 0 and "stuck" in a.stdout
+
+
+def test_a_signal_someone_else_handles_is_refused(tmp_path):
+    r = run_py("""
+        import signal
+        signal.signal(signal.SIGUSR1, lambda *a: None)   # e.g. a SLURM requeue handler
+        try:
+            mldebug.watchdog(timeout=10, dir="cap")
+        except Exception as e:
+            print(str(e))
+        wd = mldebug.watchdog(timeout=10, dir="cap", signum="SIGUSR2")
+        print("ok", wd.signum == signal.SIGUSR2)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "SIGUSR1 already has a handler" in r.stdout and 'signum="SIGUSR2"' in r.stdout
+    assert "ok True" in r.stdout

@@ -1,0 +1,168 @@
+"""The execution ring (sys.settrace here, sys.monitoring on 3.12+ through pyenv), the
+divergence analysis on ring files, `mldebug trace show` and `mldebug trace run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from mldebug.trace.analyze import analyze
+from mldebug.trace.model import Loc, RankTrace
+
+# one rank takes the branch at line 8 (`if rank == 2 and step == 3`) and stops in it
+JOB = """\
+import os, sys
+import mldebug.trace as tr
+
+def work(x):
+    return x + 1
+
+def main(rank):
+    for step in range(6):
+        y = work(step)
+        if rank == 2 and step == 3:
+            special = y * 2
+            return special
+    return y
+
+tr.enable(events=sys.argv[2], ring=int(sys.argv[3]))
+main(int(sys.argv[1]))
+print(tr.dump(sys.argv[4]))
+"""
+
+
+def run_ranks(tmp: Path, python: str, events: str, ring: int = 64, n: int = 4) -> Path:
+    (tmp / "job.py").write_text(JOB)
+    out = tmp / "cap" / "trace"
+    for rank in range(n):
+        env = dict(os.environ, PYTHONPATH=str(REPO), RANK=str(rank), WORLD_SIZE=str(n))
+        r = subprocess.run([python, str(tmp / "job.py"), str(rank), events, str(ring), str(out)],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+    return tmp / "cap"
+
+
+def pythons() -> list[str]:
+    found = [sys.executable]
+    for v in ("3.12.1", "3.13.0"):
+        p = f"/root/.pyenv/versions/{v}/bin/python"
+        if os.path.exists(p):
+            found.append(p)
+    return found
+
+
+@pytest.mark.parametrize("python", pythons())
+def test_lines_ring_and_show_name_the_branch(tmp_path, python):
+    d = run_ranks(tmp_path, python, "lines")
+    doc = json.loads(next((d / "trace").glob("*rank2*.json")).read_text())
+    texts = [doc["locations"][i][3] for i in doc["threads"][0]["events"]]
+    assert "special = y * 2" in texts
+    assert not any("mldebug" in loc[0] for loc in doc["locations"])  # mldebug itself filtered
+    r = run_cli("trace", "show", str(d), "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    [div] = rep["divergences"]
+    assert div["ranks"] == [2] and div["others"] == [0, 1, 3]
+    assert div["branch"]["text"] == "if rank == 2 and step == 3:"
+    assert div["left_at"]["text"] == "special = y * 2"
+    assert rep["findings"][0]["code"] == "trace-path-diverged"
+    human = run_cli("trace", "show", str(d))
+    assert "rank 2 left the others' path at job.py:11 in main" in human.stdout
+
+
+@pytest.mark.parametrize("python", pythons())
+def test_calls_ring_is_bounded_and_records_user_calls_only(tmp_path, python):
+    d = run_ranks(tmp_path, python, "calls", ring=5, n=1)
+    doc = json.loads(next((d / "trace").glob("*.json")).read_text())
+    events = doc["threads"][0]["events"]
+    assert len(events) == 5  # the ring keeps the last 5 of 7 calls
+    assert {doc["locations"][i][2] for i in events} == {"work"}
+
+
+def test_monitoring_is_used_on_312():
+    p = "/root/.pyenv/versions/3.12.1/bin/python"
+    if not os.path.exists(p):
+        pytest.skip("no Python 3.12 here")
+    code = ("import sys, mldebug.trace as t; r = t.enable(); "
+            "print(r._tool is not None and sys.gettrace() is None)")
+    r = subprocess.run([p, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.stdout.strip() == "True", r.stderr
+
+
+def _trace(rank: int, locs: list[Loc]) -> RankTrace:
+    return RankTrace(host="h", pid=100 + rank, rank=rank, kind="lines", reason="stall",
+                     events=locs)
+
+
+def test_same_path_everywhere_has_no_divergence():
+    a, b = Loc("t.py", 1, "f", "a()"), Loc("t.py", 2, "f", "b()")
+    rep = analyze([_trace(r, [a, b, a, b]) for r in range(8)])
+    assert rep.divergences == [] and len(rep.groups) == 1 and not rep.findings
+
+
+def test_two_places_without_a_private_path_is_a_hint():
+    a, b = Loc("t.py", 1, "f"), Loc("t.py", 2, "f")
+    rep = analyze([_trace(0, [a, b, a]), _trace(1, [a, b, a]), _trace(2, [a, b])])
+    assert rep.divergences == [] and [f.code for f in rep.findings] == ["trace-different-places"]
+
+
+def test_show_skips_bad_files_with_a_reason(tmp_path):
+    d = run_ranks(tmp_path, sys.executable, "calls", n=2)
+    (d / "trace" / "junk.json").write_text("{not json")
+    (d / "trace" / "other.json").write_text('{"format": "something/1"}')
+    (d / "trace" / "link.json").symlink_to(next((d / "trace").glob("*rank0*")))
+    r = run_cli("trace", "show", str(d), "--json")
+    rep = json.loads(r.stdout)
+    assert len(rep["ranks"]) == 2
+    assert sorted(e.split(":")[0] for e in rep["errors"]) == ["junk.json", "other.json"]
+
+
+def test_show_of_an_empty_dir_is_a_usage_error(tmp_path):
+    r = run_cli("trace", "show", str(tmp_path))
+    assert r.returncode == 2 and "no trace files" in r.stderr
+
+
+def test_trace_run_writes_a_prefixed_timestamped_trace(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""\
+        import sys
+        def step(i):
+            return i * 2
+        for i in range(3):
+            step(i)
+        sys.exit(3)
+    """))
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2")
+    r = run_cli("trace", "run", "--lines", "--out", str(tmp_path / "t"), "--",
+                sys.executable, str(script), env=env, cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    [f] = list((tmp_path / "t").glob("*.trace"))
+    lines = f.read_text().splitlines()
+    host = f.name.split("-rank1-")[0]
+    assert all(x.startswith(f"[{host}:1] ") for x in lines)
+    assert sum(" call " in x and ":2 step:" in x for x in lines) == 3
+    assert any(" line " in x and "return i * 2" in x for x in lines)
+    assert float(lines[-1].split()[1]) >= float(lines[0].split()[1])
+
+
+def test_trace_run_refuses_a_non_python_command():
+    r = run_cli("trace", "run", "--", "bash", "x.sh")
+    assert r.returncode == 2 and "not a Python interpreter" in r.stderr
+
+
+def test_many_ranks_stay_one_screen():
+    common = [Loc("t.py", 1, "f"), Loc("t.py", 2, "f")]
+    traces = [_trace(r, [*common, Loc("t.py", 100 + (r // 100) % 40, "g")] if r % 100 == 0 else common)
+              for r in range(8000)]
+    rep = analyze(traces)
+    assert len(rep.divergences) == 40
+    assert len(rep.findings) == 6 and rep.findings[-1].code == "trace-path-diverged-more"
+    assert rep.findings[0].title == "ranks 0,4000 left the others' path at t.py:100 in g"
