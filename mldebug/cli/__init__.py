@@ -29,7 +29,6 @@ COMMANDS: dict[str, str] = {
     "shrink-layers": "mldebug.cli.shrink_layers",
     "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",
     "pdb": "mldebug.cli.pdb",
-
     "trace": "mldebug.cli.trace",
 }
 
