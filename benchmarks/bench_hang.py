@@ -63,12 +63,12 @@ def bench_collection(ranks: int, repeat: int) -> list[tuple[str, float, float]]:
 
 def bench_analysis(n: int) -> float:
     from mldebug.hang.analyze import analyze
-    from mldebug.hang.model import Collection, Frame, Process, Thread
+    from mldebug.hang.model import Collection, StackFrame, Process, Thread
 
     c10d = "torch/distributed/distributed_c10d.py"
-    wait = [Frame("all_reduce", "/v/site-packages/" + c10d, 3252, c10d),
-            Frame("step", "/home/u/train.py", 40, "train.py"), Frame("main", "/home/u/train.py", 60, "train.py")]
-    odd = [Frame("load_batch", "/home/u/train.py", 12, "train.py"), Frame("main", "/home/u/train.py", 59, "train.py")]
+    wait = [StackFrame("all_reduce", "/v/site-packages/" + c10d, 3252, c10d),
+            StackFrame("step", "/home/u/train.py", 40, "train.py"), StackFrame("main", "/home/u/train.py", 60, "train.py")]
+    odd = [StackFrame("load_batch", "/home/u/train.py", 12, "train.py"), StackFrame("main", "/home/u/train.py", 59, "train.py")]
     procs = [Process(host=f"node{r // 8}", pid=1000 + r % 8, rank=r, local_rank=r % 8, world_size=n,
                      local_world_size=8, node_rank=r // 8,
                      threads=[Thread("MainThread", frames=list(odd if r == 4321 else wait))])
