@@ -63,7 +63,7 @@ def bench_collection(ranks: int, repeat: int) -> list[tuple[str, float, float]]:
 
 def bench_analysis(n: int) -> float:
     from mldebug.hang.analyze import analyze
-    from mldebug.hang.model import Collection, StackFrame, Process, Thread
+    from mldebug.hang.model import Collection, Process, StackFrame, Thread
 
     c10d = "torch/distributed/distributed_c10d.py"
     wait = [StackFrame("all_reduce", "/v/site-packages/" + c10d, 3252, c10d),

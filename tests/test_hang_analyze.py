@@ -9,7 +9,7 @@ import pytest
 
 from mldebug.hang.analyze import analyze, collective_of, frame_kind
 from mldebug.hang.collect import load
-from mldebug.hang.model import Collection, StackFrame, Process, Thread
+from mldebug.hang.model import Collection, Process, StackFrame, Thread
 from mldebug.hang.pyspy import parse_text_dump
 
 FIX = Path(__file__).parent / "fixtures" / "hang"

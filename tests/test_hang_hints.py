@@ -17,7 +17,7 @@ import time
 
 import pytest
 from conftest import run_cli
-from jobs import REPO, RECIPES, free_port
+from jobs import RECIPES, REPO, free_port
 
 pytestmark = pytest.mark.slow
 
