@@ -93,8 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mldebug.hang.analyze import analyze
-    from mldebug.hang.report import render
-    from mldebug.render import console, print_json
+    from mldebug.hang.report import render, write_json
 
     if args.hang_action == "analyze":
         from mldebug.hang.collect import load
@@ -103,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
                          all_threads=args.all_threads or args.all_threads_analyze,
                          job=args.job or args.job_analyze)
         if args.json or args.json_analyze:
-            print_json(report.to_dict())
+            write_json(report.to_dict())
         else:
-            render(report, console(), show_all=args.all or args.all_analyze)
+            render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
     from mldebug.hang.collect import collect, options_from_args, prepare_out, save
@@ -133,18 +132,18 @@ def run(args: argparse.Namespace) -> int:
         doc = report.to_dict()
         if record is not None:
             doc["flight_recorder"] = record.to_dict()
-        print_json(doc)
+        write_json(doc)
     else:
-        con = console()
         if target.is_local and not args.pid and not args.slurm_job:
             from mldebug.hang.collect import slurm_scope_note
 
             note = slurm_scope_note()
             if note:
                 print(note, file=sys.stderr)
-        render(report, con, show_all=args.all)
+        render(report, show_all=args.all)
         if record is not None:
             from mldebug.hang import flight
+            from mldebug.render import console
 
-            flight.render(record, con)
+            flight.render(record, console())
     return 0 if report.processes else 1

@@ -204,8 +204,18 @@ def frame_key(f: StackFrame) -> tuple[str, str, int]:
     return (f.short or f.filename, f.name, f.line)
 
 
-def thread_signature(t: Thread) -> tuple[tuple[str, str, int], ...]:
-    return tuple(frame_key(f) for f in t.frames if not (f.native and _HEX.match(f.name)))
+def thread_signature(t: Thread, cache: dict[int, tuple] | None = None,
+                     ) -> tuple[tuple[str, str, int], ...]:
+    """The stack as (file, function, line) keys, native addresses left out. ``cache``, keyed by
+    the id of the frames list, serves the stacks ranks share (mldebug.hang.pyspy)."""
+    if cache is not None:
+        hit = cache.get(id(t.frames))
+        if hit is not None:
+            return hit
+    sig = tuple(frame_key(f) for f in t.frames if not (f.native and _HEX.match(f.name)))
+    if cache is not None:
+        cache[id(t.frames)] = sig
+    return sig
 
 
 # Threads every healthy rank has, which never make a rank a suspect: torch's NCCL watchdog
@@ -236,14 +246,15 @@ def is_background(t: Thread) -> bool:
     return False
 
 
-def process_signature(p: Process, all_threads: bool, threads: list[Thread] | None = None) -> tuple:
+def process_signature(p: Process, all_threads: bool, threads: list[Thread] | None = None,
+                      cache: dict[int, tuple] | None = None) -> tuple:
     ts = p.threads if threads is None else threads
     if all_threads:
         mt = main_thread(ts, p.pid)
-        return tuple(sorted((t.name, thread_signature(t)) for t in ts
+        return tuple(sorted((t.name, thread_signature(t, cache)) for t in ts
                             if t is mt or not is_background(t)))
     mt = main_thread(ts, p.pid)
-    return thread_signature(mt) if mt else ()
+    return thread_signature(mt, cache) if mt else ()
 
 
 def locals_key(frames: Sequence[StackFrame]) -> tuple[tuple[str, str], ...]:
@@ -287,8 +298,9 @@ def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
 
 def group_processes(processes: Sequence[Process], all_threads: bool = False) -> list[Group]:
     by_code: dict[tuple, list[Process]] = defaultdict(list)
+    cache: dict[int, tuple] = {}  # the processes keep every frames list alive meanwhile
     for p in processes:
-        by_code[process_signature(p, all_threads)].append(p)
+        by_code[process_signature(p, all_threads, cache=cache)].append(p)
     buckets: dict[tuple, list[Process]] = {}
     for sig, members in by_code.items():
         if len(members) > 1 and any(f.locals for f in _frames_for(members[0])):

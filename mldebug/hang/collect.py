@@ -18,6 +18,7 @@ from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 
 NODE_MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node")
 DUMP_FORMAT = "mldebug.hang.dump/1"
+MAX_DUMP_BYTES = 64 << 20  # one process's dump; anything bigger is not one
 
 
 @dataclass
@@ -268,8 +269,9 @@ def _expand_inputs(paths: Iterable[str]) -> list[Path]:
         p = Path(raw)
         if p.is_dir():
             sub = p / "dumps" if (p / "dumps").is_dir() else p
-            found = sorted(f for f in sub.iterdir() if f.is_file() and f.name not in
-                           ("report.json", "report.txt", OUT_MARKER))
+            found = sorted((f for f in sub.iterdir() if f.name not in
+                            ("report.json", "report.txt", OUT_MARKER) and f.is_file()),
+                           key=lambda f: f.name)
             if not found:
                 raise UsageError(f"{p} holds no dump files.",
                                  "Pass a directory written by 'mldebug hang --out DIR', or files.")
@@ -282,17 +284,40 @@ def _expand_inputs(paths: Iterable[str]) -> list[Path]:
 
 
 def load(paths: Iterable[str]) -> Collection:
-    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, or py-spy text."""
+    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, or py-spy text.
+
+    The garbage collector is paused meanwhile: loading builds millions of objects and none
+    is garbage, so its passes only cost time (superlinear in the number of ranks)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(paths)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(paths: Iterable[str]) -> Collection:
     coll = Collection()
     watch = False
     for f in _expand_inputs(paths):
-        text = f.read_text(errors="replace")
-        stripped = text.lstrip()
-        if stripped.startswith(("{", "[")):
+        try:
+            with open(f, "rb") as fh:
+                raw = fh.read(MAX_DUMP_BYTES + 1)
+        except OSError as e:
+            coll.errors.append(CollectError(f.name, None, f"unreadable: {e.strerror}"))
+            continue
+        if len(raw) > MAX_DUMP_BYTES:
+            coll.errors.append(CollectError(f.name, None, f"larger than {MAX_DUMP_BYTES >> 20} MiB:"
+                                                          " not a stack dump; skipped"))
+            continue
+        if raw.lstrip()[:1] in (b"{", b"["):
             try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                coll.errors.append(CollectError(f.name, None, f"unreadable JSON: {e.msg}"))
+                data = json.loads(raw)
+            except (ValueError, RecursionError) as e:
+                coll.errors.append(CollectError(f.name, None, f"unreadable JSON: {e}"[:200]))
                 continue
             if isinstance(data, dict) and data.get("format") == DUMP_FORMAT:
                 try:
@@ -303,12 +328,15 @@ def load(paths: Iterable[str]) -> Collection:
                 watch = watch or proc.threads_later is not None
                 coll.processes.append(proc)
             elif isinstance(data, list):  # plain py-spy --json
-                pid = _pid_from(data, f)
-                coll.processes.append(Process(host="", pid=pid, threads=threads_from_json(data)))
+                try:
+                    coll.processes.append(Process(host="", pid=_pid_from(data, f),
+                                                  threads=threads_from_json(data)))
+                except (AttributeError, TypeError, ValueError) as e:
+                    coll.errors.append(CollectError(f.name, None, f"malformed py-spy JSON: {e}"))
             else:
                 coll.errors.append(CollectError(f.name, None, "not a py-spy or mldebug dump"))
         else:
-            procs = parse_text_dump(text, default_host="")
+            procs = parse_text_dump(raw.decode(errors="replace"), default_host="")
             if not procs:
                 coll.errors.append(CollectError(f.name, None, "no py-spy dump found in the file"))
             coll.processes.extend(procs)

@@ -285,13 +285,18 @@ class StackTable:
     def __init__(self) -> None:
         self.rows: list[list[dict[str, Any]]] = []
         self._index: dict[tuple[StackFrame, ...], int] = {}
+        self._by_list: dict[int, tuple[list[StackFrame], int]] = {}  # ranks share lists
 
     def ref(self, frames: list[StackFrame]) -> int:
+        seen = self._by_list.get(id(frames))
+        if seen is not None and seen[0] is frames:
+            return seen[1]
         key = tuple(frames)
         i = self._index.get(key)
         if i is None:
             i = self._index[key] = len(self.rows)
             self.rows.append([frame_to_dict(f) for f in frames])
+        self._by_list[id(frames)] = (frames, i)
         return i
 
 

@@ -82,7 +82,7 @@ LAUNCHER_NAMES = {
     "orted": "mpirun", "prted": "mpirun", "hydra_pmi_proxy": "mpirun", "srun": "srun",
     "slurmstepd": "srun",
 }
-_LOOPBACK = ("localhost", "127.", "::1", "0.0.0.0")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # this node only: key by host too
 
 
 def is_mldebug(info: dict[str, Any]) -> bool:
@@ -131,7 +131,7 @@ def job_of(env: dict[str, str], host: str, launcher: tuple[int, str] | None) -> 
         key = f"mpi:{env.get('PMI_JOBID') or env.get('PMIX_NAMESPACE')}"
     elif master[0] and master[1]:
         addr = master[0]
-        key = f"master:{host}/{addr}:{master[1]}" if addr.startswith(_LOOPBACK) \
+        key = f"master:{host}/{addr}:{master[1]}" if addr in _LOOPBACK \
             else f"master:{addr}:{master[1]}"
     elif launcher:
         key = f"launcher:{host}:{launcher[0]}"

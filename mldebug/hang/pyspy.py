@@ -10,8 +10,28 @@ from typing import Any
 
 from mldebug.hang.model import Process, StackFrame, Thread
 
+# Frames and stacks repeat across ranks: each distinct one is built once and shared (a
+# 16,384-rank set holds a few dozen distinct stacks). Bounded: past the cap, no sharing.
+_FRAMES: dict[tuple[Any, ...], StackFrame] = {}
+_STACKS: dict[tuple[int, ...], list[StackFrame]] = {}
+_CAP = 1 << 18
+
 
 def frame_from_json(f: dict[str, Any]) -> StackFrame:
+    """One py-spy JSON frame; frames without locals are shared (see _FRAMES)."""
+    if not f.get("locals"):
+        key = (f.get("name"), f.get("filename"), f.get("line"), f.get("short_filename"),
+               f.get("module"))
+        hit = _FRAMES.get(key)
+        if hit is None:
+            hit = _build_frame(f)
+            if len(_FRAMES) < _CAP:
+                _FRAMES[key] = hit
+        return hit
+    return _build_frame(f)
+
+
+def _build_frame(f: dict[str, Any]) -> StackFrame:
     filename = str(f.get("filename") or "")
     module = f.get("module")
     line = int(f.get("line") or 0)
@@ -40,9 +60,21 @@ def threads_from_json(data: list[dict[str, Any]]) -> list[Thread]:
             os_thread_id=t.get("os_thread_id"),
             active=t.get("active"),
             owns_gil=t.get("owns_gil"),
-            frames=[frame_from_json(f) for f in t.get("frames") or ()],
+            frames=_shared_stack([frame_from_json(f) for f in t.get("frames") or ()]),
         ))
     return threads
+
+
+def _shared_stack(frames: list[StackFrame]) -> list[StackFrame]:
+    """The one list object for this sequence of shared frames (identity is equality for
+    frames from _FRAMES, which the cache keeps alive); read-only by convention."""
+    key = tuple(map(id, frames))
+    hit = _STACKS.get(key)
+    if hit is None:
+        hit = frames
+        if len(_STACKS) < _CAP:
+            _STACKS[key] = frames
+    return hit
 
 
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)$")

@@ -91,6 +91,8 @@ def one_place(s: Situation) -> Verdict | None:
     if len(s.places) != 1:
         return None
     g = s.groups[s.places[0][0]]
+    if len(s.procs) == 1:
+        return Verdict(VerdictKind.SAME_PLACE, f"The only rank process is {place(g)}.")
     return Verdict(VerdictKind.SAME_PLACE,
                    f"All {len(s.procs)} ranks are in the same place: {place(g)}. "
                    "No odd one out in the Python stacks.")
@@ -169,6 +171,10 @@ def _hosts(hosts: set[str] | list[str]) -> tuple[str, ...]:
     return (collapse(named),) if named else ()
 
 
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _f(code: str, title: str, detail: str, fix: str, hosts: set[str] | list[str] = (),  # type: ignore[assignment]
        severity: Severity = Severity.HINT) -> Finding:
     return Finding(severity, title, detail, fix, code, _hosts(hosts))
@@ -236,46 +242,46 @@ def watch_hint(s: Situation) -> list[Finding]:
 # label -> (title, what it means, fix)
 WAIT_HINTS: dict[str, tuple[str, str, str]] = {
     "dataloader": (
-        "{who} wait for a DataLoader batch ({at}).",
+        "{who}: waiting for a DataLoader batch ({at}).",
         "The main thread waits in the DataLoader for its worker processes: a worker died, is "
         "stuck, or deadlocked (fork after threads, a full /dev/shm).",
         "Try num_workers=0 to confirm; check free space in /dev/shm (docker: --shm-size); look "
         "at the workers' stacks below (mldebug dumps the DataLoader workers of each rank)."),
     "cuda-sync": (
-        "{who} wait for the GPU in a CUDA synchronisation ({at}).",
+        "{who}: waiting for the GPU in a CUDA synchronisation ({at}).",
         "A host-device sync (.item(), .cpu(), torch.cuda.synchronize()) waits for kernels "
         "queued behind a collective that another rank never joined, or for a stuck kernel.",
         "Find which collective the GPU stream waits on (mldebug fr trigger + analyze); move "
         "the .item()/.cpu() after the collective or drop it."),
     "subprocess": (
-        "{who} wait for a child process ({at}).",
+        "{who}: waiting for a child process ({at}).",
         "subprocess.wait()/communicate() blocks until the child ends.",
         "Find the child (ps --ppid PID) and why it does not end; pass timeout= to wait()."),
     "queue": (
-        "{who} wait on a queue ({at}).",
+        "{who}: waiting on a queue ({at}).",
         "queue.get() blocks until a producer thread or process puts an item; the producer "
         "died or waits itself.",
         "Dump every thread (--all-threads) to find the producer; use get(timeout=...)."),
     "thread-join": (
-        "{who} wait for a thread to end ({at}).",
+        "{who}: waiting for a thread to end ({at}).",
         "Thread.join() blocks until the thread returns.",
         "Dump every thread (--all-threads) to see what the joined thread does."),
     "event": (
-        "{who} wait on a threading Event or Condition ({at}).",
+        "{who}: waiting on a threading Event or Condition ({at}).",
         "Event.wait()/Condition.wait() blocks until another thread sets or notifies it.",
         "Dump every thread (--all-threads) to find who should set it; pass timeout=."),
     "lock": (
-        "{who} wait to acquire a lock ({at}).",
+        "{who}: waiting to acquire a lock ({at}).",
         "Lock.acquire() blocks until the holder releases it; two threads taking two locks in "
         "opposite order deadlock.",
         "Dump every thread (--all-threads) to find the holder; take locks in one order."),
     "sleep": (
-        "{who} sleep ({at}).",
+        "{who}: sleeping ({at}).",
         "time.sleep() in a rank while the others wait: a polling loop, a retry back-off, or a "
         "debugging pause left in.",
         "Look at the loop around the sleep at the call site: what condition is it waiting for?"),
     "fs-read": (
-        "{who} wait in a file read or open ({at}).",
+        "{who}: waiting in a file read or open ({at}).",
         "A read/open system call that does not return: usually a network file system (NFS, "
         "Lustre, GPFS) that is slow or hung on that node.",
         "Check the mount on that node (df, dmesg for NFS/Lustre errors); stage data on local "
@@ -292,7 +298,7 @@ def wait_hints(s: Situation) -> list[Finding]:
     out = []
     for label, idx in by_label.items():
         title, detail, fix = WAIT_HINTS[label]
-        who = ranks_text(s.groups, idx).capitalize()
+        who = _upper_first(ranks_text(s.groups, idx))
         at = s.groups[idx[0]].wait_at or ""
         out.append(_f(f"wait-{label}", title.format(who=who, at=at), detail, fix,
                       {h for i in idx for h in s.groups[i].hosts}))
@@ -309,7 +315,7 @@ def needs_native(s: Situation) -> list[Finding]:
     hits = [i for i in hits if any(hp in suspect_keys for hp in s.groups[i].pids)]
     if not hits:
         return []
-    return [_f("run-native", f"{ranks_text(s.groups, hits).capitalize()} stop in their own "
+    return [_f("run-native", f"{_upper_first(ranks_text(s.groups, hits))}: stopped in user "
                "code with no Python call below it.",
                "The call it waits in is written in C (time.sleep, Lock.acquire, a file read, "
                ".item()): Python-only stacks cannot show it.",
