@@ -165,6 +165,7 @@ def bench_saved(sizes: list[int], repeat: int) -> None:
     for n in sizes:
         d = base / str(n)
         write_saved(d, n)
+        subprocess.run([sys.executable, "-c", FLOOR, str(d / "dumps")], check=True)  # warm cache
         floor = [sys.executable, "-c", FLOOR, str(d / "dumps")]
         text = [sys.executable, "-m", "mldebug", "hang", "analyze", str(d)]
         js = [*text, "--json"]

@@ -135,10 +135,12 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> lis
         if g.locals_key:
             lines.append([("    locals: " + ", ".join(f"{k}={v}" for k, v in g.locals_key),
                            "cyan")])
-        for f in g.frames[:MAX_FRAMES]:
+        # bare native addresses (0x7f...) differ per process and say nothing: JSON keeps them
+        frames = [f for f in g.frames if not (f.native and f.name.startswith("0x"))]
+        for f in frames[:MAX_FRAMES]:
             lines.append(_frame_line(f))
-        if len(g.frames) > MAX_FRAMES:
-            lines.append([(f"    ... {len(g.frames) - MAX_FRAMES} more frames", "dim")])
+        if len(frames) > MAX_FRAMES:
+            lines.append([(f"    ... {len(frames) - MAX_FRAMES} more frames", "dim")])
     if gcap is not None and len(shown) > gcap:
         rest_pids = sum(len(s.pids) for s in shown[gcap:])
         lines.append([])

@@ -64,7 +64,7 @@ def ranks_text(groups: list[Group], idx: list[int], limit: int = 8) -> str:
 def place(g: Group) -> str:
     if g.collective:
         return f"in {g.collective} at {g.where}"
-    waits = f"; waits in {g.wait} at {g.wait_at}" if g.wait else ""
+    waits = f"; waits in {g.wait_at}" if g.wait_at else ""
     return f"at {g.where} (not in a collective{waits})"
 
 
@@ -277,8 +277,8 @@ WAIT_HINTS: dict[str, tuple[str, str, str]] = {
         "Dump every thread (--all-threads) to find the holder; take locks in one order."),
     "sleep": (
         "{who}: sleeping ({at}).",
-        "time.sleep() in a rank while the others wait: a polling loop, a retry back-off, or a "
-        "debugging pause left in.",
+        "time.sleep() in a rank: a polling loop waiting for a condition that never comes, a "
+        "retry back-off, or a debugging pause left in.",
         "Look at the loop around the sleep at the call site: what condition is it waiting for?"),
     "fs-read": (
         "{who}: waiting in a file read or open ({at}).",
