@@ -149,6 +149,9 @@ def test_killed_rank_is_missing_and_the_others_wait_in_init(tmp_path):
         assert report["missing"][0]["expected_host"]
         assert {g["collective"] for g in report["groups"]} == {"init_process_group"}
         assert "Rank 3 of 4 is missing" in report["verdict"]["summary"]
+        # the others are still in start-up: said so, with the node that should run it (up)
+        miss = next(f for f in report["findings"] if f["code"] == "rank-not-started")
+        assert "never joined" in miss["title"] and "node answered" in miss["detail"]
     finally:
         job.stop()
 
