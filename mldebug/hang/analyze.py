@@ -446,9 +446,8 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                 "crashed or never started, and the others may be waiting for it. " + text)
         if kind is VerdictKind.SAME_PLACE:
             kind = VerdictKind.SUSPECTS
-    sev = Severity.ERROR if kind is VerdictKind.SUSPECTS else Severity.WARNING
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
-    verdict = Finding(sev, text.strip(), "", rules.FIXES[kind], kind.code,
+    verdict = Finding(kind.severity, text.strip(), "", rules.FIXES[kind], kind.value,
                       rules._hosts(suspect_hosts))
     launcher = _most_common_str(p.job_launcher or p.launcher for p in procs)
     return Job(key=key, launcher=launcher, processes=procs, groups=groups, suspects=suspects,
@@ -491,7 +490,7 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             title = ("No rank processes were found"
                      + (" (see errors)." if errors else ": is the job running on these hosts? "
                         "Use --pid or --pattern if its processes carry no RANK variable."))
-        findings.append(Finding(Severity.ERROR, title, "", rules.FIXES[kind], kind.code))
+        findings.append(Finding(kind.severity, title, "", rules.FIXES[kind], kind.value))
     elif len(jobs) > 1:
         keys = ", ".join(j.key or "(unnamed)" for j in jobs[:6])
         findings.append(Finding(

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mldebug.dist import Identity
-from mldebug.findings import Finding, findings_to_json
+from mldebug.findings import Finding, Severity, findings_to_json
 
 
 @dataclass(frozen=True)
@@ -136,13 +136,14 @@ class VerdictKind(str, enum.Enum):
     NO_PROCESSES = "no-processes"
 
     @property
-    def style(self) -> str:
-        return {"suspects": "bold red", "ambiguous": "yellow", "same-place": "yellow",
-                "no-processes": "red"}[self.value]
+    def severity(self) -> Severity:
+        """Suspects named (or nothing found) is an error; no odd one out is a warning."""
+        bad = self in (VerdictKind.SUSPECTS, VerdictKind.NO_PROCESSES)
+        return Severity.ERROR if bad else Severity.WARNING
 
     @property
-    def code(self) -> str:
-        return self.value
+    def style(self) -> str:
+        return self.severity.style
 
 
 @dataclass
