@@ -218,3 +218,19 @@ def test_known_background_threads_never_make_a_rank_a_suspect():
     procs[1].threads.append(tqdm)  # only rank 1 shows a progress bar thread
     report = analyze(Collection(processes=procs), all_threads=True)
     assert report.suspects == [] and len(report.groups) == 1
+
+
+def test_render_through_a_rich_console_prints_verdict_and_findings_with_fixes():
+    import io
+
+    from rich.console import Console
+
+    from mldebug.hang.report import render
+
+    report = analyze(Collection(processes=[proc(r, ALLREDUCE) for r in range(4)]))
+    buf = io.StringIO()
+    render(report, Console(file=buf, width=100, no_color=True))
+    out = buf.getvalue()
+    assert "Verdict: All 4 ranks are in the same place" in out
+    assert "HINT" in out and "fix: Run again with --locals" in out
+    assert all(k.style for k in VerdictKind)  # every kind has a style: no KeyError possible
