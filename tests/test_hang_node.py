@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from mldebug.fanout import MARKER, bundle
 from mldebug.hang.collect import NODE_MODULES
@@ -146,3 +149,18 @@ def test_bundled_node_script_runs_where_mldebug_is_not_installed(tmp_path):
     assert line.startswith(MARKER)
     doc = json.loads(line[len(MARKER):])
     assert doc["host"] and isinstance(doc["processes"], list)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged user")
+def test_pid_of_another_users_process_real_cli_says_whose(tmp_path):
+    """An unprivileged user names root's process (this test's own): told whose it is."""
+    tmp_path.chmod(0o777)
+    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(tmp_path))
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-m", "mldebug", "hang", "--pid", str(os.getpid()),
+                        "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr
+    errors = [e["error"] for e in json.loads(r.stdout)["errors"]]
+    assert errors and "belongs to uid 0" in errors[0] and "no process" not in errors[0]
