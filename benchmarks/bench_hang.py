@@ -15,6 +15,7 @@ and prints median wall times and the ratio mldebug/recipe. Also times the pure a
 Saved dumps at scale: writes a `mldebug hang --out` directory of N ranks (30-frame main
 thread + 2 other threads each, 8 distinct main stacks), then alternates, REPEAT times each:
   json:    python -c "import json" reading every dump file (the floor: bytes -> objects)
+(CPU seconds of each command, user + system)
   text:    python -m mldebug hang analyze DIR            (end to end, output to a file)
   --json:  python -m mldebug hang analyze DIR --json
 and prints the ratios text/json-floor (target < 3x), 4k->16k of the text report (linear:
@@ -148,10 +149,15 @@ def write_saved(out: Path, n: int) -> None:
 
 
 def timed_to(cmd: list[str], env: dict[str, str], sink: Path) -> tuple[float, int]:
-    t = time.perf_counter()
+    """CPU seconds (user + system) the command used, and the bytes it wrote: CPU time, not
+    wall time, so that other load on a shared machine moves the figures less."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(sink, "wb") as out:
         r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, env=env)
-    elapsed = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    elapsed = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if r.returncode != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{r.stderr.decode()[-2000:]}")
     return elapsed, sink.stat().st_size
@@ -161,7 +167,7 @@ def bench_saved(sizes: list[int], repeat: int) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     base = Path("/tmp/mldebug-bench-hang-saved")
     text_at: dict[int, float] = {}
-    print(f"saved dumps: median of {repeat} alternating runs; cpus={os.cpu_count()}")
+    print(f"saved dumps: CPU seconds, median of {repeat} alternating runs; cpus={os.cpu_count()}")
     for n in sizes:
         d = base / str(n)
         write_saved(d, n)
