@@ -172,11 +172,14 @@ def collection_from_results(results: Sequence[NodeResult], watch: float | None =
 
 
 def collect(opts: CollectOptions, target: Target, fanout_kw: dict[str, Any], *,
-            progress: bool = False) -> tuple[list[NodeResult], Collection]:
+            progress: bool = False, docs: Callable[..., list[NodeResult]] | None = None,
+            ) -> tuple[list[NodeResult], Collection]:
     """Collect from every node of ``target``; with ``progress``, nodes answered / total on
-    stderr (a terminal only) while they answer."""
+    stderr (a terminal only) while they answer. ``docs``: another way to get the node
+    documents with ``node_docs``'s signature (the ranks dumping themselves on a signal)."""
+    node_docs_fn = docs or node_docs
     if target.is_local or not progress:
-        results = node_docs(opts, target, **fanout_kw)
+        results = node_docs_fn(opts, target, **fanout_kw)
     else:
         from mldebug.render import console
 
@@ -188,7 +191,7 @@ def collect(opts: CollectOptions, target: Target, fanout_kw: dict[str, Any], *,
                 answered += 1
                 st.update(f"collecting stacks: {answered}/{total} nodes answered")
 
-            results = node_docs(opts, target, **fanout_kw, on_result=on_result)
+            results = node_docs_fn(opts, target, **fanout_kw, on_result=on_result)
     return results, collection_from_results(results, watch=opts.watch or None)
 
 
