@@ -9,7 +9,7 @@ import pytest
 
 from mldebug.hang.analyze import analyze, collective_of, frame_kind
 from mldebug.hang.collect import load
-from mldebug.hang.model import Collection, Frame, Process, Thread
+from mldebug.hang.model import Collection, Process, StackFrame, Thread
 from mldebug.hang.pyspy import parse_text_dump
 
 FIX = Path(__file__).parent / "fixtures" / "hang"
@@ -19,16 +19,16 @@ EXTRA_LINE = next(i for i, line in enumerate(RECIPE.read_text().splitlines(), 1)
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 
-def tf(name: str, line: int) -> Frame:
-    return Frame(name, C10D, line, "torch/distributed/distributed_c10d.py")
+def tf(name: str, line: int) -> StackFrame:
+    return StackFrame(name, C10D, line, "torch/distributed/distributed_c10d.py")
 
 
-def uf(name: str, line: int, file: str = "/home/u/train.py", **locals_: str) -> Frame:
-    return Frame(name, file, line, Path(file).name, locals=tuple(locals_.items()))
+def uf(name: str, line: int, file: str = "/home/u/train.py", **locals_: str) -> StackFrame:
+    return StackFrame(name, file, line, Path(file).name, locals=tuple(locals_.items()))
 
 
-def proc(rank: int, frames: list[Frame], host: str = "node1", world: int = 4, lws: int = 4,
-         node_rank: int | None = None, later: list[Frame] | None = None) -> Process:
+def proc(rank: int, frames: list[StackFrame], host: str = "node1", world: int = 4, lws: int = 4,
+         node_rank: int | None = None, later: list[StackFrame] | None = None) -> Process:
     p = Process(host=host, pid=1000 + rank, rank=rank, local_rank=rank % lws, world_size=world,
                 local_world_size=lws, node_rank=node_rank, launcher="torchrun", run_id="r1",
                 threads=[Thread("MainThread", os_thread_id=1000 + rank, frames=frames)])
@@ -116,11 +116,11 @@ def test_equal_split_is_ambiguous_not_guessed():
 def test_all_in_one_place_says_so_and_points_below_python():
     report = analyze(Collection(processes=[proc(r, ALLREDUCE) for r in range(4)]))
     assert report.verdict_kind == "same-place" and report.suspects == []
-    assert any("mldebug fr" in h for h in report.hints)
+    assert any("mldebug fr" in h.fix for h in report.hints)
 
 
 def test_same_call_site_different_iterations_split_by_locals_ignoring_rank():
-    def frames(step: str, rank: int) -> list[Frame]:
+    def frames(step: str, rank: int) -> list[StackFrame]:
         return [tf("broadcast", 3151), uf("sync", 24, step=step, rank=str(rank)), uf("main", 30)]
 
     procs = [proc(0, frames("1", 0))] + [proc(r, frames("0", r)) for r in (1, 2, 3)]
@@ -147,7 +147,7 @@ def test_watch_marks_stuck_and_moving():
     report = analyze(Collection(processes=procs, watch=2.0))
     states = {tuple(g.ranks): g.state for g in report.groups}
     assert states == {(0, 1, 2): "stuck", (3,): "moving"}
-    assert any("slow, not stuck" in h for h in report.hints)
+    assert any("slow, not stuck" in h.title for h in report.hints)
 
 
 def test_no_processes_is_reported_with_errors_kept():
@@ -159,21 +159,21 @@ def test_no_processes_is_reported_with_errors_kept():
 
 
 def test_native_wait_does_not_hide_the_python_collective():
-    frames = [Frame("c10d::Work::wait", "/x/libtorch_cpu.so", 0, "libtorch_cpu.so", native=True),
+    frames = [StackFrame("c10d::Work::wait", "/x/libtorch_cpu.so", 0, "libtorch_cpu.so", native=True),
               *ALLREDUCE]
     assert collective_of(frames) == "all_reduce"
-    async_wait = [Frame("c10d::Work::wait", "/x/libtorch_cpu.so", 0, "libtorch_cpu.so", native=True),
+    async_wait = [StackFrame("c10d::Work::wait", "/x/libtorch_cpu.so", 0, "libtorch_cpu.so", native=True),
                   uf("step", 50)]
     assert collective_of(async_wait) == "wait"
 
 
 @pytest.mark.parametrize("frame,kind", [
-    (Frame("f", "/usr/lib/python3.11/threading.py", 3, "threading.py"), "library"),
-    (Frame("f", "/venv/lib/python3.11/site-packages/deepspeed/x.py", 3, "deepspeed/x.py"), "library"),
-    (Frame("f", "/home/u/proj/train.py", 3, "train.py"), "user"),
-    (Frame("f", "<string>", 1, "<string>"), "user"),
-    (Frame("all_reduce", C10D, 1, "torch/distributed/distributed_c10d.py"), "torch"),
-    (Frame("threading.py", "threading.py", 3, "threading.py"), "library"),
+    (StackFrame("f", "/usr/lib/python3.11/threading.py", 3, "threading.py"), "library"),
+    (StackFrame("f", "/venv/lib/python3.11/site-packages/deepspeed/x.py", 3, "deepspeed/x.py"), "library"),
+    (StackFrame("f", "/home/u/proj/train.py", 3, "train.py"), "user"),
+    (StackFrame("f", "<string>", 1, "<string>"), "user"),
+    (StackFrame("all_reduce", C10D, 1, "torch/distributed/distributed_c10d.py"), "torch"),
+    (StackFrame("threading.py", "threading.py", 3, "threading.py"), "library"),
 ])
 def test_frame_kinds(frame, kind):
     assert frame_kind(frame) == kind

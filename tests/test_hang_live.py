@@ -38,7 +38,7 @@ def mismatch_job(tmp_path_factory):
 
 
 def signatures(report: dict) -> dict[int, list]:
-    return {p["rank"]: [(f["name"], f["line"]) for f in p["threads"][0]["frames"]]
+    return {p["rank"]: [(f["name"], f["line"]) for f in report["stacks"][p["threads"][0]["stack"]]]
             for p in report["processes"]}
 
 
@@ -73,7 +73,7 @@ def test_pid_of_the_launcher_finds_its_ranks_and_native_still_names_rank0(mismat
     report = hang_json("--pid", str(mismatch_job.pid), "--native")
     assert sorted(p["rank"] for p in report["processes"]) == [0, 1, 2, 3]
     assert [s["rank"] for s in report["suspects"]] == [0]
-    frames = report["processes"][0]["threads"][0]["frames"]
+    frames = report["stacks"][report["processes"][0]["threads"][0]["stack"]]
     assert any(f["native"] for f in frames)
 
 
@@ -149,6 +149,9 @@ def test_killed_rank_is_missing_and_the_others_wait_in_init(tmp_path):
         assert report["missing"][0]["expected_host"]
         assert {g["collective"] for g in report["groups"]} == {"init_process_group"}
         assert "Rank 3 of 4 is missing" in report["verdict"]["summary"]
+        # the others are still in start-up: said so, with the node that should run it (up)
+        miss = next(f for f in report["findings"] if f["code"] == "rank-not-started")
+        assert "never joined" in miss["title"] and "node answered" in miss["detail"]
     finally:
         job.stop()
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mldebug.fanout import MARKER, bundle
 from mldebug.hang.collect import NODE_MODULES
-from mldebug.hang.node import PTRACE_FIX, explain_pyspy_error, find_ranks
+from mldebug.hang.node import PTRACE_FIX, explain_pyspy_error, find_ranks, proc_status
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,11 +69,65 @@ def test_pid_of_a_launcher_selects_its_ranks_and_pattern_needs_no_rank():
 
 def test_pyspy_error_messages_are_actionable():
     me = os.getpid()
-    msg = explain_pyspy_error(me, "Error: Permission Denied (os error 13)", 1)
+    msg = explain_pyspy_error(me, "Error: Permission Denied (os error 13)", 1, euid=1000)
     assert msg == f"py-spy could not attach to pid {me} (ptrace denied). {PTRACE_FIX}"
     assert "sysctl -w kernel.yama.ptrace_scope=0" in msg and "SYS_PTRACE" in msg
     assert explain_pyspy_error(2**22 + 12345, "whatever", 1) == f"process {2**22 + 12345} exited during the dump"
     assert "not a Python process" in explain_pyspy_error(me, "Error: Failed to find python version from target process", 1)
+
+
+def test_stopped_or_traced_rank_is_named_as_such_not_as_ptrace_denied_to_root():
+    """A real SIGSTOPped process, and the /proc status of a traced one: running as root, the
+    message must say which it is, never "run as root"."""
+    import signal
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        for _ in range(100):
+            if proc_status(child.pid).get("State", "").startswith("T"):
+                break
+            time.sleep(0.02)
+        msg = explain_pyspy_error(child.pid, "Error: Operation not permitted (os error 1)", 1)
+        assert "is stopped" in msg and f"kill -CONT {child.pid}" in msg
+        assert "Run as root" not in msg
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    traced = {"State": "S (sleeping)", "TracerPid": str(os.getpid())}
+    msg = explain_pyspy_error(me := os.getpid(), "Error: Operation not permitted", 1, traced)
+    assert f"already traced by pid {me}" in msg and "Run as root" not in msg
+    msg = explain_pyspy_error(me, "Error: Permission Denied", 1, {"State": "S", "TracerPid": "0"},
+                              euid=0)
+    assert "although running as root" in msg and "Run as root" not in msg
+
+
+def test_pid_of_another_users_process_is_said_so(tmp_path):
+    procs = table((10, 1, "S", ["python", "a.py"]))
+    procs[10]["uid"] = 4242
+    targets, errors = find_ranks(procs, pid=10, uid=1000, environ=envs({10: worker_env(0)}))
+    assert targets == [] and "belongs to uid 4242" in errors[0]["error"]
+    assert "no process" not in errors[0]["error"]
+
+
+def test_mldebug_itself_is_never_a_rank_and_jobs_are_keyed():
+    procs = table((10, 1, "S", ["python", "/venv/bin/mldebug", "hang", "--pattern", "t.py"]),
+                  (11, 1, "S", ["python3", "-c", "import base64;'<mldebug-node>'", "t.py"]),
+                  (12, 1, "S", ["python", "-m", "mldebug", "hang", "--pattern", "t.py"]),
+                  (20, 1, "S", ["/venv/bin/python", "/venv/bin/torchrun", "t.py"]),
+                  (21, 20, "S", ["python", "t.py"]),
+                  (30, 1, "S", ["bash"]),
+                  (31, 30, "S", ["python", "t.py"]))
+    env = envs({10: worker_env(0), 11: worker_env(0), 12: worker_env(0),
+                21: worker_env(0, TORCHELASTIC_RUN_ID="abc"), 31: {"RANK": "0"}})
+    targets, _ = find_ranks(procs, pattern=r"t\.py", environ=env, host="n1")
+    by_pid = {t["pid"]: t["job"] for t in targets}
+    assert set(by_pid) == {21, 31}  # the launcher above its rank is dropped
+    assert by_pid[21] == {"key": "run:abc", "launcher": "torchrun", "lone": False}
+    targets, _ = find_ranks(procs, environ=env, host="n1")
+    by_pid = {t["pid"]: t["job"] for t in targets}
+    assert set(by_pid) == {21, 31} and by_pid[31]["lone"] is True
 
 
 def test_bin_collector_runs_with_the_stdlib_only(tmp_path):
@@ -92,3 +149,18 @@ def test_bundled_node_script_runs_where_mldebug_is_not_installed(tmp_path):
     assert line.startswith(MARKER)
     doc = json.loads(line[len(MARKER):])
     assert doc["host"] and isinstance(doc["processes"], list)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="needs root to switch to an unprivileged user")
+def test_pid_of_another_users_process_real_cli_says_whose(tmp_path):
+    """An unprivileged user names root's process (this test's own): told whose it is."""
+    tmp_path.chmod(0o777)
+    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=str(tmp_path))
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        sys.executable, "-m", "mldebug", "hang", "--pid", str(os.getpid()),
+                        "--json"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr
+    errors = [e["error"] for e in json.loads(r.stdout)["errors"]]
+    assert errors and "belongs to uid 0" in errors[0] and "no process" not in errors[0]

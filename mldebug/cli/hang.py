@@ -27,6 +27,11 @@ the others wait in one, the minority when ranks wait in different places, missin
   mldebug hang --watch 5                        # hung (stack unchanged) or just slow?
   mldebug hang --out hang-dir; mldebug hang analyze hang-dir
   mldebug hang analyze rank*.txt                # pasted 'py-spy dump' output
+  mldebug hang --job run:abc123                 # one job of several on shared nodes
+
+Processes are grouped into jobs first (elastic run id, SLURM job+step, MASTER_ADDR:PORT,
+launcher) and each job gets its own verdict. Inside a SLURM allocation, plain
+'mldebug hang' looks at this node only: use --slurm-job $SLURM_JOB_ID for every node.
 
 The job is only ever read: a dump pauses each process for milliseconds (not at all with
 --nonblocking). Exit codes: 0 report produced, 1 nothing collected, 2 usage error."""
@@ -60,7 +65,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument_group("report")
     a.add_argument("--all-threads", action="store_true",
                    help="group by every thread's stack, not only the main thread's")
-    a.add_argument("--out", metavar="DIR", help="save the raw dumps and the report in DIR")
+    a.add_argument("--job", metavar="KEY",
+                   help="analyse only this job (a key from the report, e.g. run:abc123 or "
+                        "master:10.0.0.1:29500)")
+    a.add_argument("--all", action="store_true",
+                   help="list every suspect, group and error (default: one screen, with "
+                        "'N more')")
+    a.add_argument("--out", metavar="DIR", help="save the raw dumps and the report in DIR "
+                   "(a new or empty directory)")
+    a.add_argument("--force", action="store_true",
+                   help="with --out: replace a directory an earlier 'mldebug hang --out' wrote")
     a.add_argument("--fr", action="store_true",
                    help="also make every rank that called mldebug.fr.enable() dump its "
                         "flight recorder, and add the cross-rank analysis (docs/fr.md)")
@@ -75,98 +89,84 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "'py-spy dump --json' files, or on plain 'py-spy dump' text "
                                     "(pdsh 'host:' prefixes are understood).")
     an.add_argument("paths", nargs="+", metavar="DIR|FILE")
-    an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze")
-    an.add_argument("--json", action="store_true", dest="json_analyze")
+    an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze",
+                    help="group by every thread's stack, not only the main thread's")
+    an.add_argument("--json", action="store_true", dest="json_analyze",
+                    help="the report as JSON (docs/hang.md, 'JSON')")
+    an.add_argument("--job", metavar="KEY", dest="job_analyze", help="only this job")
+    an.add_argument("--all", action="store_true", dest="all_analyze",
+                    help="list every suspect, group and error")
 
 
 def run(args: argparse.Namespace) -> int:
     from mldebug.hang.analyze import analyze
-    from mldebug.render import print_json
+    from mldebug.hang.report import render, write_json
 
     if args.hang_action == "analyze":
         from mldebug.hang.collect import load
 
-        coll = load(args.paths)
-        report = analyze(coll, all_threads=args.all_threads or args.all_threads_analyze)
+        report = analyze(load(args.paths),
+                         all_threads=args.all_threads or args.all_threads_analyze,
+                         job=args.job or args.job_analyze)
         if args.json or args.json_analyze:
-            print_json(report.to_dict())
+            write_json(report.to_dict())
         else:
-            from mldebug.hang.report import render
-
-            render(report)
+            render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
-    from mldebug.hang.collect import (
-        collection_from_results,
-        node_docs,
-        options_from_args,
-        save,
-    )
-    from mldebug.hang.report import render, render_text
+    from mldebug.hang.collect import collect, options_from_args, prepare_out, save
+    from mldebug.hang.report import render_text
 
     target = target_from_args(args)
     opts = options_from_args(args)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        prepare_out(out, force=args.force)
     kw = fanout_kwargs(args)
     kw.pop("timeout")
+    docs = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.capture.remote import signal_docs
 
-        node_docs = functools.partial(signal_docs, signal=args.signal)  # noqa: F811
-    if not target.is_local and not args.json and sys.stderr.isatty():
-        from mldebug.render import console
-
-        n = len(target.hosts) or "the job's"
-        with console(stderr=True).status(f"collecting stacks from {n} nodes ..."):
-            results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
-    else:
-        results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
-    coll = collection_from_results(results, watch=opts.watch or None)
-    report = analyze(coll, all_threads=args.all_threads)
-    if args.out:
-        out = Path(args.out)
-        written = save(out, results, report.to_dict(), render_text(report))
+        docs = functools.partial(signal_docs, signal=args.signal)
+    results, coll = collect(opts, target, kw, progress=not args.json and sys.stderr.isatty(),
+                            docs=docs)
+    report = analyze(coll, all_threads=args.all_threads, job=args.job)
+    if out is not None:
+        written = save(out, results, report.to_dict(), render_text(report, show_all=True))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
-    fr_doc, fr_analysis = (_flight_recorder(args, target, kw, [p.pid for p in report.processes])
-                           if args.fr else (None, None))
+    record = None
+    if args.fr:
+        from mldebug.hang import flight
+
+        record = flight.collect(target, out, args.timeout, kw, fr_dir=args.fr_dir,
+                                pids=[p.pid for p in report.processes])
     if args.json:
         doc = report.to_dict()
-        if args.fr:
-            doc["flight_recorder"] = fr_doc
+        if record is not None:
+            doc["flight_recorder"] = record.to_dict()
         if args.signal:
             from mldebug.capture.report import to_dict
 
             doc["capture"] = to_dict(results)
-        print_json(doc)
+        write_json(doc)
     else:
-        render(report)
-        if args.fr:
-            _render_fr(fr_doc, fr_analysis)
+        if target.is_local and not args.pid and not args.slurm_job:
+            from mldebug.hang.collect import slurm_scope_note
+
+            note = slurm_scope_note()
+            if note:
+                print(note, file=sys.stderr)
+        render(report, show_all=args.all)
+        if record is not None:
+            from mldebug.hang import flight
+            from mldebug.render import console
+
+            flight.render(record, console())
         if args.signal:  # which route answered, which ranks have no handler
             from mldebug.capture.report import render as render_capture
             from mldebug.render import console
 
             render_capture(results, console())
     return 0 if report.processes else 1
-
-
-def _flight_recorder(args: argparse.Namespace, target: object, kw: dict[str, object],
-                     pids: list[int]) -> tuple[dict[str, object], object]:
-    """Trigger flight-recorder dumps on the same nodes and analyse them (mldebug.fr)."""
-    from mldebug.fr.collect import for_hang
-
-    out = Path(args.out) / "fr" if args.out else None
-    return for_hang(target, out, args.timeout, args.fr_dir, pids, **kw)
-
-
-def _render_fr(doc: dict[str, object] | None, analysis: object) -> None:
-    assert doc is not None
-    print()
-    print(f"Flight recorder: {len(doc['files'])} dump(s) in {doc['out_dir']}/")  # type: ignore[arg-type]
-    if analysis is None:
-        print(f"  {doc.get('hint')}")
-        return
-    from mldebug.fr.report import render as fr_render
-    from mldebug.render import console
-
-    fr_render(analysis, console())  # type: ignore[arg-type]

@@ -7,23 +7,28 @@ py-spy text, and are tested on fixtures.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
+from mldebug.findings import Finding, Severity
 from mldebug.hang.model import (
     Collection,
-    Frame,
     Group,
+    Job,
     Process,
     Report,
+    StackFrame,
     Suspect,
     Thread,
+    VerdictKind,
+    fold_ranks,
     main_thread,
     proc_label,
 )
-from mldebug.render import fold_ints
+from mldebug.hosts import collapse
 
 # torch.distributed entry points a rank can block in (names of the Python functions).
 COLLECTIVES = frozenset({
@@ -44,13 +49,26 @@ _TORCH_WAITS = {
 }
 _NATIVE_WAITS = (("c10d::Work::wait", "wait"), ("c10d::ProcessGroupNCCL::WorkNCCL::wait", "wait"))
 
+_DIST_LIBRARIES = ("deepspeed", "megatron", "fairscale", "accelerate", "apex")
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"threading", "concurrent"}
 _HEX = re.compile(r"^0x[0-9a-fA-F]+$")
 _SIMPLE_REPR = re.compile(r"^-?[0-9][0-9_.eE+-]*$|^(True|False|None)$|^'[^']{0,40}'$")
 
 
 # -- frames ----------------------------------------------------------------------------
-def frame_kind(f: Frame) -> str:
+# Packages whose frames are never the user's code, for text dumps, which carry only
+# package-relative names (deepspeed/runtime/engine.py); any other top-level name is the user's
+# (src/train/loop.py, trapdata/worker.py).
+KNOWN_LIBRARIES = frozenset({
+    "accelerate", "apex", "datasets", "deepspeed", "fairscale", "flash_attn", "huggingface_hub",
+    "hydra", "lightning", "lightning_fabric", "lightning_utilities", "megatron", "nemo", "numpy",
+    "omegaconf", "peft", "pytorch_lightning", "ray", "safetensors", "tokenizers", "tqdm",
+    "transformer_engine", "transformers", "triton", "trl", "vllm", "wandb", "xformers",
+})
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def frame_kind(f: StackFrame) -> str:
     """'native', 'torch', 'library' (other packages, stdlib) or 'user'."""
     if f.native:
         return "native"
@@ -66,20 +84,20 @@ def frame_kind(f: Frame) -> str:
         top = short.split("/", 1)[0].removesuffix(".py")
         if top in _STDLIB:
             return "library"
-        if "/" in short:  # a package-relative name like deepspeed/runtime/engine.py
+        if "/" in short and top in KNOWN_LIBRARIES:  # deepspeed/runtime/engine.py
             return "library"
     return "user"
 
 
-def python_frames(frames: Iterable[Frame]) -> list[Frame]:
+def python_frames(frames: Iterable[StackFrame]) -> list[StackFrame]:
     return [f for f in frames if not f.native]
 
 
-def user_frames(frames: Iterable[Frame]) -> list[Frame]:
+def user_frames(frames: Iterable[StackFrame]) -> list[StackFrame]:
     return [f for f in frames if frame_kind(f) == "user"]
 
 
-def where(frames: Sequence[Frame]) -> str:
+def where(frames: Sequence[StackFrame]) -> str:
     """The innermost user frame, else the innermost Python frame, else the innermost frame."""
     for pick in (user_frames(frames), python_frames(frames), list(frames)):
         if pick:
@@ -87,7 +105,7 @@ def where(frames: Sequence[Frame]) -> str:
     return "(no frames)"
 
 
-def call_site(frames: Sequence[Frame]) -> str | None:
+def call_site(frames: Sequence[StackFrame]) -> str | None:
     users = user_frames(frames)
     if not users:
         return None
@@ -95,7 +113,7 @@ def call_site(frames: Sequence[Frame]) -> str | None:
     return f"{f.display_file}:{f.line} in {f.name}"
 
 
-def collective_of(frames: Sequence[Frame]) -> str | None:
+def collective_of(frames: Sequence[StackFrame]) -> str | None:
     """Name the torch.distributed call the innermost frames are blocked in, if any.
 
     Python frames decide; a native ``c10d::Work::wait`` (with --native) names the wait on an
@@ -119,28 +137,127 @@ def collective_of(frames: Sequence[Frame]) -> str | None:
         for (frag, fname), label in _TORCH_WAITS.items():
             if frag in path and f.name == fname:
                 return label
-        if ("/comm/" in path or "/distributed/" in path) and f.name in COLLECTIVES:
-            return f.name  # deepspeed.comm, megatron wrappers, ... (before torch's frames)
+        name = f.name.rsplit(".", 1)[-1]
+        if name in COLLECTIVES and ("/comm/" in path or "/distributed/" in path
+                                    or path.split("/", 1)[0] in _DIST_LIBRARIES
+                                    or any(f"/{lib}/" in path for lib in _DIST_LIBRARIES)):
+            return name  # deepspeed.comm, ZeRO, megatron wrappers (before torch's frames)
     return native_wait
 
 
-def frame_key(f: Frame) -> tuple[str, str, int]:
+# What a frame waits in, checked on the frames inside libraries (before the first user
+# frame); the outermost match names the wait (Queue.get, not the Condition.wait inside it).
+# (label, native symbol prefixes, (python file fragment, function names))
+WAITS: tuple[tuple[str, tuple[str, ...], tuple[str, frozenset[str]]], ...] = (
+    ("dataloader", (), ("torch/utils/data/", frozenset({"_try_get_data", "_get_data"}))),
+    ("cuda-sync", ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                   "cuStreamSynchronize", "cuCtxSynchronize", "cudaMemcpy",
+                   "at::native::_local_scalar_dense"),
+     ("torch/cuda/", frozenset({"synchronize"}))),
+    ("subprocess", (), ("subprocess.py", frozenset({"wait", "_wait", "_try_wait", "communicate"}))),
+    ("queue", (), ("queue", frozenset({"get", "put"}))),  # queue.py, multiprocessing/queues.py
+    ("thread-join", (), ("threading.py", frozenset({"join", "_wait_for_tstate_lock"}))),
+    ("event", (), ("threading.py", frozenset({"wait"}))),
+    ("lock", ("lock_PyThread_acquire_lock", "rlock_acquire", "PyThread_acquire_lock"),
+     ("threading.py", frozenset({"acquire"}))),
+    ("sleep", ("time_sleep", "pysleep", "clock_nanosleep", "__nanosleep", "nanosleep"),
+     ("", frozenset())),
+    ("fs-read", ("read", "__libc_read", "__read_nocancel", "pread64", "__libc_pread",
+                 "open64", "__libc_open64", "__open64", "openat", "__openat64", "stat", "statx",
+                 "__GI___libc_read", "__GI___open64"),
+     ("", frozenset())),
+)
+
+
+def _wait_label(f: StackFrame) -> str | None:
+    if f.native:
+        for label, syms, _ in WAITS:
+            for sym in syms:
+                if f.name == sym or (len(sym) > 8 and f.name.startswith(sym)):
+                    return label
+        return None
+    path = (f.short or f.filename).replace("\\", "/")
+    short_name = f.name.rsplit(".", 1)[-1]  # py-spy >= 3.11 qualifies: Queue.get
+    for label, _, (frag, names) in WAITS:
+        if frag and frag in path and short_name in names:
+            return label
+    return None
+
+
+def wait_of(frames: Sequence[StackFrame]) -> tuple[str, StackFrame] | None:
+    """What the innermost frames wait in (label, frame), or None.
+
+    Only the frames below the first user frame count: a rank that called ``queue.get``
+    waits in the queue whatever the user code around it does.
+    """
+    found = None
+    for f in frames:
+        if not f.native and frame_kind(f) == "user":
+            break
+        label = _wait_label(f)
+        if label is not None:
+            found = (label, f)
+    return found
+
+
+def frame_key(f: StackFrame) -> tuple[str, str, int]:
     return (f.short or f.filename, f.name, f.line)
 
 
-def thread_signature(t: Thread) -> tuple[tuple[str, str, int], ...]:
-    return tuple(frame_key(f) for f in t.frames if not (f.native and _HEX.match(f.name)))
+def thread_signature(t: Thread, cache: dict[int, tuple] | None = None,
+                     ) -> tuple[tuple[str, str, int], ...]:
+    """The stack as (file, function, line) keys, native addresses left out. ``cache``, keyed by
+    the id of the frames list, serves the stacks ranks share (mldebug.hang.pyspy)."""
+    if cache is not None:
+        hit = cache.get(id(t.frames))
+        if hit is not None:
+            return hit
+    sig = tuple(frame_key(f) for f in t.frames if not (f.native and _HEX.match(f.name)))
+    if cache is not None:
+        cache[id(t.frames)] = sig
+    return sig
 
 
-def process_signature(p: Process, all_threads: bool, threads: list[Thread] | None = None) -> tuple:
+# Threads every healthy rank has, which never make a rank a suspect: torch's NCCL watchdog
+# and heartbeat monitor (C++; a Python frame only when py-spy shows it), the DataLoader pin
+# memory thread, torch.compile's worker pool, tqdm's monitor, idle executor workers.
+BACKGROUND_THREADS: tuple[tuple[str, str], ...] = (
+    ("torch/utils/data/_utils/pin_memory.py", ""),
+    ("torch/_inductor/compile_worker/", ""),
+    ("torch/_inductor/async_compile.py", ""),
+    ("tqdm/_monitor.py", ""),
+    ("concurrent/futures/thread.py", "_worker"),
+    ("torch/distributed/elastic/", ""),
+    ("torch/distributed/", "_watchdog"),
+    ("torch/distributed/", "heartbeat"),
+)
+
+
+def is_background(t: Thread) -> bool:
+    """A known non-culprit thread (see BACKGROUND_THREADS), judged by its outermost frames."""
+    low = t.name.lower()
+    if "watchdog" in low or "heartbeat" in low or low.startswith("pt_"):
+        return True
+    for f in t.frames[-3:]:
+        path = (f.short or f.filename).replace("\\", "/")
+        for frag, name in BACKGROUND_THREADS:
+            if frag in path and (not name or name in f.name):
+                return True
+    return False
+
+
+def process_signature(p: Process, all_threads: bool, threads: list[Thread] | None = None,
+                      cache: dict[int, tuple] | None = None) -> tuple:
     ts = p.threads if threads is None else threads
     if all_threads:
-        return tuple(sorted((t.name, thread_signature(t)) for t in ts))
+        mt = main_thread(ts, p.pid)
+        return tuple(sorted((t.name, thread_signature(t, cache)) for t in ts
+                            if t is mt or not is_background(t)))
     mt = main_thread(ts, p.pid)
-    return thread_signature(mt) if mt else ()
+    return thread_signature(mt, cache) if mt else ()
 
 
-def locals_key(frames: Sequence[Frame]) -> tuple[tuple[str, str], ...]:
+def locals_key(frames: Sequence[StackFrame]) -> tuple[tuple[str, str], ...]:
     """Simple scalar locals of the innermost user frame (loop counters, flags)."""
     users = user_frames(frames)
     if not users:
@@ -149,7 +266,7 @@ def locals_key(frames: Sequence[Frame]) -> tuple[tuple[str, str], ...]:
 
 
 # -- grouping --------------------------------------------------------------------------
-def _frames_for(p: Process) -> list[Frame]:
+def _frames_for(p: Process) -> list[StackFrame]:
     mt = p.main_thread()
     return mt.frames if mt else []
 
@@ -159,7 +276,7 @@ def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
 
     Only locals that tell ranks apart for a reason count: values equal to the rank or local
     rank (``rank``, ``local_rank``...) and values every member shares are ignored. What is
-    left (``step=1`` vs ``step=0``) is the book's "code loops" case made visible.
+    left (``step=1`` vs ``step=0``) shows ranks in different iterations of one loop.
     """
     per_proc = {id(p): dict(locals_key(_frames_for(p))) for p in members}
     names = set().union(*(d.keys() for d in per_proc.values())) if per_proc else set()
@@ -181,8 +298,9 @@ def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
 
 def group_processes(processes: Sequence[Process], all_threads: bool = False) -> list[Group]:
     by_code: dict[tuple, list[Process]] = defaultdict(list)
+    cache: dict[int, tuple] = {}  # the processes keep every frames list alive meanwhile
     for p in processes:
-        by_code[process_signature(p, all_threads)].append(p)
+        by_code[process_signature(p, all_threads, cache=cache)].append(p)
     buckets: dict[tuple, list[Process]] = {}
     for sig, members in by_code.items():
         if len(members) > 1 and any(f.locals for f in _frames_for(members[0])):
@@ -194,6 +312,7 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
     for (_, lkey), members in buckets.items():
         frames = _frames_for(members[0])
         ranks = sorted(p.rank for p in members if p.rank is not None)
+        w = wait_of(frames)
         groups.append(Group(
             ranks=ranks,
             pids=sorted((p.host, p.pid) for p in members),
@@ -202,6 +321,8 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
             collective=collective_of(frames),
             frames=frames,
             locals_key=lkey,
+            wait=w[0] if w else None,
+            wait_at=w[1].location if w else None,
         ))
     groups.sort(key=lambda g: (-len(g.pids), g.ranks[:1] or [1 << 62], g.pids[:1]))
     return groups
@@ -246,55 +367,19 @@ def missing_ranks(processes: Sequence[Process]) -> tuple[int | None, list[int], 
     return world, missing, expected
 
 
-# -- verdict ---------------------------------------------------------------------------
-def _ranks_text(g: Group) -> str:
-    if g.ranks and len(g.ranks) == len(g.pids):
-        return ("rank " if len(g.ranks) == 1 else "ranks ") + fold_ints(g.ranks)
-    return ", ".join(proc_label(h, pid) for h, pid in g.pids[:8]) + (" ..." if len(g.pids) > 8 else "")
 
 
-def _place_ranks(groups: Sequence[Group], idx: Sequence[int]) -> str:
-    ranks = sorted(r for i in idx for r in groups[i].ranks)
-    pids = [hp for i in idx for hp in groups[i].pids]
-    if ranks and len(ranks) == len(pids):
-        return ("rank " if len(ranks) == 1 else "ranks ") + fold_ints(ranks)
-    return ", ".join(proc_label(h, pid) for h, pid in pids[:8]) + (" ..." if len(pids) > 8 else "")
-
-
-def _verb(groups: Sequence[Group], idx: Sequence[int]) -> str:
-    return "wait" if sum(len(groups[i].pids) for i in idx) > 1 else "waits"
-
-
-def _place(g: Group) -> str:
-    return f"in {g.collective} at {g.where}" if g.collective else f"at {g.where} (not in a collective)"
-
-
-def _loop_note(g: Group, ref: Group) -> str:
-    gu, ru = user_frames(g.frames), user_frames(ref.frames)
-    if gu and ru and gu[0].name == ru[0].name and gu[0].display_file == ru[0].display_file:
-        if gu[0].line != ru[0].line:
-            return (" - same function, different line: the ranks are at different points of a "
-                    "loop or branch (the book's 'code loops' case)")
-        if g.locals_key != ref.locals_key and (g.locals_key or ref.locals_key):
-            mine = ", ".join(f"{k}={v}" for k, v in g.locals_key)
-            theirs = ", ".join(f"{k}={v}" for k, v in ref.locals_key)
-            return (f" - same call site, different state ({mine} vs {theirs}): the ranks are in "
-                    "different iterations of the same loop")
-    return ""
-
-
-def _suspects_from(groups: Sequence[Group], by_key: dict[tuple[str, int], Process],
-                   reason_for: dict[int, str]) -> list[Suspect]:
-    out = []
-    for gi, g in enumerate(groups):
-        if gi not in reason_for:
-            continue
-        for host, pid in g.pids:
-            p = by_key[(host, pid)]
-            out.append(Suspect(rank=p.rank, host=host, pid=pid, reason=reason_for[gi],
-                               call_site=call_site(g.frames)))
-    out.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host, s.pid))
-    return out
+# -- jobs ------------------------------------------------------------------------------------
+def split_jobs(processes: Sequence[Process]) -> tuple[dict[str, list[Process]], list[Process]]:
+    """Processes by job key, and the lone ones (a rank variable but no job around them)."""
+    jobs: dict[str, list[Process]] = {}
+    lone: list[Process] = []
+    for p in processes:
+        if p.lone:
+            lone.append(p)
+        else:
+            jobs.setdefault(p.job_key, []).append(p)
+    return jobs, lone
 
 
 def _apply_watch(processes: Sequence[Process], groups: list[Group], all_threads: bool) -> None:
@@ -312,28 +397,20 @@ def _apply_watch(processes: Sequence[Process], groups: list[Group], all_threads:
             g.state = states.pop() if len(states) == 1 else "mixed"
 
 
-def analyze(collection: Collection, *, all_threads: bool = False) -> Report:
-    """Group the ranks and name the odd ones out."""
-    procs = sorted(collection.processes,
-                   key=lambda p: (p.rank if p.rank is not None else 1 << 62, p.host, p.pid))
-    errors = list(collection.errors)
+def _order(p: Process) -> tuple[int, str, int]:
+    return (p.rank if p.rank is not None else 1 << 62, p.host, p.pid)
+
+
+def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
+                watch: float | None = None, answered: frozenset[str] = frozenset()) -> Job:
+    """One job's groups, suspects and verdict (see mldebug.hang.rules)."""
+    from mldebug.hang import rules
+
+    procs = sorted(procs, key=_order)
     world, missing, expected = missing_ranks(procs)
-    hints: list[str] = []
-    run_ids = {p.run_id for p in procs if p.run_id}
-    if len(run_ids) > 1:
-        hints.append(f"found ranks of {len(run_ids)} different jobs (run ids "
-                     f"{', '.join(sorted(run_ids))}); narrow with --pid or --pattern")
-    if not procs:
-        return Report([], [], [], [], {}, errors,
-                      "No rank processes were found"
-                      + (" (see errors)." if errors else ": is the job running on these hosts? "
-                         "Use --pid or --pattern if its processes carry no RANK variable."),
-                      "no-processes", None, hints, collection.watch)
     groups = group_processes(procs, all_threads)
-    if collection.watch is not None:
+    if watch is not None:
         _apply_watch(procs, groups, all_threads)
-    by_key = {(p.host, p.pid): p for p in procs}
-    reason_for: dict[int, str] = {}
     # A "place" is where a rank is, for the verdict: the collective and the user call site.
     # Groups whose stacks differ only inside torch (rank 0 hosting the store during init,
     # say) are in the same place.
@@ -341,89 +418,102 @@ def analyze(collection: Collection, *, all_threads: bool = False) -> Report:
     for i, g in enumerate(groups):
         place_of[(g.collective, g.where, g.locals_key)].append(i)
     places = sorted(place_of.values(), key=lambda idx: -sum(len(groups[i].pids) for i in idx))
-    in_coll = [idx for idx in places if groups[idx[0]].collective]
-    out_coll = [idx for idx in places if not groups[idx[0]].collective]
-    kind = "suspects"
-    verdict = ""
-    if len(places) == 1:
-        g = groups[places[0][0]]
-        kind = "same-place"
-        verdict = (f"All {len(procs)} ranks are in the same place: {_place(g)}. "
-                   "No odd one out in the Python stacks.")
-        if g.collective and not missing:
-            hints.append("every rank waits in the same collective: the cause is likely below "
-                         "Python (NCCL, network, a GPU) or ranks in different iterations of a "
-                         "loop - try --locals, 'mldebug env' on the nodes, and 'mldebug fr "
-                         "trigger' + 'mldebug fr analyze' for the flight recorder")
-    elif in_coll and out_coll:
-        wait_desc = "; ".join(
-            f"{_place_ranks(groups, idx)} {_verb(groups, idx)} {_place(groups[idx[0]])}"
-            for idx in in_coll[:3])
-        for idx in out_coll:
-            for i in idx:
-                reason_for[i] = f"not in any collective (at {groups[i].where}) while {wait_desc}"
-    elif missing and not out_coll:
-        kind = "same-place"  # ranks wait in different collectives, but some never arrived
-        verdict = ("The ranks present wait in collectives: "
-                   + "; ".join(f"{_place_ranks(groups, idx)} {_place(groups[idx[0]])}"
-                               for idx in places[:4]) + ".")
-    else:
-        sizes = [sum(len(groups[i].pids) for i in idx) for idx in places]
-        if sizes[0] == sizes[1]:
-            kind = "ambiguous"
-            verdict = ("No majority: the ranks split into equal groups in different places - "
-                       + "; ".join(f"{_place_ranks(groups, idx)} {_place(groups[idx[0]])}"
-                                   for idx in places[:4])
-                       + ". One side issued a call the other did not.")
-            hints.append("the flight recorder shows which collective each rank issued last: "
-                         "'mldebug fr trigger' then 'mldebug fr analyze'")
-        else:
-            ref_idx = places[0]
-            ref = groups[ref_idx[0]]
-            ref_txt = _place_ranks(groups, ref_idx)
-            for idx in places[1:]:
-                for i in idx:
-                    g = groups[i]
-                    reason_for[i] = (f"{_place(g)} while the majority ({ref_txt}) "
-                                     f"{'wait' if ref.collective else 'are'} {_place(ref)}"
-                                     + _loop_note(g, ref))
-    suspects = _suspects_from(groups, by_key, reason_for)
-    if collection.watch is not None:
-        moving = [s for s in suspects if _state_of(groups, s) == "moving"]
-        if moving and len(moving) == len(suspects):
-            hints.append("the suspects' stacks changed between the two dumps: they are slow, "
-                         "not stuck")
-        if all(g.state == "moving" for g in groups):
-            hints.append(f"every rank's stack changed within {collection.watch:g}s: the job is "
-                         "making progress (slow, not hung)")
-    if not verdict and suspects:
-        names = ", ".join(s_label(s) for s in suspects[:8]) + (" ..." if len(suspects) > 8 else "")
-        first = suspects[0]
-        verdict = f"Suspect{'s' if len(suspects) > 1 else ''}: {names} - {first.reason}."
+    sit = rules.Situation(procs, groups, places, world, missing, expected, answered, watch,
+                          all_threads)
+    v = rules.verdict(sit)
+    by_key = {(p.host, p.pid): p for p in procs}
+    suspects = []
+    for gi, reason in v.reasons.items():
+        g = groups[gi]
+        for host, pid in g.pids:
+            p = by_key[(host, pid)]
+            suspects.append(Suspect(rank=p.rank, host=host, pid=pid, reason=reason,
+                                    call_site=call_site(g.frames), job=key))
+    suspects.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host, s.pid))
+    sit.suspects = suspects
+    text, kind = v.text, v.kind
+    if not text and suspects:
+        names = ", ".join(s_label(s) for s in suspects[:8])
+        more = f" and {len(suspects) - 8} more" if len(suspects) > 8 else ""
+        text = (f"Suspect{'s' if len(suspects) > 1 else ''}: {names}{more} - "
+                f"{suspects[0].reason}.")
     if missing:
-        miss = fold_ints(missing)
-        where_txt = ""
+        miss = fold_ranks(missing)
         hosts = sorted({expected[r] for r in missing if r in expected})
-        if hosts:
-            where_txt = f" (expected on {', '.join(hosts)})"
-        verdict = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
-                   f"{'are' if len(missing) > 1 else 'is'} missing{where_txt}: it may have "
-                   "crashed or never started, and the others may be waiting for it. " + verdict)
-        hints.append("check the missing ranks' logs and the kernel log (dmesg) for OOM kills")
-        if kind == "same-place":
-            kind = "suspects"
-    return Report(
-        processes=procs, groups=groups, suspects=suspects, missing_ranks=missing,
-        missing_hosts=expected, errors=errors, verdict=verdict, verdict_kind=kind,
-        world_size=world, hints=hints, watch=collection.watch,
-    )
+        where_txt = f" (expected on {collapse(hosts)})" if hosts else ""
+        text = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
+                f"{'are' if len(missing) > 1 else 'is'} missing{where_txt}: it may have "
+                "crashed or never started, and the others may be waiting for it. " + text)
+        if kind is VerdictKind.SAME_PLACE:
+            kind = VerdictKind.SUSPECTS
+    suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
+    verdict = Finding(kind.severity, text.strip(), "", rules.FIXES[kind], kind.value,
+                      rules._hosts(suspect_hosts))
+    launcher = _most_common_str(p.job_launcher or p.launcher for p in procs)
+    return Job(key=key, launcher=launcher, processes=procs, groups=groups, suspects=suspects,
+               missing_ranks=missing, missing_hosts=expected, world_size=world,
+               verdict=verdict, kind=kind, findings=[verdict, *rules.hints(sit)])
 
 
-def _state_of(groups: Sequence[Group], s: Suspect) -> str | None:
-    for g in groups:
-        if (s.host, s.pid) in g.pids:
-            return g.state
-    return None
+def _most_common_str(values: Iterable[str | None]) -> str | None:
+    counts = Counter(v for v in values if v)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def analyze(collection: Collection, *, all_threads: bool = False,
+            job: str | None = None) -> Report:
+    """Split the processes into jobs, then group each job's ranks and name the odd ones out.
+
+    ``job``: analyse only the job with this key (``--job``).
+    """
+    from mldebug.hang import rules
+
+    jobs_procs, lone = split_jobs(collection.processes)
+    if job is not None:
+        jobs_procs = {k: v for k, v in jobs_procs.items() if k == job}
+        lone = []
+    answered = frozenset(p.host for p in collection.processes)
+    asked = set(collection.hosts)
+    errors = list(collection.errors)
+    no_answer = {e.host for e in errors if e.pid is None}
+    dead = sorted(h for h in asked if h in no_answer and h not in answered)
+    jobs = [analyze_job(k, v, all_threads=all_threads, watch=collection.watch,
+                        answered=answered | (asked - no_answer))
+            for k, v in jobs_procs.items()]
+    jobs.sort(key=lambda j: (-len(j.processes), j.key))
+    findings: list[Finding] = []
+    if not jobs:
+        kind = VerdictKind.NO_PROCESSES
+        if job is not None:
+            title = f"No job with key {job!r} among the processes found."
+        else:
+            title = ("No rank processes were found"
+                     + (" (see errors)." if errors else ": is the job running on these hosts? "
+                        "Use --pid or --pattern if its processes carry no RANK variable."))
+        findings.append(Finding(kind.severity, title, "", rules.FIXES[kind], kind.value))
+    elif len(jobs) > 1:
+        keys = ", ".join(j.key or "(unnamed)" for j in jobs[:6])
+        findings.append(Finding(
+            Severity.WARNING, f"{len(jobs)} jobs found: {keys}. Each is analysed alone.",
+            "Ranks of different jobs are never grouped together; each job has its own verdict.",
+            "Narrow to one job with --job KEY (or --pid LAUNCHER_PID).", "jobs"))
+    for j in jobs:
+        findings.extend(j.findings)
+    if lone:
+        findings.append(Finding(
+            Severity.INFO, f"{len(lone)} process{'es' if len(lone) != 1 else ''} carry a rank "
+            "variable but belong to no job; not analysed as ranks.",
+            ", ".join(p.label + f" ({proc_label(p.host, p.pid)})" for p in lone[:6]),
+            "If they are ranks, select them with --pid or --pattern.", "lone-processes",
+            rules._hosts({p.host for p in lone})))
+    if dead:
+        findings.append(Finding(
+            Severity.WARNING, f"{len(dead)} node{'s' if len(dead) != 1 else ''} did not answer: "
+            f"{collapse(dead)}.", "Their ranks, if any, are not in this report.",
+            "See the errors below for why; retry those nodes with --nodes.",
+            "dead-nodes", (collapse(dead),)))
+    return Report(jobs=jobs, errors=errors, lone=sorted(lone, key=_order), findings=findings,
+                  watch=collection.watch, dead_hosts=dead)
 
 
 def s_label(s: Suspect) -> str:

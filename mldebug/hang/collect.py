@@ -18,6 +18,7 @@ from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 
 NODE_MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node")
 DUMP_FORMAT = "mldebug.hang.dump/1"
+MAX_DUMP_BYTES = 64 << 20  # one process's dump; anything bigger is not one
 
 
 @dataclass
@@ -33,7 +34,7 @@ class CollectOptions:
     py_spy: str | None = None
     timeout: float = 20.0
     watch: float = 0.0
-    jobs: int = 16
+    jobs: int = 0  # dumps at once on a node; 0: that node's CPU count (node.dump_jobs)
 
     def node_args(self) -> list[str]:
         args = ["--timeout", f"{self.timeout:g}", "--jobs", str(self.jobs)]
@@ -60,7 +61,10 @@ class CollectOptions:
 def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 10.0,
               fanout: int = 64, remote_python: str | None = None, ssh_args: str | None = None,
               on_result: Callable[[NodeResult], None] | None = None) -> list[NodeResult]:
-    """One JSON document per node (or an error saying why there is none)."""
+    """One JSON document per node (or an error saying why there is none).
+
+    The only place hang fans out: the fan-out redesign adapts this one call.
+    """
     if target.is_local:
         from mldebug.hang import node
 
@@ -75,56 +79,185 @@ def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 
     )
 
 
+def _opt_int(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{v!r} is not an integer")
+    return v
+
+
+def _opt_str(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ValueError(f"{v!r} is not a string")
+    return v
+
+
 def process_from_node(host: str, p: dict[str, Any]) -> Process:
+    """A Process from one entry of a node document; ValueError when it is malformed."""
+    if not isinstance(p, dict):
+        raise ValueError("a process entry is not an object")
     ident = p.get("identity") or {}
-    known: dict[str, Any] = {k: ident.get(k) for k in IDENTITY_FIELDS}
-    proc = Process(host=host, pid=int(p["pid"]), cmdline=list(p.get("cmdline") or []), **known)
-    if p.get("dump") is not None:
-        proc.threads = threads_from_json(p["dump"])
-    if p.get("dump_later") is not None:
-        proc.threads_later = threads_from_json(p["dump_later"])
+    if not isinstance(ident, dict):
+        raise ValueError("'identity' is not an object")
+    known: dict[str, Any] = {}
+    for k in IDENTITY_FIELDS:
+        v = ident.get(k)
+        known[k] = _opt_str(v) if k in ("launcher", "run_id") else _opt_int(v)
+    pid = _opt_int(p.get("pid"))
+    if pid is None:
+        raise ValueError("a process has no pid")
+    cmdline = p.get("cmdline") or []
+    if not isinstance(cmdline, list):
+        raise ValueError("'cmdline' is not a list")
+    job = p.get("job") or {}
+    if not isinstance(job, dict):
+        raise ValueError("'job' is not an object")
+    proc = Process(host=host, pid=pid, cmdline=[str(c) for c in cmdline], **known,
+                   job=_opt_str(job.get("key")), job_launcher=_opt_str(job.get("launcher")),
+                   lone=bool(job.get("lone")))
+    for key, attr in (("dump", "threads"), ("dump_later", "threads_later")):
+        data = p.get(key)
+        if data is None:
+            continue
+        if not isinstance(data, list):
+            raise ValueError(f"'{key}' is not a py-spy thread list")
+        setattr(proc, attr, threads_from_json(data))
+    for w in p.get("workers") or ():
+        if isinstance(w, dict) and w.get("dump") is not None:
+            proc.workers.append(process_from_node(host, w))
     return proc
+
+
+def add_node_result(coll: Collection, r: NodeResult) -> None:
+    """Fold one node's answer into the collection; a malformed document becomes that node's
+    error with the reason, and the other nodes are unaffected."""
+    if r.data is None:
+        coll.errors.append(CollectError(r.host, None, r.error or "no answer"))
+        return
+    doc = r.data
+    if not isinstance(doc, dict) or not isinstance(doc.get("processes"), list):
+        coll.errors.append(CollectError(r.host, None, "answered something that is not a "
+                                                      "collector document"))
+        return
+    host = doc.get("host") or r.host
+    if not isinstance(host, str):
+        host = r.host
+    procs: list[Process] = []
+    errors: list[CollectError] = []
+    try:
+        for e in doc.get("errors") or ():
+            errors.append(CollectError(host, _opt_int(e.get("pid")), str(e.get("error"))))
+        for p in doc["processes"]:
+            if p.get("error"):
+                errors.append(CollectError(host, _opt_int(p.get("pid")), str(p["error"])))
+            if p.get("dump") is None:
+                continue
+            procs.append(process_from_node(host, p))
+    except (AttributeError, TypeError, ValueError, RecursionError) as e:
+        coll.errors.append(CollectError(r.host, None, f"answered a malformed collector document "
+                                                      f"({type(e).__name__}: {e})"[:300]))
+        return
+    coll.errors.extend(errors)
+    coll.processes.extend(procs)
 
 
 def collection_from_results(results: Sequence[NodeResult], watch: float | None = None) -> Collection:
     coll = Collection(hosts=[r.host for r in results], watch=watch or None)
     for r in results:
-        if r.data is None:
-            coll.errors.append(CollectError(r.host, None, r.error or "no answer"))
-            continue
-        doc = r.data
-        if not isinstance(doc, dict) or "processes" not in doc:
-            coll.errors.append(CollectError(r.host, None, "answered something that is not a "
-                                                          "collector document"))
-            continue
-        host = str(doc.get("host") or r.host)
-        for e in doc.get("errors") or ():
-            coll.errors.append(CollectError(host, e.get("pid"), str(e.get("error"))))
-        for p in doc["processes"]:
-            if p.get("error"):
-                coll.errors.append(CollectError(host, int(p["pid"]), str(p["error"])))
-            if p.get("dump") is None:
-                continue
-            coll.processes.append(process_from_node(host, p))
+        add_node_result(coll, r)
     return coll
 
 
+def collect(opts: CollectOptions, target: Target, fanout_kw: dict[str, Any], *,
+            progress: bool = False, docs: Callable[..., list[NodeResult]] | None = None,
+            ) -> tuple[list[NodeResult], Collection]:
+    """Collect from every node of ``target``; with ``progress``, nodes answered / total on
+    stderr (a terminal only) while they answer. ``docs``: another way to get the node
+    documents with ``node_docs``'s signature (the ranks dumping themselves on a signal)."""
+    node_docs_fn = docs or node_docs
+    if target.is_local or not progress:
+        results = node_docs_fn(opts, target, **fanout_kw)
+    else:
+        from mldebug.render import console
+
+        total = len(target.hosts) or "?"
+        answered = 0
+        with console(stderr=True).status(f"collecting stacks: 0/{total} nodes answered") as st:
+            def on_result(_: NodeResult) -> None:
+                nonlocal answered
+                answered += 1
+                st.update(f"collecting stacks: {answered}/{total} nodes answered")
+
+            results = node_docs_fn(opts, target, **fanout_kw, on_result=on_result)
+    return results, collection_from_results(results, watch=opts.watch or None)
+
+
+def slurm_scope_note(env: dict[str, str] | None = None) -> str | None:
+    """Inside a SLURM allocation a plain run sees this node only: say so, with the command
+    for every node of the job."""
+    e = os.environ if env is None else env
+    job = e.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    nodes = e.get("SLURM_JOB_NODELIST") or e.get("SLURM_NODELIST") or "?"
+    return (f"mldebug hang: inside SLURM job {job} ({nodes}) this looks at this node only; "
+            f"for every node of the job: mldebug hang --slurm-job {job}")
+
+
 # -- save / load -------------------------------------------------------------------------
+OUT_MARKER = ".mldebug-hang"
+
+
+def prepare_out(out: Path, *, force: bool) -> None:
+    """Make ``out`` an empty directory for this run: a reused one is refused, or with
+    ``force`` replaced as a whole when mldebug wrote it (a marker inside) - never mixed."""
+    import shutil
+
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a symbolic link.", "Pass a real directory path.")
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a directory.",
+                             "Pass a new directory name.")
+        if any(out.iterdir()):
+            if not force:
+                raise UsageError(f"--out {out} already holds files; old dumps would mix with "
+                                 "the new ones.", "Pass a new directory, or --force to replace "
+                                 "a directory an earlier 'mldebug hang --out' wrote.")
+            if not (out / OUT_MARKER).is_file():
+                raise UsageError(f"--out {out} was not written by mldebug hang (no "
+                                 f"{OUT_MARKER} inside); --force replaces only those.",
+                                 "Pass a new directory.")
+            cwd = Path.cwd().resolve()
+            real = out.resolve()
+            if real in (cwd, *cwd.parents, Path("/"), Path.home().resolve()):
+                raise UsageError(f"--out {out} is the current directory or above it.",
+                                 "Pass a new directory.")
+            shutil.rmtree(real)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / OUT_MARKER).write_text("written by mldebug hang --out; --force may replace this "
+                                  "directory\n")
+
+
 def save(out: Path, results: Sequence[NodeResult], report_dict: dict[str, Any],
          report_text: str) -> list[Path]:
-    """Write raw per-process py-spy dumps and the report under ``out``."""
+    """Write raw per-process py-spy dumps and the report under ``out`` (see prepare_out)."""
     dumps = out / "dumps"
     dumps.mkdir(parents=True, exist_ok=True)
     written = []
     for r in results:
-        if r.data is None:
+        if not isinstance(r.data, dict):
             continue
         host = str(r.data.get("host") or r.host)
         for p in r.data.get("processes") or ():
-            if p.get("dump") is None:
+            if not isinstance(p, dict) or p.get("dump") is None:
                 continue
-            rank = (p.get("identity") or {}).get("rank")
-            name = f"{host}-rank{rank}-{p['pid']}.json" if rank is not None else f"{host}-{p['pid']}.json"
+            ident = p.get("identity")
+            rank = ident.get("rank") if isinstance(ident, dict) else None
+            name = f"{host}-rank{rank}-{p.get('pid')}.json" if rank is not None else f"{host}-{p.get('pid')}.json"
             path = dumps / name
             path.write_text(json.dumps({"format": DUMP_FORMAT, "host": host, **p}, indent=1))
             written.append(path)
@@ -139,8 +272,9 @@ def _expand_inputs(paths: Iterable[str]) -> list[Path]:
         p = Path(raw)
         if p.is_dir():
             sub = p / "dumps" if (p / "dumps").is_dir() else p
-            found = sorted(f for f in sub.iterdir() if f.is_file() and f.name not in
-                           ("report.json", "report.txt"))
+            found = sorted((f for f in sub.iterdir() if f.name not in
+                            ("report.json", "report.txt", OUT_MARKER) and f.is_file()),
+                           key=lambda f: f.name)
             if not found:
                 raise UsageError(f"{p} holds no dump files.",
                                  "Pass a directory written by 'mldebug hang --out DIR', or files.")
@@ -153,30 +287,59 @@ def _expand_inputs(paths: Iterable[str]) -> list[Path]:
 
 
 def load(paths: Iterable[str]) -> Collection:
-    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, or py-spy text."""
+    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, or py-spy text.
+
+    The garbage collector is paused meanwhile: loading builds millions of objects and none
+    is garbage, so its passes only cost time (superlinear in the number of ranks)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(paths)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(paths: Iterable[str]) -> Collection:
     coll = Collection()
     watch = False
     for f in _expand_inputs(paths):
-        text = f.read_text(errors="replace")
-        stripped = text.lstrip()
-        if stripped.startswith(("{", "[")):
+        try:
+            with open(f, "rb") as fh:
+                raw = fh.read(MAX_DUMP_BYTES + 1)
+        except OSError as e:
+            coll.errors.append(CollectError(f.name, None, f"unreadable: {e.strerror}"))
+            continue
+        if len(raw) > MAX_DUMP_BYTES:
+            coll.errors.append(CollectError(f.name, None, f"larger than {MAX_DUMP_BYTES >> 20} MiB:"
+                                                          " not a stack dump; skipped"))
+            continue
+        if raw.lstrip()[:1] in (b"{", b"["):
             try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                coll.errors.append(CollectError(f.name, None, f"unreadable JSON: {e.msg}"))
+                data = json.loads(raw)
+            except (ValueError, RecursionError) as e:
+                coll.errors.append(CollectError(f.name, None, f"unreadable JSON: {e}"[:200]))
                 continue
             if isinstance(data, dict) and data.get("format") == DUMP_FORMAT:
-                proc = process_from_node(str(data.get("host", "?")), data)
+                try:
+                    proc = process_from_node(str(data.get("host", "?")), data)
+                except (AttributeError, TypeError, ValueError) as e:
+                    coll.errors.append(CollectError(f.name, None, f"malformed dump: {e}"))
+                    continue
                 watch = watch or proc.threads_later is not None
                 coll.processes.append(proc)
             elif isinstance(data, list):  # plain py-spy --json
-                pid = _pid_from(data, f)
-                coll.processes.append(Process(host=_host_from(f), pid=pid,
-                                              threads=threads_from_json(data)))
+                try:
+                    coll.processes.append(Process(host="", pid=_pid_from(data, f),
+                                                  threads=threads_from_json(data)))
+                except (AttributeError, TypeError, ValueError) as e:
+                    coll.errors.append(CollectError(f.name, None, f"malformed py-spy JSON: {e}"))
             else:
                 coll.errors.append(CollectError(f.name, None, "not a py-spy or mldebug dump"))
         else:
-            procs = parse_text_dump(text, default_host=_host_from(f))
+            procs = parse_text_dump(raw.decode(errors="replace"), default_host="")
             if not procs:
                 coll.errors.append(CollectError(f.name, None, "no py-spy dump found in the file"))
             coll.processes.extend(procs)
@@ -191,11 +354,6 @@ def _pid_from(data: list[Any], f: Path) -> int:
             return int(t["pid"])
     digits = "".join(c for c in f.stem if c.isdigit())
     return int(digits) if digits else 0
-
-
-def _host_from(f: Path) -> str:
-    """Text and raw py-spy dumps carry no host; pdsh prefixes (parsed later) override this."""
-    return ""
 
 
 def options_from_args(args: argparse.Namespace) -> CollectOptions:
@@ -216,7 +374,5 @@ def options_from_args(args: argparse.Namespace) -> CollectOptions:
         slurm_job=args.slurm_job,
         native=args.native, nonblocking=args.nonblocking, locals=args.locals,
         py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
-        # py-spy --native is CPU-heavy and degrades when oversubscribed: one per CPU; plain
-        # dumps mostly wait on the target, so several per CPU
-        jobs=max(2, min(64, (os.cpu_count() or 2) * (1 if args.native else 4))),
+        jobs=0,  # each node sizes its dump concurrency from its own CPUs (node.dump_jobs)
     )

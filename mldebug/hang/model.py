@@ -1,15 +1,20 @@
-"""Plain data for hang analysis: processes, threads, frames, and the resulting report."""
+"""Plain data for hang analysis: processes, threads, frames, jobs and the resulting report."""
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mldebug.dist import Identity
+from mldebug.findings import Finding, Severity, findings_to_json
 
 
 @dataclass(frozen=True)
-class Frame:
+class StackFrame:
+    """One frame of a py-spy stack (innermost first in a thread)."""
+
     name: str
     filename: str
     line: int
@@ -35,7 +40,7 @@ class Thread:
     os_thread_id: int | None = None
     active: bool | None = None
     owns_gil: bool | None = None
-    frames: list[Frame] = field(default_factory=list)  # innermost first
+    frames: list[StackFrame] = field(default_factory=list)  # innermost first
 
 
 # What a Process knows of its place in the job: mldebug.dist.Identity's fields (host aside),
@@ -57,13 +62,40 @@ class Process:
     cmdline: list[str] = field(default_factory=list)
     threads: list[Thread] = field(default_factory=list)
     threads_later: list[Thread] | None = None  # second dump with --watch
+    # The job this process belongs to, as the node saw it (mldebug.hang.node.job_of); None
+    # for pasted or old dumps, which then fall back to the run id.
+    job: str | None = None
+    job_launcher: str | None = None  # "torchrun", "deepspeed", "srun", ... when known
+    lone: bool = False  # carries a rank variable but no job is around it
+    workers: list[Process] = field(default_factory=list)  # its DataLoader workers, dumped too
 
     @property
     def label(self) -> str:
         return f"rank {self.rank}" if self.rank is not None else proc_label(self.host, self.pid)
 
+    @property
+    def job_key(self) -> str:
+        """The key grouping processes into jobs ('' when nothing tells jobs apart)."""
+        if self.job:
+            return self.job
+        return f"run:{self.run_id}" if self.run_id else ""
+
     def main_thread(self) -> Thread | None:
         return main_thread(self.threads, self.pid)
+
+
+def fold_ranks(ranks: Iterable[int], limit: int = 12) -> str:
+    """Ranks folded into ranges (``0-3,7``), at most ``limit`` ranges then "and N more"."""
+    from mldebug.render import fold_ints
+
+    values = sorted(set(ranks))
+    parts = fold_ints(values).split(",") if values else []
+    if len(parts) <= limit:
+        return ",".join(parts)
+    shown = parts[:limit]
+    n_shown = sum(int(p.split("-")[1]) - int(p.split("-")[0]) + 1 if "-" in p else 1
+                  for p in shown)
+    return ",".join(shown) + f" and {len(values) - n_shown} more"
 
 
 def proc_label(host: str, pid: int) -> str:
@@ -95,6 +127,25 @@ class Collection:
     watch: float | None = None
 
 
+class VerdictKind(str, enum.Enum):
+    """What a job's verdict says; the verdict finding's ``code`` is the value."""
+
+    SUSPECTS = "suspects"
+    SAME_PLACE = "same-place"
+    AMBIGUOUS = "ambiguous"
+    NO_PROCESSES = "no-processes"
+
+    @property
+    def severity(self) -> Severity:
+        """Suspects named (or nothing found) is an error; no odd one out is a warning."""
+        bad = self in (VerdictKind.SUSPECTS, VerdictKind.NO_PROCESSES)
+        return Severity.ERROR if bad else Severity.WARNING
+
+    @property
+    def style(self) -> str:
+        return self.severity.style
+
+
 @dataclass
 class Group:
     ranks: list[int]
@@ -102,9 +153,11 @@ class Group:
     hosts: list[str]
     where: str  # innermost user frame, e.g. "buggy (collective_mismatch.py:31)"
     collective: str | None
-    frames: list[Frame]
+    frames: list[StackFrame]
     state: str | None = None  # "stuck", "moving", "mixed" with --watch
     locals_key: tuple[tuple[str, str], ...] = ()
+    wait: str | None = None  # what the innermost frame that matters waits in ("queue.get")
+    wait_at: str | None = None  # that frame's location
 
 
 @dataclass(frozen=True)
@@ -114,41 +167,141 @@ class Suspect:
     pid: int
     reason: str
     call_site: str | None = None
+    job: str = ""
 
 
 @dataclass
-class Report:
+class Job:
+    """One job's processes and its own verdict: jobs are never analysed together."""
+
+    key: str
+    launcher: str | None
     processes: list[Process]
     groups: list[Group]
     suspects: list[Suspect]
     missing_ranks: list[int]
     missing_hosts: dict[int, str]  # missing rank -> host that should have had it
-    errors: list[CollectError]
-    verdict: str
-    verdict_kind: str  # "suspects" | "same-place" | "no-processes" | "ambiguous"
     world_size: int | None
-    hints: list[str] = field(default_factory=list)
+    verdict: Finding
+    kind: VerdictKind
+    findings: list[Finding] = field(default_factory=list)  # verdict first, then hints
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted({p.host for p in self.processes})
+
+
+@dataclass
+class Report:
+    jobs: list[Job]
+    errors: list[CollectError]
+    lone: list[Process] = field(default_factory=list)  # a rank variable but no job
+    findings: list[Finding] = field(default_factory=list)  # every job's, then the report's
     watch: float | None = None
+    dead_hosts: list[str] = field(default_factory=list)  # asked, never answered
+
+    # The single-job view most callers (and the first schema) use; with several jobs the
+    # first job's verdict leads and processes/suspects are every job's.
+    @property
+    def processes(self) -> list[Process]:
+        return [p for j in self.jobs for p in j.processes]
+
+    @property
+    def groups(self) -> list[Group]:
+        return [g for j in self.jobs for g in j.groups]
+
+    @property
+    def suspects(self) -> list[Suspect]:
+        return [s for j in self.jobs for s in j.suspects]
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        return self.jobs[0].missing_ranks if len(self.jobs) == 1 else []
+
+    @property
+    def missing_hosts(self) -> dict[int, str]:
+        return self.jobs[0].missing_hosts if len(self.jobs) == 1 else {}
+
+    @property
+    def world_size(self) -> int | None:
+        return self.jobs[0].world_size if len(self.jobs) == 1 else None
+
+    @property
+    def verdict_finding(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def verdict(self) -> str:
+        return self.verdict_finding.title
+
+    @property
+    def verdict_kind(self) -> str:
+        return self.jobs[0].kind.value if len(self.jobs) == 1 else self.verdict_finding.code
+        # (no jobs: "no-processes"; several: "jobs")
+
+    @property
+    def hints(self) -> list[Finding]:
+        return self.findings[1:]
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document (docs/hang.md, "JSON"): each distinct stack is written
+        once under ``stacks`` and threads and groups refer to it by index."""
+        stacks = StackTable()
+        jobs = []
+        for j in self.jobs:
+            jobs.append({
+                "key": j.key, "launcher": j.launcher, "world_size": j.world_size,
+                "hosts": j.hosts, "ranks": len(j.processes),
+                "verdict": {"kind": j.kind.value, **j.verdict.to_dict()},
+                "suspects": [asdict(s) for s in j.suspects],
+                "missing_ranks": j.missing_ranks,
+                "missing": [{"rank": r, "expected_host": j.missing_hosts.get(r)}
+                            for r in j.missing_ranks],
+                "findings": findings_to_json(j.findings),
+            })
         return {
-            "schema": "mldebug.hang/1",
-            "verdict": {"kind": self.verdict_kind, "summary": self.verdict},
+            "schema": "mldebug.hang/2",
+            "verdict": {"kind": self.verdict_kind, "summary": self.verdict,
+                        "code": self.verdict_finding.code},
             "world_size": self.world_size,
             "watch_seconds": self.watch,
-            "processes": [process_to_dict(p) for p in self.processes],
-            "groups": [group_to_dict(g) for g in self.groups],
+            "jobs": jobs,
+            "findings": findings_to_json(self.findings),
             "suspects": [asdict(s) for s in self.suspects],
             "missing_ranks": self.missing_ranks,
-            "missing": [
-                {"rank": r, "expected_host": self.missing_hosts.get(r)} for r in self.missing_ranks
-            ],
+            "missing": [{"rank": r, "expected_host": self.missing_hosts.get(r)}
+                        for r in self.missing_ranks],
+            "groups": [group_to_dict(g, stacks, j.key) for j in self.jobs for g in j.groups],
+            "processes": [process_to_dict(p, stacks) for p in self.processes],
+            "lone_processes": [process_to_dict(p, stacks) for p in self.lone],
+            "dead_hosts": self.dead_hosts,
             "errors": [asdict(e) for e in self.errors],
-            "hints": self.hints,
+            "stacks": stacks.rows,
         }
 
 
-def frame_to_dict(f: Frame) -> dict[str, Any]:
+class StackTable:
+    """Distinct stacks, each kept once; a stack's index is how the JSON refers to it."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[dict[str, Any]]] = []
+        self._index: dict[tuple[StackFrame, ...], int] = {}
+        self._by_list: dict[int, tuple[list[StackFrame], int]] = {}  # ranks share lists
+
+    def ref(self, frames: list[StackFrame]) -> int:
+        seen = self._by_list.get(id(frames))
+        if seen is not None and seen[0] is frames:
+            return seen[1]
+        key = tuple(frames)
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self.rows)
+            self.rows.append([frame_to_dict(f) for f in frames])
+        self._by_list[id(frames)] = (frames, i)
+        return i
+
+
+def frame_to_dict(f: StackFrame) -> dict[str, Any]:
     d: dict[str, Any] = {
         "name": f.name, "filename": f.filename, "short_filename": f.short, "line": f.line,
         "native": f.native,
@@ -158,32 +311,37 @@ def frame_to_dict(f: Frame) -> dict[str, Any]:
     return d
 
 
-def thread_to_dict(t: Thread) -> dict[str, Any]:
+def thread_to_dict(t: Thread, stacks: StackTable) -> dict[str, Any]:
     return {
         "name": t.name, "thread_id": t.thread_id, "os_thread_id": t.os_thread_id,
-        "active": t.active, "owns_gil": t.owns_gil,
-        "frames": [frame_to_dict(f) for f in t.frames],
+        "active": t.active, "owns_gil": t.owns_gil, "stack": stacks.ref(t.frames),
     }
 
 
-def process_to_dict(p: Process) -> dict[str, Any]:
+def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
     d: dict[str, Any] = {
         "host": p.host, "pid": p.pid, **{k: getattr(p, k) for k in IDENTITY_FIELDS},
-        "cmdline": p.cmdline, "threads": [thread_to_dict(t) for t in p.threads],
+        "job": p.job_key, "cmdline": p.cmdline,
+        "threads": [thread_to_dict(t, stacks) for t in p.threads],
     }
     if p.threads_later is not None:
-        d["threads_later"] = [thread_to_dict(t) for t in p.threads_later]
+        d["threads_later"] = [thread_to_dict(t, stacks) for t in p.threads_later]
+    if p.workers:
+        d["workers"] = [process_to_dict(w, stacks) for w in p.workers]
     return d
 
 
-def group_to_dict(g: Group) -> dict[str, Any]:
+def group_to_dict(g: Group, stacks: StackTable, job: str) -> dict[str, Any]:
     return {
+        "job": job,
         "ranks": g.ranks,
         "processes": [{"host": h, "pid": pid} for h, pid in g.pids],
         "hosts": g.hosts,
         "where": g.where,
         "collective": g.collective,
+        "wait": g.wait,
+        "wait_at": g.wait_at,
         "state": g.state,
         "locals": {k: v for k, v in g.locals_key} if g.locals_key else None,
-        "frames": [frame_to_dict(f) for f in g.frames],
+        "stack": stacks.ref(g.frames),
     }

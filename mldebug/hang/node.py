@@ -73,6 +73,73 @@ def is_python(info: dict[str, Any]) -> bool:
     return any(n.startswith(("python", "pypy")) for n in names)
 
 
+# Process names of launchers: the job a rank belongs to when its environment says nothing.
+LAUNCHER_NAMES = {
+    "torchrun": "torchrun", "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torchrun", "deepspeed": "deepspeed",
+    "deepspeed.launcher.launch": "deepspeed", "accelerate": "accelerate",
+    "accelerate.commands.launch": "accelerate", "mpirun": "mpirun", "mpiexec": "mpirun",
+    "orted": "mpirun", "prted": "mpirun", "hydra_pmi_proxy": "mpirun", "srun": "srun",
+    "slurmstepd": "srun",
+}
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "0.0.0.0")  # this node only: key by host too
+
+
+def is_mldebug(info: dict[str, Any]) -> bool:
+    """mldebug itself (the CLI, ``python -m mldebug``, this node script, bin/mldebug-collect):
+    never a rank, whatever its environment or command line says."""
+    argv = info["cmdline"][:4]
+    for i, a in enumerate(argv):
+        base = os.path.basename(a)
+        if base in ("mldebug", "mldebug-collect") or "<mldebug-node>" in a:
+            return True
+        if a == "-m" and i + 1 < len(argv) and argv[i + 1].split(".")[0] == "mldebug":
+            return True
+    return False
+
+
+def launcher_of(info: dict[str, Any]) -> str | None:
+    """The launcher a process is, by its name or command line ("torchrun", "mpirun", ...)."""
+    names = [info["comm"]] + [os.path.basename(a) for a in info["cmdline"][:4]]
+    for i, a in enumerate(info["cmdline"][:4]):
+        if a == "-m" and i + 1 < len(info["cmdline"]):
+            names.append(info["cmdline"][i + 1])
+    for n in names:
+        if n in LAUNCHER_NAMES:
+            return LAUNCHER_NAMES[n]
+    return None
+
+
+def job_of(env: dict[str, str], host: str, launcher: tuple[int, str] | None) -> dict[str, Any]:
+    """The job a rank belongs to: a key every rank of one job shares across nodes.
+
+    In order: torchrun/elastic run id, SLURM job + step, MPI job id, MASTER_ADDR:MASTER_PORT
+    (qualified by host when it is a loopback address), the launcher process on this node.
+    No key: a process with a rank variable and nothing around it (``lone``).
+    """
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    master = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    name = launcher[1] if launcher else None
+    if run_id and run_id not in ("none", "default"):
+        key = f"run:{run_id}"
+    elif env.get("SLURM_JOB_ID"):
+        key = f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '?')}"
+        name = name or "srun"
+    elif env.get("OMPI_COMM_WORLD_SIZE") and env.get("OMPI_MCA_orte_hnp_uri"):
+        key = f"mpi:{env['OMPI_MCA_orte_hnp_uri'].split(';')[0]}"
+    elif env.get("PMI_JOBID") or env.get("PMIX_NAMESPACE"):
+        key = f"mpi:{env.get('PMI_JOBID') or env.get('PMIX_NAMESPACE')}"
+    elif master[0] and master[1]:
+        addr = master[0]
+        key = f"master:{host}/{addr}:{master[1]}" if addr in _LOOPBACK \
+            else f"master:{addr}:{master[1]}"
+    elif launcher:
+        key = f"launcher:{host}:{launcher[0]}"
+    else:
+        return {"key": None, "launcher": None, "lone": True}
+    return {"key": key, "launcher": name, "lone": False}
+
+
 def _ancestors(pid: int, procs: dict[int, dict[str, Any]]) -> list[int]:
     out = []
     seen = set()
@@ -98,12 +165,18 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
     errors: list[dict[str, Any]] = []
     me = os.getpid()
     mine = {me, *_ancestors(me, procs)}
+    mine |= {p for p, info in procs.items() if is_mldebug(info)}
     cands: dict[int, dict[str, Any]] = {}
     rx = re.compile(pattern) if pattern else None
     scope: set[int] | None = None
     if pid is not None:
         if pid not in procs:
             return [], [{"pid": pid, "error": f"no process {pid} on this node"}]
+        if uid is not None and procs[pid]["uid"] != uid:
+            return [], [{"pid": pid, "error": (
+                f"process {pid} belongs to uid {procs[pid]['uid']}, outside this run's "
+                f"selection (uid {uid}): only root may dump another user's processes; run as "
+                "root or as that user")}]
         scope = {pid} | {p for p in procs if pid in _ancestors(p, procs)}
     for p, info in procs.items():
         if p in mine or info["state"] in ("Z", "X"):
@@ -128,7 +201,12 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         has_rank = any(v in env for v in RANK_VARS)
         if not has_rank and rx is None and p != pid:
             continue
-        cands[p] = dict(info, identity=ident.to_dict(), has_rank=has_rank)
+        launcher = next(((a, name) for a in _ancestors(p, procs)
+                         if a in procs and (name := launcher_of(procs[a]))), None)
+        job = job_of(env, host or "", launcher)
+        if not has_rank:
+            job["lone"] = False  # chosen by --pid/--pattern: analysed as the user asked
+        cands[p] = dict(info, identity=ident.to_dict(), has_rank=has_rank, job=job)
     # drop launchers wrapping rank-carrying workers of another kind, and inherited copies
     drop = set()
     for p, info in cands.items():
@@ -140,12 +218,15 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
                     pi["launcher"], pi["rank"], pi["run_id"])
                 if same and pi["rank"] is not None:
                     drop.add(p)  # a child that inherited its parent's rank (DataLoader worker)
+                    cands[a].setdefault("workers", []).append(info)
                 elif pi["rank"] is not None:
                     drop.add(a)  # a launcher above real workers
     if pid is not None and pid in cands and len(cands) > 1 and pid not in drop:
         if cands[pid]["identity"]["rank"] is None:
             drop.add(pid)  # --pid named the launcher: its ranks are the targets
     targets = [info for p, info in sorted(cands.items()) if p not in drop]
+    for t in targets:  # only direct workers of a kept rank stay attached to it
+        t["workers"] = [w for w in t.get("workers", ()) if w["ppid"] == t["pid"]]
     return targets, errors
 
 
@@ -170,11 +251,38 @@ def find_py_spy(explicit: str | None) -> str | None:
     return shutil.which("py-spy")
 
 
-def explain_pyspy_error(pid: int, stderr: str, rc: int) -> str:
+def proc_status(pid: int) -> dict[str, str]:
+    """State and TracerPid (and the rest) of /proc/PID/status; empty when unreadable."""
+    out = {}
+    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+        k, _, v = line.partition(":")
+        out[k] = v.strip()
+    return out
+
+
+def explain_pyspy_error(pid: int, stderr: str, rc: int,
+                        status: dict[str, str] | None = None, euid: int | None = None) -> str:
+    """One line saying why py-spy failed on ``pid`` and what to do: a stopped or already
+    traced process is named as such, never as "ptrace denied, run as root" to root."""
     low = stderr.lower()
     if not os.path.exists(f"/proc/{pid}"):
         return f"process {pid} exited during the dump"
     if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
+        st = proc_status(pid) if status is None else status
+        tracer = st.get("TracerPid", "0")
+        if tracer not in ("", "0"):
+            comm = (_read(f"/proc/{tracer}/comm") or "?").strip()
+            return (f"py-spy could not attach to pid {pid}: it is already traced by pid "
+                    f"{tracer} ({comm}), a debugger or another py-spy. Detach that tracer "
+                    "(quit gdb/pdb, let the other dump finish) and run again.")
+        if st.get("State", "").startswith(("T", "t")):
+            return (f"py-spy could not attach to pid {pid}: the process is stopped (State "
+                    f"{st['State']}), by SIGSTOP or a job-control stop. Resume it with "
+                    f"kill -CONT {pid} if you stopped it, then run again.")
+        if (os.geteuid() if euid is None else euid) == 0:
+            return (f"py-spy could not attach to pid {pid} although running as root "
+                    f"({stderr.strip()[:160]}). Containers: --cap-add=SYS_PTRACE, or a "
+                    "seccomp/LSM profile that blocks ptrace.")
         return f"py-spy could not attach to pid {pid} (ptrace denied). {PTRACE_FIX}"
     if "no such process" in low:
         return f"process {pid} exited during the dump"
@@ -210,9 +318,25 @@ def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals:
     return data, None
 
 
+def dump_jobs(opts: argparse.Namespace) -> int:
+    """Dumps at once on this node: --jobs, or from this node's own CPUs (py-spy --native is
+    CPU-heavy, one per CPU; plain dumps mostly wait on the target, several per CPU)."""
+    if opts.jobs > 0:
+        return int(opts.jobs)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 2
+    return max(2, min(64, cpus * (1 if opts.native else 4)))
+
+
 def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespace,
              key: str) -> None:
     def one(info: dict[str, Any]) -> None:
+        for w in info.get("workers", ()) if key == "dump" else ():
+            w["dump"], w["error"] = dump(w["pid"], py_spy, native=opts.native,
+                                         nonblocking=opts.nonblocking, with_locals=False,
+                                         timeout=opts.timeout)
         data, err = dump(info["pid"], py_spy, native=opts.native, nonblocking=opts.nonblocking,
                          with_locals=opts.locals, timeout=opts.timeout)
         info[key] = data
@@ -234,7 +358,7 @@ def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespac
             one(info)
 
     threads = [threading.Thread(target=worker, daemon=True)
-               for _ in range(min(len(targets), max(1, opts.jobs)))]
+               for _ in range(min(len(targets), dump_jobs(opts)))]
     for t in threads:
         t.start()
     for t in threads:
@@ -274,8 +398,11 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
     for t in targets:
         doc["processes"].append({
             "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
-            "identity": t["identity"], "dump": t.get("dump"),
+            "identity": t["identity"], "job": t.get("job"), "dump": t.get("dump"),
             "dump_later": t.get("dump_later"), "error": t.get("error"),
+            "workers": [{"pid": w["pid"], "ppid": w["ppid"], "cmdline": w["cmdline"],
+                         "identity": w["identity"], "dump": w.get("dump"),
+                         "error": w.get("error")} for w in t.get("workers", ())],
         })
     doc["seconds"] = round(time.monotonic() - start, 3)
     return doc
@@ -296,7 +423,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--py-spy", help="py-spy binary (default: beside python, then PATH)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds per py-spy dump")
     p.add_argument("--watch", type=float, default=0.0, help="dump again after this many seconds")
-    p.add_argument("--jobs", type=int, default=16, help="dumps in parallel")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="dumps in parallel (default 0: from this node's CPU count)")
     p.add_argument("--pretty", action="store_true", help="indented JSON without the marker")
     return p
 

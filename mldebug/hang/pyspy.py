@@ -8,10 +8,30 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mldebug.hang.model import Frame, Process, Thread
+from mldebug.hang.model import Process, StackFrame, Thread
+
+# Frames and stacks repeat across ranks: each distinct one is built once and shared (a
+# 16,384-rank set holds a few dozen distinct stacks). Bounded: past the cap, no sharing.
+_FRAMES: dict[tuple[Any, ...], StackFrame] = {}
+_STACKS: dict[tuple[int, ...], list[StackFrame]] = {}
+_CAP = 1 << 18
 
 
-def frame_from_json(f: dict[str, Any]) -> Frame:
+def frame_from_json(f: dict[str, Any]) -> StackFrame:
+    """One py-spy JSON frame; frames without locals are shared (see _FRAMES)."""
+    if not f.get("locals"):
+        key = (f.get("name"), f.get("filename"), f.get("line"), f.get("short_filename"),
+               f.get("module"))
+        hit = _FRAMES.get(key)
+        if hit is None:
+            hit = _build_frame(f)
+            if len(_FRAMES) < _CAP:
+                _FRAMES[key] = hit
+        return hit
+    return _build_frame(f)
+
+
+def _build_frame(f: dict[str, Any]) -> StackFrame:
     filename = str(f.get("filename") or "")
     module = f.get("module")
     line = int(f.get("line") or 0)
@@ -20,7 +40,7 @@ def frame_from_json(f: dict[str, Any]) -> Frame:
     for loc in f.get("locals") or ():
         if isinstance(loc, dict) and "name" in loc:
             local_items.append((str(loc["name"]), str(loc.get("repr", ""))))
-    return Frame(
+    return StackFrame(
         name=str(f.get("name") or "?"),
         filename=filename,
         line=line,
@@ -40,14 +60,26 @@ def threads_from_json(data: list[dict[str, Any]]) -> list[Thread]:
             os_thread_id=t.get("os_thread_id"),
             active=t.get("active"),
             owns_gil=t.get("owns_gil"),
-            frames=[frame_from_json(f) for f in t.get("frames") or ()],
+            frames=_shared_stack([frame_from_json(f) for f in t.get("frames") or ()]),
         ))
     return threads
 
 
+def _shared_stack(frames: list[StackFrame]) -> list[StackFrame]:
+    """The one list object for this sequence of shared frames (identity is equality for
+    frames from _FRAMES, which the cache keeps alive); read-only by convention."""
+    key = tuple(map(id, frames))
+    hit = _STACKS.get(key)
+    if hit is None:
+        hit = frames
+        if len(_STACKS) < _CAP:
+            _STACKS[key] = frames
+    return hit
+
+
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)$")
 _THREAD = re.compile(
-    r"^Thread (?P<tid>0x[0-9A-Fa-f]+|\d+) \((?P<state>[^)]*)\)(?:: \"(?P<name>.*)\")?\s*$"
+    r"^Thread (?:(?P<tid>0x[0-9A-Fa-f]+|\d+) )?\((?P<state>[^)]*)\)(?:: \"(?P<name>.*)\")?\s*$"
 )
 _PY_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)\s*$")
 _NATIVE_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^():]+)\)\s*$")
@@ -58,13 +90,17 @@ _PDSH_PREFIX = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+): (?P<rest>.*)$")
 def parse_text_dump(text: str, default_host: str = "?") -> list[Process]:
     """Parse one or more ``py-spy dump`` text outputs (also with pdsh ``host:`` prefixes).
 
-    The book's recipes (``pgrep ... | xargs py-spy dump``, pdsh, srun) produce exactly this.
-    Ranks are unknown in plain text, so processes are labelled host:pid.
+    ``pgrep ... | xargs py-spy dump``, pdsh and srun produce exactly this. Ranks are unknown
+    in plain text, so processes are labelled host:pid. Pastes often lose the ``Process N:``
+    lines: then each ``MainThread`` header (or the first thread of a host) starts a new
+    process, numbered by the pid in the header when it is decimal (py-spy prints the OS
+    thread id, which is the pid for the main thread), else by order.
     """
     procs: list[Process] = []
     current: Process | None = None
     thread: Thread | None = None
     in_locals = False
+    headed = False  # the current process came with a "Process N:" line
     for raw in text.splitlines():
         host = default_host
         line = raw.rstrip()
@@ -77,16 +113,21 @@ def parse_text_dump(text: str, default_host: str = "?") -> list[Process]:
         if pm := _PROCESS.match(line):
             current = Process(host=host, pid=int(pm["pid"]), cmdline=pm["cmd"].split())
             procs.append(current)
+            headed = True
             thread = None
             continue
         if line.startswith("Python v"):
             continue
         if tm := _THREAD.match(line):
-            if current is None:  # a dump without its "Process" header
-                tid = tm["tid"]
-                current = Process(host=host, pid=int(tid) if tid.isdigit() else 0)
+            is_main = tm["name"] == "MainThread"
+            if current is None or (not headed and (current.host != host or (
+                    is_main and any(t.name == "MainThread" for t in current.threads)))):
+                tid = tm["tid"] or ""  # a dump without its "Process" header
+                current = Process(host=host, pid=int(tid) if tid.isdigit() and is_main
+                                  else len(procs) + 1)
                 procs.append(current)
-            tid_s = tm["tid"]
+                headed = False
+            tid_s = tm["tid"] or "0"
             tid = int(tid_s, 16) if tid_s.startswith("0x") else int(tid_s)
             thread = Thread(
                 name=tm["name"] or "", thread_id=tid,
@@ -105,13 +146,13 @@ def parse_text_dump(text: str, default_host: str = "?") -> list[Process]:
             continue
         if in_locals and (lm := _LOCAL.match(line)) and thread.frames:
             last = thread.frames[-1]
-            thread.frames[-1] = Frame(last.name, last.filename, last.line, last.short,
+            thread.frames[-1] = StackFrame(last.name, last.filename, last.line, last.short,
                                       last.native, (*last.locals, (lm["name"], lm["repr"])))
             continue
         if fm := _PY_FRAME.match(line):
             in_locals = False
-            thread.frames.append(Frame(fm["name"], fm["file"], int(fm["line"]), fm["file"]))
+            thread.frames.append(StackFrame(fm["name"], fm["file"], int(fm["line"]), fm["file"]))
         elif nm := _NATIVE_FRAME.match(line):
             in_locals = False
-            thread.frames.append(Frame(nm["name"], nm["file"], 0, nm["file"], native=True))
+            thread.frames.append(StackFrame(nm["name"], nm["file"], 0, nm["file"], native=True))
     return procs

@@ -1,0 +1,50 @@
+"""``mldebug hang --fr``: the flight recorder of the same ranks beside the stacks.
+
+Triggers a flight-recorder dump on every rank that called ``mldebug.fr.enable()``, analyses
+the dumps across ranks, and renders that analysis after the hang report.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mldebug.fanout import Target
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+@dataclass
+class FlightRecord:
+    doc: dict[str, Any]  # the trigger result (and the analysis) for --json
+    analysis: Any = None  # mldebug.fr.analyze's result, None when no rank answered
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.doc
+
+
+def collect(target: Target, out: Path | None, timeout: float, fanout_kw: dict[str, Any], *,
+            fr_dir: str | None = None, pids: list[int] | None = None) -> FlightRecord:
+    """Trigger the flight recorders of the job's rank processes (``pids``) on the same nodes -
+    in ``fr_dir`` and in every directory their environments name - and analyse the dumps."""
+    from mldebug.fr.collect import for_hang
+
+    where = out / "fr" if out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
+    doc, analysis = for_hang(target, where, timeout, fr_dir, pids, **fanout_kw)
+    return FlightRecord(doc, analysis)
+
+
+def render(record: FlightRecord, console: Console) -> None:
+    doc = record.doc
+    console.print()
+    console.print(f"Flight recorder: {len(doc['files'])} dump(s) in {doc['out_dir']}/",
+                  soft_wrap=True)
+    if record.analysis is None:
+        console.print(f"  {doc.get('hint')}", soft_wrap=True)
+        return
+    from mldebug.fr.report import render as fr_render
+
+    fr_render(record.analysis, console)

@@ -1,0 +1,359 @@
+"""Verdict and hint rules of one job: small pure functions over a ``Situation``.
+
+``VERDICT_RULES`` is tried in order and the first rule that returns a ``Verdict`` wins (add a
+rule by writing one function and listing it). ``HINT_RULES`` all run; each returns findings,
+every one with a fix. Nothing here reads processes or files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mldebug.findings import Finding, Severity
+from mldebug.hang.analyze import user_frames
+from mldebug.hang.model import Group, Process, Suspect, VerdictKind, fold_ranks, proc_label
+from mldebug.hosts import collapse
+
+
+@dataclass
+class Situation:
+    """One job, grouped: what every rule looks at."""
+
+    procs: list[Process]
+    groups: list[Group]
+    places: list[list[int]]  # indices into groups that stand at one place, biggest first
+    world: int | None
+    missing: list[int]
+    expected: dict[int, str]  # missing rank -> host it should be on
+    answered_hosts: frozenset[str] = frozenset()  # hosts that answered (node up)
+    watch: float | None = None
+    all_threads: bool = False
+    suspects: list[Suspect] = field(default_factory=list)  # filled after the verdict
+
+    def size(self, idx: list[int]) -> int:
+        return sum(len(self.groups[i].pids) for i in idx)
+
+    @property
+    def in_coll(self) -> list[list[int]]:
+        return [idx for idx in self.places if self.groups[idx[0]].collective]
+
+    @property
+    def out_coll(self) -> list[list[int]]:
+        return [idx for idx in self.places if not self.groups[idx[0]].collective]
+
+
+@dataclass
+class Verdict:
+    kind: VerdictKind
+    text: str = ""  # empty: the suspects' names and the first reason make the text
+    reasons: dict[int, str] = field(default_factory=dict)  # group index -> why it is suspect
+
+
+# -- wording -------------------------------------------------------------------------------
+def ranks_text(groups: list[Group], idx: list[int], limit: int = 8) -> str:
+    """'ranks 0-3,7' when every process has a rank, else the first host:pid labels."""
+    ranks = [r for i in idx for r in groups[i].ranks]
+    pids = [hp for i in idx for hp in groups[i].pids]
+    if ranks and len(ranks) == len(pids):
+        return ("rank " if len(ranks) == 1 else "ranks ") + fold_ranks(ranks)
+    more = f" and {len(pids) - limit} more" if len(pids) > limit else ""
+    return ", ".join(proc_label(h, pid) for h, pid in pids[:limit]) + more
+
+
+def place(g: Group) -> str:
+    if g.collective:
+        return f"in {g.collective} at {g.where}"
+    waits = f"; waits in {g.wait_at}" if g.wait_at else ""
+    return f"at {g.where} (not in a collective{waits})"
+
+
+def _verb(s: Situation, idx: list[int]) -> str:
+    return "wait" if s.size(idx) > 1 else "waits"
+
+
+def loop_note(g: Group, ref: Group) -> str:
+    gu, ru = user_frames(g.frames), user_frames(ref.frames)
+    if gu and ru and gu[0].name == ru[0].name and gu[0].display_file == ru[0].display_file:
+        if gu[0].line != ru[0].line:
+            return (" - same function, different line: the ranks are at different points of a "
+                    "loop or branch")
+        if g.locals_key != ref.locals_key and (g.locals_key or ref.locals_key):
+            mine = ", ".join(f"{k}={v}" for k, v in g.locals_key)
+            theirs = ", ".join(f"{k}={v}" for k, v in ref.locals_key)
+            return (f" - same call site, different state ({mine} vs {theirs}): the ranks are in "
+                    "different iterations of the same loop")
+    return ""
+
+
+# -- verdict rules (first match wins) --------------------------------------------------------
+def one_place(s: Situation) -> Verdict | None:
+    if len(s.places) != 1:
+        return None
+    g = s.groups[s.places[0][0]]
+    if len(s.procs) == 1:
+        return Verdict(VerdictKind.SAME_PLACE, f"The only rank process is {place(g)}.")
+    return Verdict(VerdictKind.SAME_PLACE,
+                   f"All {len(s.procs)} ranks are in the same place: {place(g)}. "
+                   "No odd one out in the Python stacks.")
+
+
+def outside_while_others_wait(s: Situation) -> Verdict | None:
+    if not (s.in_coll and s.out_coll):
+        return None
+    wait_desc = "; ".join(f"{ranks_text(s.groups, idx)} {_verb(s, idx)} {place(s.groups[idx[0]])}"
+                          for idx in s.in_coll[:3])
+    reasons = {i: f"not in any collective (at {s.groups[i].where}) while {wait_desc}"
+               for idx in s.out_coll for i in idx}
+    return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
+
+
+def missing_and_all_waiting(s: Situation) -> Verdict | None:
+    if not s.missing or s.out_coll:
+        return None
+    return Verdict(VerdictKind.SAME_PLACE,
+                   "The ranks present wait in collectives: "
+                   + "; ".join(f"{ranks_text(s.groups, idx)} {place(s.groups[idx[0]])}"
+                               for idx in s.places[:4]) + ".")
+
+
+def no_majority(s: Situation) -> Verdict | None:
+    if s.size(s.places[0]) != s.size(s.places[1]):
+        return None
+    return Verdict(VerdictKind.AMBIGUOUS,
+                   "No majority: the ranks split into equal groups in different places - "
+                   + "; ".join(f"{ranks_text(s.groups, idx)} {place(s.groups[idx[0]])}"
+                               for idx in s.places[:4])
+                   + ". One side issued a call the other did not.")
+
+
+def minority(s: Situation) -> Verdict | None:
+    ref_idx = s.places[0]
+    ref = s.groups[ref_idx[0]]
+    ref_txt = ranks_text(s.groups, ref_idx)
+    reasons = {}
+    for idx in s.places[1:]:
+        for i in idx:
+            g = s.groups[i]
+            reasons[i] = (f"{place(g)} while the majority ({ref_txt}) "
+                          f"{'wait' if ref.collective else 'are'} {place(ref)}"
+                          + loop_note(g, ref))
+    return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
+
+
+VERDICT_RULES: list[Callable[[Situation], Verdict | None]] = [
+    one_place, outside_while_others_wait, missing_and_all_waiting, no_majority, minority,
+]
+
+
+def verdict(s: Situation) -> Verdict:
+    for rule in VERDICT_RULES:
+        v = rule(s)
+        if v is not None:
+            return v
+    raise AssertionError("minority() always answers")  # pragma: no cover
+
+
+FIXES = {
+    VerdictKind.SUSPECTS: "Look at the suspects' call sites first: the code path that skipped "
+                          "or added a collective, or the work that never finished.",
+    VerdictKind.SAME_PLACE: "The cause is below Python or in the data: see the hints.",
+    VerdictKind.AMBIGUOUS: "Trigger the flight recorder: mldebug fr trigger, then mldebug fr "
+                           "analyze, to see which collective each side issued last.",
+    VerdictKind.NO_PROCESSES: "Check that the job runs on these hosts; select it with --pid or "
+                              "--pattern if its processes carry no RANK variable.",
+}
+
+
+# -- hint rules (every one runs) --------------------------------------------------------------
+def _hosts(hosts: set[str] | list[str]) -> tuple[str, ...]:
+    named = sorted(h for h in hosts if h)
+    return (collapse(named),) if named else ()
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _f(code: str, title: str, detail: str, fix: str, hosts: set[str] | list[str] = (),  # type: ignore[assignment]
+       severity: Severity = Severity.HINT) -> Finding:
+    return Finding(severity, title, detail, fix, code, _hosts(hosts))
+
+
+def below_python(s: Situation) -> list[Finding]:
+    if len(s.places) != 1 or s.missing or not s.groups[0].collective:
+        return []
+    return [_f("below-python", "Every rank waits in the same collective.",
+               "The Python stacks agree, so the cause is likely below Python (NCCL, the "
+               "network, a GPU) or ranks in different iterations of a loop.",
+               "Run again with --locals to compare loop counters, 'mldebug env' on the nodes, "
+               "and 'mldebug fr trigger' + 'mldebug fr analyze' for the flight recorder.",
+               {p.host for p in s.procs})]
+
+
+def no_majority_hint(s: Situation) -> list[Finding]:
+    if len(s.places) < 2 or s.size(s.places[0]) != s.size(s.places[1]):
+        return []
+    return [_f("flight-recorder", "The flight recorder shows which collective each rank issued "
+               "last.", "", "mldebug fr trigger, then mldebug fr analyze")]
+
+
+def missing_hint(s: Situation) -> list[Finding]:
+    """A rank that exited (the others are past start-up) vs one that never started."""
+    if not s.missing:
+        return []
+    miss = fold_ranks(s.missing)
+    hosts = {s.expected[r] for r in s.missing if r in s.expected}
+    up = sorted(h for h in hosts if h in s.answered_hosts)
+    in_init = all(s.groups[i].collective == "init_process_group"
+                  for idx in s.places for i in idx)
+    node = f" Its node answered ({collapse(up)}), so the process is gone, not the node." if up else ""
+    if in_init:
+        return [_f("rank-not-started", f"Rank {miss} never joined: the others still wait in "
+                   "init_process_group.",
+                   "The rank's process is absent while its peers are in start-up: it has not "
+                   "started, crashed before init, or cannot reach MASTER_ADDR." + node,
+                   "Read the launcher's log for that rank; check MASTER_ADDR/MASTER_PORT from "
+                   "its node (mldebug env --check-port).", hosts, Severity.WARNING)]
+    return [_f("rank-exited", f"Rank {miss} exited while the others kept running.",
+               "The others are past start-up, so the rank ran and then ended (crash, OOM "
+               "kill, an early return or exit on one rank)." + node,
+               "Check the rank's log and the kernel log (dmesg) on its node for OOM kills.",
+               hosts, Severity.WARNING)]
+
+
+def watch_hint(s: Situation) -> list[Finding]:
+    if s.watch is None:
+        return []
+    state = {(h, pid): g.state for g in s.groups for h, pid in g.pids}
+    out = []
+    if s.suspects and all(state.get((x.host, x.pid)) == "moving" for x in s.suspects):
+        out.append(_f("suspects-moving", "The suspects' stacks changed between the two dumps: "
+                      "they are slow, not stuck.", "",
+                      "Profile them (py-spy top --pid PID) instead of looking for a deadlock.",
+                      {x.host for x in s.suspects}))
+    if s.groups and all(g.state == "moving" for g in s.groups):
+        out.append(_f("all-moving", f"Every rank's stack changed within {s.watch:g}s: the job "
+                      "is making progress (slow, not hung).", "",
+                      "Raise the timeout or find the slow step with py-spy top."))
+    return out
+
+
+# label -> (title, what it means, fix)
+WAIT_HINTS: dict[str, tuple[str, str, str]] = {
+    "dataloader": (
+        "{who}: waiting for a DataLoader batch ({at}).",
+        "The main thread waits in the DataLoader for its worker processes: a worker died, is "
+        "stuck, or deadlocked (fork after threads, a full /dev/shm).",
+        "Try num_workers=0 to confirm; check free space in /dev/shm (docker: --shm-size); look "
+        "at the workers' stacks below (mldebug dumps the DataLoader workers of each rank)."),
+    "cuda-sync": (
+        "{who}: waiting for the GPU in a CUDA synchronisation ({at}).",
+        "A host-device sync (.item(), .cpu(), torch.cuda.synchronize()) waits for kernels "
+        "queued behind a collective that another rank never joined, or for a stuck kernel.",
+        "Find which collective the GPU stream waits on (mldebug fr trigger + analyze); move "
+        "the .item()/.cpu() after the collective or drop it."),
+    "subprocess": (
+        "{who}: waiting for a child process ({at}).",
+        "subprocess.wait()/communicate() blocks until the child ends.",
+        "Find the child (ps --ppid PID) and why it does not end; pass timeout= to wait()."),
+    "queue": (
+        "{who}: waiting on a queue ({at}).",
+        "queue.get() blocks until a producer thread or process puts an item; the producer "
+        "died or waits itself.",
+        "Dump every thread (--all-threads) to find the producer; use get(timeout=...)."),
+    "thread-join": (
+        "{who}: waiting for a thread to end ({at}).",
+        "Thread.join() blocks until the thread returns.",
+        "Dump every thread (--all-threads) to see what the joined thread does."),
+    "event": (
+        "{who}: waiting on a threading Event or Condition ({at}).",
+        "Event.wait()/Condition.wait() blocks until another thread sets or notifies it.",
+        "Dump every thread (--all-threads) to find who should set it; pass timeout=."),
+    "lock": (
+        "{who}: waiting to acquire a lock ({at}).",
+        "Lock.acquire() blocks until the holder releases it; two threads taking two locks in "
+        "opposite order deadlock.",
+        "Dump every thread (--all-threads) to find the holder; take locks in one order."),
+    "sleep": (
+        "{who}: sleeping ({at}).",
+        "time.sleep() in a rank: a polling loop waiting for a condition that never comes, a "
+        "retry back-off, or a debugging pause left in.",
+        "Look at the loop around the sleep at the call site: what condition is it waiting for?"),
+    "fs-read": (
+        "{who}: waiting in a file read or open ({at}).",
+        "A read/open system call that does not return: usually a network file system (NFS, "
+        "Lustre, GPFS) that is slow or hung on that node.",
+        "Check the mount on that node (df, dmesg for NFS/Lustre errors); stage data on local "
+        "disk."),
+}
+
+
+def wait_hints(s: Situation) -> list[Finding]:
+    """A hint for each kind of wait that is not a collective (see WAIT_HINTS)."""
+    by_label: dict[str, list[int]] = {}
+    for i, g in enumerate(s.groups):
+        if g.wait and not g.collective and g.wait in WAIT_HINTS:
+            by_label.setdefault(g.wait, []).append(i)
+    out = []
+    for label, idx in by_label.items():
+        title, detail, fix = WAIT_HINTS[label]
+        who = _upper_first(ranks_text(s.groups, idx))
+        at = s.groups[idx[0]].wait_at or ""
+        out.append(_f(f"wait-{label}", title.format(who=who, at=at), detail, fix,
+                      {h for i in idx for h in s.groups[i].hosts}))
+    return out
+
+
+def needs_native(s: Situation) -> list[Finding]:
+    """A suspect idle in its own code with nothing below it: the wait is in C."""
+    hits = [i for i, g in enumerate(s.groups) if not g.collective and not g.wait and g.frames
+            and not any(f.native for f in g.frames) and user_frames(g.frames[:1])]
+    if not hits or not s.suspects:
+        return []
+    suspect_keys = {(x.host, x.pid) for x in s.suspects}
+    hits = [i for i in hits if any(hp in suspect_keys for hp in s.groups[i].pids)]
+    if not hits:
+        return []
+    return [_f("run-native", f"{_upper_first(ranks_text(s.groups, hits))}: stopped in user "
+               "code with no Python call below it.",
+               "The call it waits in is written in C (time.sleep, Lock.acquire, a file read, "
+               ".item()): Python-only stacks cannot show it.",
+               "Run again with --native to see the C frames (sleep, lock, read, CUDA sync).",
+               {h for i in hits for h in s.groups[i].hosts})]
+
+
+def thread_deadlock(s: Situation) -> list[Finding]:
+    """Two or more threads of one process each waiting on a lock (--all-threads)."""
+    if not s.all_threads:
+        return []
+    from mldebug.hang.analyze import is_background, wait_of
+
+    stuck: list[Process] = []
+    for p in s.procs:
+        locked = [t for t in p.threads if not is_background(t)
+                  and (w := wait_of(t.frames)) is not None and w[0] == "lock"]
+        if len(locked) >= 2 and not any(t.active for t in p.threads):
+            stuck.append(p)
+    if not stuck:
+        return []
+    who = ", ".join(x.label for x in stuck[:8]) + (f" and {len(stuck) - 8} more" if len(stuck) > 8 else "")
+    return [_f("thread-deadlock", f"Possible deadlock between threads in {who}: two or more "
+               "threads each wait on a lock and no thread runs.",
+               "Two threads that take two locks in opposite order wait for each other forever.",
+               "Read each thread's call site (--all-threads --native --locals shows the locks); "
+               "take locks in one global order or use one lock.",
+               {x.host for x in stuck}, Severity.WARNING)]
+
+
+HINT_RULES: list[Callable[[Situation], list[Finding]]] = [
+    missing_hint, below_python, no_majority_hint, wait_hints, needs_native, thread_deadlock,
+    watch_hint,
+]
+
+
+def hints(s: Situation) -> list[Finding]:
+    out: list[Finding] = []
+    for rule in HINT_RULES:
+        out.extend(rule(s))
+    return out
