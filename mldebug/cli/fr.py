@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
     t.add_argument("--frames", type=int, default=2, metavar="N",
                    help="user frames per call site with --analyze (default: 2)")
-    add_target_arguments(t, default_timeout=30.0)
+    add_target_arguments(t, default_timeout=30.0,
+                         timeout_help="seconds each rank may take to write its dump")
     add_json_argument(t)
     t.set_defaults(_fr=_trigger)
 
@@ -110,15 +111,13 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from mldebug.cli._common import fanout_kwargs, target_from_args
+    from mldebug.cli._common import fanout_options
     from mldebug.fr.collect import trigger
     from mldebug.render import console, print_json
 
-    target = target_from_args(args)
+    target = fanout_options(args)
     out = Path(args.out or f"fr-dumps-{time.strftime('%Y%m%d-%H%M%S')}")
-    kw = fanout_kwargs(args)
-    timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
-    result = trigger(target, out, args.dir, timeout=timeout, **kw)
+    result = trigger(target, out, args.dir)
     analysis = None
     if args.analyze and result.files:
         from mldebug.fr.analyze import analyze

@@ -9,9 +9,9 @@ from pathlib import Path
 from mldebug.cli._common import (
     add_json_argument,
     add_target_arguments,
-    fanout_kwargs,
-    target_from_args,
+    fanout_options,
 )
+from mldebug.fanout import FanoutOptions
 
 HELP = "dump every rank's Python stack (py-spy), group them and name the odd rank out"
 DESCRIPTION = """\
@@ -61,7 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also make every rank that called mldebug.fr.enable() dump its "
                         "flight recorder, and add the cross-rank analysis (docs/fr.md)")
     add_json_argument(a)
-    add_target_arguments(p, default_timeout=20.0)
+    add_target_arguments(p, default_timeout=20.0,
+                         timeout_help="seconds each py-spy dump may take on a node (a node's "
+                                      "whole budget: this, doubled with --watch, plus --watch)")
     sub = p.add_subparsers(dest="hang_action", metavar="[analyze]")
     an = sub.add_parser("analyze", help="re-analyse saved dumps (a --out DIR, py-spy JSON or text)",
                         description="Re-run the analysis on a directory written by --out, on "
@@ -97,18 +99,9 @@ def run(args: argparse.Namespace) -> int:
     )
     from mldebug.hang.report import render, render_text
 
-    target = target_from_args(args)
+    target = fanout_options(args)
     opts = options_from_args(args)
-    kw = fanout_kwargs(args)
-    kw.pop("timeout")
-    if not target.is_local and not args.json and sys.stderr.isatty():
-        from mldebug.render import console
-
-        n = len(target.hosts) or "the job's"
-        with console(stderr=True).status(f"collecting stacks from {n} nodes ..."):
-            results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
-    else:
-        results = node_docs(opts, target, **kw)  # type: ignore[arg-type]
+    results = node_docs(opts, target)
     coll = collection_from_results(results, watch=opts.watch or None)
     report = analyze(coll, all_threads=args.all_threads)
     if args.out:
@@ -116,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         written = save(out, results, report.to_dict(), render_text(report))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
-    fr_doc, fr_analysis = (_flight_recorder(args, target, kw) if args.fr else (None, None))
+    fr_doc, fr_analysis = (_flight_recorder(args, target) if args.fr else (None, None))
     if args.json:
         doc = report.to_dict()
         if args.fr:
@@ -129,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.processes else 1
 
 
-def _flight_recorder(args: argparse.Namespace, target: object,
-                     kw: dict[str, object]) -> tuple[dict[str, object], object]:
+def _flight_recorder(args: argparse.Namespace,
+                     target: FanoutOptions) -> tuple[dict[str, object], object]:
     """Trigger flight-recorder dumps on the same nodes and analyse them across ranks."""
     import tempfile
 
@@ -139,7 +132,7 @@ def _flight_recorder(args: argparse.Namespace, target: object,
     from mldebug.fr.loader import load_files
 
     out = Path(args.out) / "fr" if args.out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
-    result = trigger(target, out, None, timeout=args.timeout, **kw)
+    result = trigger(target, out, None)
     doc: dict[str, object] = result.to_dict()
     analysis = None
     if result.files:

@@ -9,12 +9,14 @@ nodes never collide; the rank is also inside each dump.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mldebug.fanout import FanoutOptions
 from mldebug.fr import node as node_script
 
 
@@ -91,24 +93,40 @@ def trigger_local_report(out_dir: str | Path, timeout: float = 30.0,
     return save_node_doc(str(doc.get("host", "localhost")), doc, out)
 
 
-def trigger(target: Any, out_dir: str | Path, dump_dir: str | Path | None = None,
-            timeout: float = 30.0, **fanout_kwargs: Any) -> TriggerResult:
-    """Trigger every rank on every node of ``target`` (a mldebug.fanout.Target)."""
+@dataclass
+class NodeArgs:
+    """The arguments of ``mldebug/fr/node.py`` (``mldebug.fanout.to_argv`` makes its argv)."""
+
+    timeout: float
+    dir: str | None = None
+
+
+NODE_MODULES = ("mldebug.nodekit", "mldebug.fr.node")
+NODE_SCHEMA = {"host": str, "ranks": list}
+
+
+def trigger(target: FanoutOptions, out_dir: str | Path,
+            dump_dir: str | Path | None = None) -> TriggerResult:
+    """Trigger every rank on every node of ``target``; ``target.timeout`` bounds the ranks'
+    answers on each node."""
     from mldebug import fanout
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    args = ["--timeout", str(timeout)]
-    if dump_dir is not None:
-        args += ["--dir", str(dump_dir)]
+    timeout = target.timeout
     if target.is_local:
         return TriggerResult(out, [trigger_local_report(out, timeout, dump_dir)])
-    results = fanout.run_script(Path(node_script.__file__), args, target,
-                                timeout=timeout + 10, **fanout_kwargs)
+    job = fanout.NodeJob(NODE_MODULES, NodeArgs(timeout, None if dump_dir is None else str(dump_dir)),
+                         NODE_SCHEMA)
+    results = fanout.run(job, dataclasses.replace(target, timeout=timeout + 10))
     nodes = []
     for res in results:
         if res.data is None:
             nodes.append(NodeOutcome(res.host, errors=[f"node: {res.error}"]))
         else:
-            nodes.append(save_node_doc(res.host, res.data, out))
+            try:
+                nodes.append(save_node_doc(res.host, res.data, out))
+            except (AttributeError, KeyError, TypeError, ValueError) as e:
+                nodes.append(NodeOutcome(res.host, errors=[
+                    f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
     return TriggerResult(out, nodes)

@@ -23,13 +23,13 @@ import errno
 import glob
 import json
 import os
-import socket
 import sys
 import time
 import zlib
 from typing import Any
 
-MARKER = "MLDEBUG-JSON "
+from mldebug.nodekit import ArgumentParser, emit, short_hostname
+
 REGISTRY_PREFIX = ".mldebug-fr-"
 
 
@@ -87,7 +87,7 @@ def _encode(path: str) -> tuple[str | None, str | None, int]:
 
 
 def trigger(dump_dir: str, timeout: float, include_data: bool = True) -> dict[str, Any]:
-    host = socket.gethostname().split(".")[0]
+    host = short_hostname()
     out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
     if not os.path.isdir(dump_dir):
         out["notes"].append(f"{dump_dir} does not exist on {host}: no rank called "
@@ -185,16 +185,13 @@ def _native(dump_dir: str, deadline: float, include_data: bool, out: dict[str, A
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="mldebug-fr-node")
+    p = ArgumentParser(prog="mldebug-fr-node")
     p.add_argument("--dir", default=None)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--no-data", action="store_true")
     a = p.parse_args(argv)
     doc = trigger(a.dir or default_dir(), a.timeout, include_data=not a.no_data)
-    sys.stdout.write(MARKER + json.dumps(doc, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    emit(doc)
     return 0
 
 

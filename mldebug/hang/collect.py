@@ -4,19 +4,21 @@ answers into model objects, and save/load them for later analysis."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mldebug.errors import UsageError
-from mldebug.fanout import NodeResult, Target, bundle, run_script
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnNode, run, to_argv
 from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 
-NODE_MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node")
+NODE_SCHEMA = {"host": str, "processes": list}
 DUMP_FORMAT = "mldebug.hang.dump/1"
 
 
@@ -36,30 +38,11 @@ class CollectOptions:
     jobs: int = 16
 
     def node_args(self) -> list[str]:
-        args = ["--timeout", f"{self.timeout:g}", "--jobs", str(self.jobs)]
-        if self.pid is not None:
-            args += ["--pid", str(self.pid)]
-        if self.pattern:
-            args += ["--pattern", self.pattern]
-        if self.all_users:
-            args.append("--all-users")
-        if self.user:
-            args += ["--user", self.user]
-        if self.slurm_job:
-            args += ["--slurm-job", self.slurm_job]
-        for flag in ("native", "nonblocking", "locals"):
-            if getattr(self, flag):
-                args.append(f"--{flag}")
-        if self.py_spy:
-            args += ["--py-spy", self.py_spy]
-        if self.watch:
-            args += ["--watch", f"{self.watch:g}"]
-        return args
+        return to_argv(self)
 
 
-def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 10.0,
-              fanout: int = 64, remote_python: str | None = None, ssh_args: str | None = None,
-              on_result: Callable[[NodeResult], None] | None = None) -> list[NodeResult]:
+def node_docs(opts: CollectOptions, target: FanoutOptions,
+              on_node: OnNode | None = None) -> list[NodeResult]:
     """One JSON document per node (or an error saying why there is none)."""
     if target.is_local:
         from mldebug.hang import node
@@ -68,11 +51,8 @@ def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 
         return [NodeResult(doc["host"], data=doc)]
     # The node budget: two rounds of dumps (with --watch) plus the pause between them.
     node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
-    return run_script(
-        bundle(NODE_MODULES, "mldebug.hang.node"), opts.node_args(), target,
-        timeout=node_timeout, connect_timeout=connect_timeout, fanout=fanout,
-        remote_python=remote_python, ssh_args=ssh_args, on_result=on_result,
-    )
+    return run(NodeJob(NODE_MODULES, opts, NODE_SCHEMA),
+               dataclasses.replace(target, timeout=node_timeout), on_node)
 
 
 def process_from_node(host: str, p: dict[str, Any]) -> Process:
@@ -98,14 +78,21 @@ def collection_from_results(results: Sequence[NodeResult], watch: float | None =
                                                           "collector document"))
             continue
         host = str(doc.get("host") or r.host)
-        for e in doc.get("errors") or ():
-            coll.errors.append(CollectError(host, e.get("pid"), str(e.get("error"))))
-        for p in doc["processes"]:
-            if p.get("error"):
-                coll.errors.append(CollectError(host, int(p["pid"]), str(p["error"])))
-            if p.get("dump") is None:
-                continue
-            coll.processes.append(process_from_node(host, p))
+        try:  # a node's document is outside data: a wrongly typed one costs only that node
+            errors = [CollectError(host, e.get("pid"), str(e.get("error")))
+                      for e in doc.get("errors") or ()]
+            procs = []
+            for p in doc["processes"]:
+                if p.get("error"):
+                    errors.append(CollectError(host, int(p["pid"]), str(p["error"])))
+                if p.get("dump") is not None:
+                    procs.append(process_from_node(host, p))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            coll.errors.append(CollectError(r.host, None, "answered a wrongly typed document "
+                                                          f"({type(e).__name__}: {e})"))
+            continue
+        coll.errors.extend(errors)
+        coll.processes.extend(procs)
     return coll
 
 
