@@ -69,9 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         description="Re-run the analysis on a directory written by --out, on "
                                     "'py-spy dump --json' files, or on plain 'py-spy dump' text "
                                     "(pdsh 'host:' prefixes are understood).")
-    an.add_argument("paths", nargs="+", metavar="DIR|FILE")
-    an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze")
-    an.add_argument("--json", action="store_true", dest="json_analyze")
+    an.add_argument("paths", nargs="+", metavar="DIR|FILE",
+                    help="a directory written by --out, or py-spy dump files (JSON or text)")
+    an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze",
+                    help="group by every thread's stack, not only the main thread's")
+    an.add_argument("--json", action="store_true", dest="json_analyze",
+                    help="print the whole report as JSON (schema in docs/)")
 
 
 def run(args: argparse.Namespace) -> int:
