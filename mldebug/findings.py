@@ -83,6 +83,13 @@ def findings_to_json(findings: Iterable[Finding]) -> list[dict[str, Any]]:
     return [f.to_dict() for f in sort_findings(findings)]
 
 
+def fold_hosts(hosts: Iterable[str]) -> str:
+    """Host names folded with the hostlist library (``node[1-64]``), never listed one by one."""
+    from mldebug.hosts import collapse
+
+    return collapse(list(hosts))
+
+
 def render_findings(
     findings: Sequence[Finding], console: Console, *, empty: str = "No problems found."
 ) -> None:
@@ -98,7 +105,7 @@ def render_findings(
         head.append(" ")
         head.append(f.title, style="bold")
         if f.hosts:
-            head.append(f"  [{', '.join(f.hosts)}]", style="dim")
+            head.append(f"  [{fold_hosts(f.hosts)}]", style="dim")
         console.print(head)
         if f.detail:
             for line in f.detail.splitlines():
