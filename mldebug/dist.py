@@ -2,7 +2,7 @@
 
 Works on the current process (``identity()``) and on another process through
 ``/proc/PID/environ`` (``identity_of_pid()``), which is how hang collection labels ranks.
-Stdlib only: ``bin/mldebug-collect`` embeds this logic on nodes without mldebug.
+Stdlib only: the fan-out bundles it with the hang node script for nodes without mldebug.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ import io
 import json
 import os
 import pickle
-import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.fr.model import DumpSet, Entry, Frame, LoadProblem, PgStatus, RankDump, Timeline
+from mldebug.names import trailing_number
 
 # Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
 _ALLOWED_GLOBALS = {
@@ -54,7 +54,6 @@ def safe_loads(data: bytes) -> Any:
     return _Restricted(io.BytesIO(data)).load()
 
 
-_TRAILING_NUM = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 
 # Fields that decide whether two ranks recorded the same timeline (time stamps, record and
 # thread ids are excluded: they differ between ranks that did the same thing).
@@ -209,9 +208,9 @@ def _rank_of(doc: dict[str, Any], name: str) -> tuple[int | None, str]:
     for value in (doc.get("rank"), meta.get("rank") if isinstance(meta, dict) else None):
         if isinstance(value, int):
             return value, "content"
-    m = _TRAILING_NUM.search(os.path.basename(name))
-    if m:
-        return int(m.group(1)), "filename"
+    number = trailing_number(name)
+    if number is not None:
+        return number, "filename"
     return None, ""
 
 

@@ -16,6 +16,7 @@ from mldebug.errors import UsageError
 from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnNode, run, to_argv
 from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
+from mldebug.names import trailing_number
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node")
 NODE_SCHEMA = {"host": str, "processes": list}
@@ -176,8 +177,7 @@ def _pid_from(data: list[Any], f: Path) -> int:
     for t in data:
         if isinstance(t, dict) and t.get("pid"):
             return int(t["pid"])
-    digits = "".join(c for c in f.stem if c.isdigit())
-    return int(digits) if digits else 0
+    return trailing_number(f.name) or 0
 
 
 def _host_from(f: Path) -> str:
