@@ -175,8 +175,9 @@ def _report_bug(e: Exception, debug: bool) -> int:
 
     where = save_traceback(text)
     saved = f"traceback saved in {where}" if where else "the traceback could not be saved"
-    print(f"mldebug: internal error (a bug in mldebug): {type(e).__name__}: {str(e)[:200]} - "
-          f"{saved}; rerun with --debug to see it, and please report it.", file=sys.stderr)
+    sys.stderr.write(f"mldebug: internal error (a bug in mldebug): {type(e).__name__}: "
+                     f"{str(e)[:200]} - {saved}; rerun with --debug to see it, and please "
+                     "report it.\n")
     return 1
 
 
