@@ -160,3 +160,11 @@ def test_every_line_arrives_before_the_reader_returns():
                                        lambda h, ok, s=seen: s.add(h),
                                        program=sys.executable)
         assert len(out) == 512 and seen == hosts and not cut
+
+
+def test_a_slurm_jobs_nodes_come_from_its_node_list(monkeypatch):
+    from mldebug.fanout import slurm_job_hosts
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-03],login1")
+    assert slurm_job_hosts("77") == ["gpu01", "gpu02", "gpu03", "login1"]
