@@ -187,3 +187,13 @@ def test_real_cli_misspelt_command_and_bare_pid():
     assert r.returncode == 2 and "Did you mean 'mldebug hang'?" in r.stderr
     r = run_cli("hang", "999999999", "--json")
     assert r.returncode == 1 and "invalid choice" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_short_flags_users_type_from_habit():
+    p = build_parser()
+    assert p.parse_args(["hang", "-o", "d"]).out == "d"
+    assert p.parse_args(["fr", "trigger", "-o", "d"]).out == "d"
+    assert p.parse_args(["make-tiny", "llama", "-o", "d"]).out == "d"
+    assert p.parse_args(["hang", "-x", "n1", "-w", "n[1-2]"]).exclude == "n1"
+    assert p.parse_args(["dist-test", "--nproc_per_node", "2"]).nproc == 2
+    assert p.parse_args(["dist-test", "--nproc-per-node", "2"]).nproc == 2

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--dir", metavar="DIR",
                    help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
                         "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
-    t.add_argument("--out", metavar="DIR",
+    t.add_argument("--out", "-o", metavar="DIR",
                    help="where to gather the dumps (default: ./fr-dumps-<time>)")
     t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
     t.add_argument("--frames", type=int, default=2, metavar="N",

@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument_group("report")
     a.add_argument("--all-threads", action="store_true",
                    help="group by every thread's stack, not only the main thread's")
-    a.add_argument("--out", metavar="DIR", help="save the raw dumps and the report in DIR")
+    a.add_argument("--out", "-o", metavar="DIR", help="save the raw dumps and the report in DIR")
     a.add_argument("--fr", action="store_true",
                    help="also make every rank that called mldebug.fr.enable() dump its "
                         "flight recorder, and add the cross-rank analysis (docs/fr.md)")
