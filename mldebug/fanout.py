@@ -111,8 +111,9 @@ class FanoutOptions:
 def to_argv(args: Any) -> list[str]:
     """A node's argv from its args dataclass: ``field_name=v`` -> ``--field-name v``.
 
-    ``True`` -> a bare flag; ``False``/``None``/empty -> nothing; a list -> the option repeated;
-    floats are written without trailing zeros.
+    ``True`` -> a bare flag; ``False``/``None``/an empty list/``0.0`` -> nothing (the node's
+    default applies: a zero duration means "off", e.g. hang's ``watch``); a list -> the option
+    repeated; floats are written without trailing zeros.
     """
     argv: list[str] = []
     for f in dataclasses.fields(args):
