@@ -178,9 +178,10 @@ def srun_argv(job: str, command: str, exclude: Sequence[str] = ()) -> list[str]:
     if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job):
         raise UsageError(f"invalid SLURM job id {job!r}.", "Pass the numeric id, e.g. --slurm-job 123456.")
     extra = [f"--exclude={','.join(validate_host(h) for h in exclude)}"] if exclude else []
+    named = f'echo "{_NODE_LINE}${{SLURMD_NODENAME:-$(hostname -s)}}"; {command}'
     return [
         "srun", f"--jobid={job}", "--overlap", "--gres=gpu:0", "--ntasks-per-node=1",
-        "--kill-on-bad-exit=0", "--quiet", *extra, "bash", "-c", command,
+        "--kill-on-bad-exit=0", "--quiet", "--label", *extra, "bash", "-c", named,
     ]
 
 
@@ -445,17 +446,7 @@ def _run_srun(options: FanoutOptions, command: str,
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         r = subprocess.CompletedProcess(argv, 124, out,
                                         f"srun: overall deadline of {deadline:.0f}s reached")
-    results: dict[str, NodeResult] = {}
-    for line in r.stdout.splitlines():
-        if not line.startswith(MARKER):
-            continue
-        try:
-            doc = json.loads(line[len(MARKER):])
-        except (json.JSONDecodeError, ValueError, RecursionError):
-            continue
-        host = str(doc.get("host", "?")) if isinstance(doc, dict) else "?"
-        why = check_document(doc, schema)
-        results[host] = NodeResult(host, error=why) if why else NodeResult(host, data=doc)
+    results = parse_srun_output(r.stdout.splitlines(), schema)
     last = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
     excluded = set(options.exclude)
     for host in slurm_job_hosts(job):
@@ -465,6 +456,53 @@ def _run_srun(options: FanoutOptions, command: str,
         results[f"slurm-job-{job}"] = NodeResult(f"slurm-job-{job}",
                                                  error=f"srun returned no result: {last}")
     return list(results.values())
+
+
+_SRUN_LINE = re.compile(r"^\s*(?P<task>\d+): (?P<rest>.*)$")
+_NODE_LINE = "MLDEBUG-NODE "
+
+
+def parse_srun_output(lines: Sequence[str], schema: Mapping[str, type | tuple[type, ...]],
+                      ) -> dict[str, NodeResult]:
+    """One result per node from ``srun --label`` output (pure; tested on fixtures).
+
+    Each task (one per node) first prints ``MLDEBUG-NODE $SLURMD_NODENAME``, so answers are
+    keyed by SLURM's node names - the names the job's node list uses - even where a node's
+    own host name differs. The answer is a node script's last line, so every later piece of
+    that task (srun cuts long lines into labelled pieces of about 1 KB) belongs to it.
+    """
+    node_of: dict[str, str] = {}
+    answer: dict[str, str] = {}
+    said: dict[str, list[str]] = {}
+    for line in lines:
+        m = _SRUN_LINE.match(line)
+        if m is None:
+            continue
+        task, rest = m["task"], m["rest"]
+        if task in answer:  # srun labels each ~1 KB piece of a long line: join them again
+            answer[task] += rest
+        elif rest.startswith(_NODE_LINE):
+            node_of[task] = rest[len(_NODE_LINE):].strip()
+        elif rest.startswith(MARKER):
+            answer[task] = rest[len(MARKER):]
+        else:
+            said.setdefault(task, []).append(rest)
+    results: dict[str, NodeResult] = {}
+    for task in sorted(set(node_of) | set(answer), key=int):
+        host = node_of.get(task) or f"task{task}"
+        res = NodeResult(host, stderr=said.get(task, []))
+        if task in answer:
+            try:
+                res.data = json.loads(answer[task])
+                res.error = check_document(res.data, schema)
+            except (json.JSONDecodeError, ValueError, RecursionError) as e:
+                res.error = f"answered unreadable JSON ({str(e)[:200]})"
+            if res.error is not None:
+                res.data = None
+        else:
+            res.error = explain_failure(res.stderr)
+        results[host] = res
+    return results
 
 
 def bundle(modules: Sequence[str], main: str, main_func: str = "main") -> str:

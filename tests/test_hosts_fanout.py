@@ -168,3 +168,18 @@ def test_a_slurm_jobs_nodes_come_from_its_node_list(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-03],login1")
     assert slurm_job_hosts("77") == ["gpu01", "gpu02", "gpu03", "login1"]
+
+
+def test_srun_output_is_keyed_by_slurm_node_names():
+    from mldebug.fanout import parse_srun_output
+
+    lines = ["0: MLDEBUG-NODE gpu01", '0: MLDEBUG-JSON {"host": "ip-10-0-', '0: 0-1", "proc',
+             '0: esses": []}',
+             " 1: MLDEBUG-NODE gpu02", "1: Traceback (most recent call last):",
+             "1: ModuleNotFoundError: x", "2: MLDEBUG-NODE gpu03",
+             '2: MLDEBUG-JSON {"host": "gpu03", "processes": {}}', "srun: warning: noise"]
+    res = parse_srun_output(lines, {"host": str, "processes": list})
+    assert list(res) == ["gpu01", "gpu02", "gpu03"]
+    assert res["gpu01"].data == {"host": "ip-10-0-0-1", "processes": []}
+    assert res["gpu02"].error == "no result; the node said: ModuleNotFoundError: x"
+    assert "'processes' is dict, expected list" in (res["gpu03"].error or "")
