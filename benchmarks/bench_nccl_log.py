@@ -3,7 +3,7 @@
 Writes one synthetic per-rank log file per rank (benchmarks/nccl_synth.py: NCCL 2.2x line
 shapes, 8 ranks per host, a few planted problems), then measures CPU time of load + analyze
 + render (to a null console) for each size in this one process, and the lines the report
-prints; then the peak RSS of reading one ~100 MiB job log. With the previous implementation (git `main`'s mldebug/envcheck/nccllog.py, when
+prints; then the peak RSS of reading one ~100 MiB job log. With the previous implementation (commit 325af95 mldebug/envcheck/nccllog.py, when
 present) also measured on the same files for comparison. Usage:
 
     python benchmarks/bench_nccl_log.py [ROUNDS]
@@ -35,7 +35,7 @@ SIZES = (1024, 4096, 8192)
 
 def _old_module(tmp: Path):  # the implementation before the split, if git has it
     try:
-        src = subprocess.run(["git", "show", "main:mldebug/envcheck/nccllog.py"], cwd=REPO,
+        src = subprocess.run(["git", "show", "325af95:mldebug/envcheck/nccllog.py"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None

@@ -2,16 +2,17 @@
 
 Works on the current process (``identity()``) and on another process through
 ``/proc/PID/environ`` (``identity_of_pid()``), which is how hang collection labels ranks.
-Stdlib only: ``bin/mldebug-collect`` embeds this logic on nodes without mldebug.
+Stdlib only: the fan-out bundles it with the hang node script for nodes without mldebug.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from mldebug.nodekit import short_hostname
 
 # (launcher, rank var, local rank var, world size var, local world size var, node rank var)
 # Order matters: the first launcher whose rank variable is set wins. torchrun, DeepSpeed and
@@ -63,9 +64,6 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def short_hostname(name: str | None = None) -> str:
-    """The host name up to the first dot (``hostname -s``)."""
-    return (name or socket.gethostname()).split(".")[0]
 
 
 def identity_from_env(env: Mapping[str, str], host: str | None = None) -> Identity:

@@ -79,12 +79,26 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[str]:
     return list(hosts)
 
 
+# A hostfile of 100,000 hosts with slots and comments stays far below this.
+MAX_HOSTFILE_BYTES = 16 << 20
+
+
 def read_hostfile(path: str | Path) -> list[str]:
+    """Hosts of a hostfile, read with a size bound (``/dev/zero`` or a huge file is refused)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with open(p, "rb") as f:
+            raw = f.read(MAX_HOSTFILE_BYTES + 1)
     except OSError as e:
         raise UsageError(f"cannot read hostfile {p}: {e.strerror}.", "Check the path.") from None
+    if len(raw) > MAX_HOSTFILE_BYTES:
+        raise UsageError(f"hostfile {p} is larger than {MAX_HOSTFILE_BYTES >> 20} MiB.",
+                         "Pass a file with one host per line.")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"hostfile {p} is not UTF-8 text (byte {e.start}).",
+                         "Pass a text file with one host per line.") from None
     hosts = parse_hostfile(text, str(p))
     if not hosts:
         raise UsageError(f"hostfile {p} lists no hosts.", "Put one host per line.")

@@ -11,18 +11,26 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+# Width given to rich when output is piped: wide enough that no line is ever cut or wrapped
+# (a continuation line would break grep), and tables are only as wide as their content.
+PIPE_WIDTH = 100_000
+
+
 def console(file: IO[str] | None = None, *, stderr: bool = False) -> Console:
-    """A rich console; colour off when NO_COLOR is set or output is not a terminal."""
+    """A rich console: styled on a terminal; plain when NO_COLOR is set (no colour, bold or
+    dim: https://no-color.org asks for no ANSI styling) or when piped (then never wrapped)."""
     from rich.console import Console
 
-    no_color = "NO_COLOR" in os.environ
+    out = file if file is not None else (sys.stderr if stderr else sys.stdout)
+    tty = hasattr(out, "isatty") and out.isatty()
     return Console(
         file=file,
         stderr=stderr,
-        no_color=no_color,
+        no_color="NO_COLOR" in os.environ,
+        color_system="auto" if tty and "NO_COLOR" not in os.environ else None,
         highlight=False,
-        soft_wrap=False,
-        width=None if (file or sys.stdout).isatty() else 120,
+        soft_wrap=not tty,
+        width=None if tty else PIPE_WIDTH,
     )
 
 

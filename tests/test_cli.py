@@ -5,10 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, run_cli
 
 from mldebug import __version__
-from mldebug.cli import COMMANDS, available_commands, main
+from mldebug.cli import COMMANDS, available_commands, build_parser, main
 
 
 def test_help_lists_every_available_command_with_a_description(capsys):
@@ -34,7 +35,7 @@ def test_version(capsys):
 
 def test_unknown_command_and_bad_flag_exit_2(capsys):
     assert main(["frobnicate"]) == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
     assert main(["hang", "--no-such-flag"]) == 2
     assert "unrecognized arguments" in capsys.readouterr().err
     assert main([]) == 2
@@ -55,3 +56,144 @@ def test_real_cli_subprocess_help_and_hang_without_torch_import():
             "assert 'torch' not in sys.modules; sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1, r.stderr
+
+
+def test_every_command_name_maps_to_its_module():
+    assert COMMANDS == {
+        "hang": "mldebug.cli.hang",
+        "fr": "mldebug.cli.fr",
+        "env": "mldebug.cli.env",
+        "nccl-log": "mldebug.cli.nccl_log",
+        "dist-test": "mldebug.cli.dist_test",
+        "make-tiny": "mldebug.cli.make_tiny",
+        "shrink-layers": "mldebug.cli.shrink_layers",
+        "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",
+        "docs": "mldebug.cli.docs",
+        "completion": "mldebug.cli.completion",
+    }
+
+
+def test_a_registered_command_whose_module_is_missing_is_an_error(monkeypatch, capsys):
+    monkeypatch.setitem(COMMANDS, "ghost", "mldebug.cli.no_such_module")
+    assert main(["--help"]) == 1
+    err = capsys.readouterr().err
+    assert "command 'ghost' is registered but its module mldebug.cli.no_such_module is missing" in err
+
+
+def _actions(parser, path="mldebug"):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _actions(sub, f"{path} {name}")
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield path, action
+
+
+def test_every_option_and_positional_has_help():
+    missing = [f"{path} {'/'.join(a.option_strings) or a.dest}"
+               for path, a in _actions(build_parser()) if not (a.help or "").strip()]
+    assert missing == []
+
+
+def test_a_misspelt_command_gets_did_you_mean(capsys):
+    assert main(["hnag"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'hnag'" in err and "Did you mean 'mldebug hang'?" in err
+
+
+def test_a_bare_number_after_hang_is_a_pid():
+    from mldebug.cli import _prepare
+
+    args = ["hang", "12345", "--json"]
+    assert _prepare(args) == "hang"
+    assert build_parser("hang").parse_args(args).pid == 12345
+
+
+def test_an_unexpected_exception_is_one_line_with_a_saved_traceback(monkeypatch, tmp_path, capsys):
+    import mldebug.cli.docs as docs_cmd
+
+    def broken(args):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.setattr(docs_cmd, "run", broken)
+    assert main(["docs"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error (a bug in mldebug): ZeroDivisionError: boom" in err
+    (saved,) = (tmp_path / "mldebug" / "bugs").iterdir()
+    assert (saved.stat().st_mode & 0o777) == 0o600
+    assert (saved.parent.stat().st_mode & 0o777) == 0o700
+    assert "Traceback" in saved.read_text() and "ZeroDivisionError: boom" in saved.read_text()
+    assert str(saved) in err
+    assert main(["docs", "--debug"]) == 1
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_docs_prints_pages_from_the_package(capsys):
+    assert main(["docs", "hang"]) == 0
+    assert capsys.readouterr().out.startswith("# mldebug hang")
+    assert main(["docs", "nosuch"]) == 2
+    assert "Pages: " in capsys.readouterr().err
+
+
+def test_completion_scripts_and_a_real_completion(tmp_path, capsys):
+    for shell in ("bash", "zsh"):
+        assert main(["completion", shell]) == 0
+        assert "mldebug" in capsys.readouterr().out
+    out = tmp_path / "completions"
+    env = dict(__import__("os").environ, _ARGCOMPLETE="1", COMP_LINE="mldebug ha",
+               COMP_POINT="10", _ARGCOMPLETE_STDOUT_FILENAME=str(out),
+               PYTHONPATH=str(REPO))
+    subprocess.run([sys.executable, "-m", "mldebug"], env=env, cwd=REPO, timeout=60,
+                   capture_output=True)
+    assert out.read_text().split() == ["hang"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["env", "--timeout", "nan"], "--timeout must be positive and finite, not nan"),
+    (["env", "--connect-timeout", "-3"], "--connect-timeout must be positive and finite"),
+    (["hang", "--nodes", ""], "--nodes is empty"),
+    (["env", "--hostfile", "/dev/zero"], "is larger than 16 MiB"),
+    (["env", "--exclude", "node1"], "--exclude needs a host list or a SLURM job"),
+])
+def test_hostile_cli_input_is_one_clear_line(args, needle, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_a_non_utf8_hostfile_is_a_usage_error(tmp_path, capsys):
+    f = tmp_path / "hosts"
+    f.write_bytes(b"node1\nnode\xff2\n")
+    assert main(["env", "--hostfile", str(f)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_wcoll_names_the_host_list(tmp_path, monkeypatch):
+    from mldebug.cli._common import fanout_options
+
+    f = tmp_path / "hosts"
+    f.write_text("node[1-3]\n")
+    monkeypatch.setenv("WCOLL", str(f))
+    args = build_parser("env").parse_args(["env", "-x", "node2"])
+    opts = fanout_options(args)
+    assert opts.hosts == ["node1", "node2", "node3"] and opts.exclude == ["node2"]
+
+
+def test_real_cli_misspelt_command_and_bare_pid():
+    r = run_cli("hnag")
+    assert r.returncode == 2 and "Did you mean 'mldebug hang'?" in r.stderr
+    r = run_cli("hang", "999999999", "--json")
+    assert r.returncode == 1 and "invalid choice" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_short_flags_users_type_from_habit():
+    p = build_parser()
+    assert p.parse_args(["hang", "-o", "d"]).out == "d"
+    assert p.parse_args(["fr", "trigger", "-o", "d"]).out == "d"
+    assert p.parse_args(["make-tiny", "llama", "-o", "d"]).out == "d"
+    assert p.parse_args(["hang", "-x", "n1", "-w", "n[1-2]"]).exclude == "n1"
+    assert p.parse_args(["dist-test", "--nproc_per_node", "2"]).nproc == 2
+    assert p.parse_args(["dist-test", "--nproc-per-node", "2"]).nproc == 2

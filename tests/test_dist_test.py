@@ -44,3 +44,61 @@ def test_bad_arguments():
     assert r.returncode == 2 and "--nproc must be at least 1" in r.stderr
     r = run_cli("dist-test", "--timeout", "0")
     assert r.returncode == 2
+
+
+def test_json_carries_findings_with_code_and_fix():
+    import json
+
+    r = run_cli("dist-test", "--nproc", "3", "--timeout", "5", "--fault", "skip-allreduce:1",
+                "--json", timeout=300)
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    (f,) = [f for f in doc["findings"] if f["code"] == "dist-test-timeout"]
+    assert f["title"] == "all_reduce did not complete on ranks 0,2" and f["fix"]
+    assert {x["rank"]: x["status"] for x in doc["ranks"]} == {0: "timeout", 2: "timeout"}
+    # rank 1 (the one that skipped) was ended by torchrun when the others failed
+    (m,) = [f for f in doc["findings"] if f["code"] == "dist-test-missing-ranks"]
+    assert m["title"] == "rank 1 of 3 never reported" and m["fix"]
+
+
+def test_nccl_without_cuda_is_one_fail_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = run_cli("dist-test", "--nproc", "2", "--backend", "nccl", timeout=120)
+    assert r.returncode == 1
+    assert r.stdout.count("FAIL") == 1 and "backend nccl needs CUDA" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+    r = run_cli("dist-test", "--backend", "nccl", timeout=120)
+    assert r.returncode == 1 and "FAIL (global rank 0/1): backend nccl needs CUDA" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_the_local_launch_listens_on_loopback_only():
+    import subprocess
+    import sys
+
+    import psutil
+    from conftest import REPO
+
+    env = dict(__import__("os").environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "mldebug", "dist-test", "--nproc", "2",
+                             "--timeout", "60"], stdout=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO)
+    listening: set[str] = set()
+    try:
+        while proc.poll() is None:
+            try:
+                tree = {proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))}
+            except psutil.NoSuchProcess:
+                break
+            for c in psutil.net_connections("inet"):
+                if c.status == psutil.CONN_LISTEN and c.pid in tree:
+                    listening.add(c.laddr.ip)
+            time.sleep(0.2)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "all ranks OK" in out, out
+    assert listening <= {"127.0.0.1", "::1"}, listening

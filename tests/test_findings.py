@@ -32,3 +32,11 @@ def test_order_json_and_render():
 def test_fold_ints():
     assert fold_ints([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8"
     assert fold_ints([]) == ""
+
+
+def test_finding_hosts_are_folded():
+    hosts = tuple(f"node{i}" for i in range(1, 65)) + ("gpu07",)
+    buf = io.StringIO()
+    render_findings([Finding(Severity.WARNING, "memlock too low", hosts=hosts)],
+                    Console(file=buf, no_color=True, width=100))
+    assert buf.getvalue().splitlines()[0].endswith("[gpu07,node[1-64]]")

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from dataclasses import dataclass, field
 
 import pytest
 
 from mldebug.errors import UsageError
-from mldebug.fanout import MARKER, Target, parse_pdsh_output, remote_command, run_script, srun_argv
+from mldebug.fanout import (
+    MARKER,
+    FanoutOptions,
+    NodeJob,
+    check_document,
+    parse_pdsh_output,
+    remote_command,
+    run,
+    srun_argv,
+    to_argv,
+)
+from mldebug.hang.collect import NODE_MODULES
 from mldebug.hosts import collapse, expand, parse_hostfile
+from mldebug.nodekit import short_hostname
 
 
 def test_expand_and_collapse():
@@ -44,7 +57,7 @@ def test_pdsh_output_parsing():
     assert res["node3"].error == "no result; the node said: ModuleNotFoundError: x"
     assert "connection refused" in (res["node4"].error or "")
     assert "command timeout" in (res["node5"].error or "")
-    assert res["node6"].error == "no answer (the node printed nothing)"
+    assert res["node6"].error == "no answer (the node ran and printed nothing)"
 
 
 def test_remote_command_quotes_everything_and_runs_in_a_shell():
@@ -55,13 +68,118 @@ def test_remote_command_quotes_everything_and_runs_in_a_shell():
     assert shlex.split(cmd)  # a well-formed shell word list
 
 
-def test_local_target_runs_the_script_here():
-    (res,) = run_script("import json\nprint('MLDEBUG-JSON ' + json.dumps({'ok': 1}))\n", [],
-                        Target(), timeout=30)
-    assert res.data == {"ok": 1}
+@dataclass
+class _EchoArgs:
+    word: str
+    times: int = 1
+    loud: bool = False
+    quiet: bool = False
+    extra: list[str] = field(default_factory=list)
+    pause: float = 0.0
+    budget: float = 1.5
+
+
+def test_args_dataclass_becomes_argv():
+    assert to_argv(_EchoArgs("hi", 2, loud=True, extra=["a b", "c"])) == [
+        "--word", "hi", "--times", "2", "--loud", "--extra", "a b", "--extra", "c",
+        "--budget", "1.5"]
+
+
+def test_local_target_runs_a_bundled_job_here():
+    job = NodeJob(NODE_MODULES, _NoArgs(), {"host": str, "processes": list})
+    (res,) = run(job, FanoutOptions(timeout=30))
+    assert res.error is None and res.data is not None
+    assert res.data["processes"] == [] and res.host == short_hostname()
+
+
+@dataclass
+class _NoArgs:
+    pattern: str = "^no-such-process-mldebug$"
+
+
+def test_a_bad_node_argument_is_that_nodes_error():
+    job = NodeJob(NODE_MODULES, _EchoArgs("x"), {"host": str, "processes": list})
+    (res,) = run(job, FanoutOptions(timeout=30))
+    assert res.data is None
+    assert res.error is not None and res.error.startswith("bad node arguments: unrecognized")
+
+
+@pytest.mark.parametrize(("doc", "why"), [
+    ([1, 2], "answered a list, not a JSON object"),
+    ({"host": "n1"}, "answered a document without 'processes'"),
+    ({"host": "n1", "processes": "x"},
+     "answered a wrongly typed document: 'processes' is str, expected list"),
+    ({"host": "n1", "error": "bad node arguments: x"}, "bad node arguments: x"),
+])
+def test_documents_of_the_wrong_shape_are_named(doc, why):
+    assert check_document(doc, {"host": str, "processes": list}) == why
+    assert check_document({"host": "n1", "processes": []}, {"host": str, "processes": list}) is None
+
+
+def test_one_wrongly_typed_document_costs_only_its_node():
+    out = [f'node1: {MARKER}{{"host": "node1", "processes": []}}',
+           f'node2: {MARKER}{{"host": "node2", "processes": 7}}']
+    res = parse_pdsh_output(out, [], ["node1", "node2"], schema={"processes": list})
+    assert res["node1"].data == {"host": "node1", "processes": []}
+    assert res["node2"].data is None and "'processes' is int" in (res["node2"].error or "")
+
+
+def test_a_host_cut_by_the_deadline_is_not_reached_not_silent():
+    res = parse_pdsh_output([], ["pdsh@head: node1: command timeout"], ["node1", "node2"],
+                            deadline_s=50)
+    assert "command timeout" in (res["node1"].error or "")
+    assert (res["node2"].error or "").startswith("not reached before the overall deadline of 50s")
+
+
+def test_the_deadline_counts_pdsh_waves():
+    opts = FanoutOptions(timeout=20, connect_timeout=10, fanout=64)
+    assert opts.deadline(64) == 30 + 10
+    assert opts.deadline(2048) == 32 * 30 + 10
 
 
 def test_srun_argv_validates_the_job_id():
     assert srun_argv("123", "true")[:3] == ["srun", "--jobid=123", "--overlap"]
+    assert "--exclude=n1,n2" in srun_argv("123", "true", ["n1", "n2"])
     with pytest.raises(UsageError):
         srun_argv("123;reboot", "true")
+
+
+def test_every_line_arrives_before_the_reader_returns():
+    """With sh, wait(timeout) returned before its reader threads delivered the last lines (up
+    to 8 of 512 node answers went missing). Each of five runs must see all of them."""
+    import sys
+
+    from mldebug.fanout import _run_streaming
+
+    producer = ("import sys\nfor i in range(512): "
+                "sys.stdout.write(f'node{i}: MLDEBUG-JSON {{\"n\": {i}}}' + ' ' * 4000 + '\\n')\n")
+    hosts = {f"node{i}" for i in range(512)}
+    for _ in range(5):
+        seen: set[str] = set()
+        out, err, cut = _run_streaming(["-c", producer], {}, 60, hosts,
+                                       lambda h, ok, s=seen: s.add(h),
+                                       program=sys.executable)
+        assert len(out) == 512 and seen == hosts and not cut
+
+
+def test_a_slurm_jobs_nodes_come_from_its_node_list(monkeypatch):
+    from mldebug.fanout import slurm_job_hosts
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-03],login1")
+    assert slurm_job_hosts("77") == ["gpu01", "gpu02", "gpu03", "login1"]
+
+
+def test_srun_output_is_keyed_by_slurm_node_names():
+    from mldebug.fanout import parse_srun_output
+
+    lines = ["0: MLDEBUG-NODE gpu01", '0: MLDEBUG-JSON {"host": "ip-10-0-', '0: 0-1", "proc',
+             '0: esses": []}',
+             " 1: MLDEBUG-NODE gpu02", "1: Traceback (most recent call last):",
+             "1: ModuleNotFoundError: x", "2: MLDEBUG-NODE gpu03",
+             '2: MLDEBUG-JSON {"host": "gpu03", "processes": {}}', "srun: warning: noise"]
+    res = parse_srun_output(lines, {"host": str, "processes": list})
+    assert list(res) == ["gpu01", "gpu02", "gpu03"]
+    assert res["gpu01"].data == {"host": "ip-10-0-0-1", "processes": []}
+    assert res["gpu02"].error == "no result; the node said: ModuleNotFoundError: x"
+    assert "'processes' is dict, expected list" in (res["gpu03"].error or "")

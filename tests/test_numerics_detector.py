@@ -425,3 +425,19 @@ def test_report_goes_to_the_logger_and_the_chosen_file(caplog: pytest.LogCapture
         with pytest.raises(OverflowDetected):
             debug.model(torch.full((2, 4), float("nan")))
     assert quiet.getvalue() == "" and debug.report is not None
+
+
+def test_a_second_detector_on_one_model_is_refused_until_the_first_detaches():
+    from mldebug.errors import MldebugError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    first = DebugUnderflowOverflow(model, print_report=False)
+    hooks = len(model[0]._forward_hooks)
+    with pytest.raises(MldebugError, match="already attached to this model"):
+        DebugUnderflowOverflow(model, print_report=False)
+    assert len(model[0]._forward_hooks) == hooks  # the refused one added nothing
+    first.detach()
+    second = DebugUnderflowOverflow(model, print_report=False)
+    assert len(model[0]._forward_hooks) == hooks
+    second.detach()
+    assert "_mldebug_overflow_detector" not in model.state_dict()

@@ -6,7 +6,7 @@ import math
 
 from mldebug.numerics.report import (
     Entry,
-    Frame,
+    ModuleCall,
     build_report,
     first_nonfinite_backward,
     format_entry,
@@ -20,12 +20,12 @@ INF = math.inf
 NAN = math.nan
 
 
-def fwd(name: str, *entries: Entry, cls: str = "Linear") -> Frame:
-    return Frame(name, cls, "forward", 0, 0, list(entries))
+def fwd(name: str, *entries: Entry, cls: str = "Linear") -> ModuleCall:
+    return ModuleCall(name, cls, "forward", 0, 0, list(entries))
 
 
-def bwd(name: str, *entries: Entry, cls: str = "Linear") -> Frame:
-    return Frame(name, cls, "backward", 0, 0, list(entries))
+def bwd(name: str, *entries: Entry, cls: str = "Linear") -> ModuleCall:
+    return ModuleCall(name, cls, "backward", 0, 0, list(entries))
 
 
 def t(ctx: str, lo: float, hi: float, dtype: str = "torch.float16") -> Entry:

@@ -3,22 +3,21 @@ every node, and return hang's per-node results. All fan-out of this package is h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from typing import TYPE_CHECKING
 
-from mldebug.fanout import NodeResult, Target, bundle, run_script
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnNode, run
 
 if TYPE_CHECKING:
     from mldebug.hang.collect import CollectOptions
 
 
-def signal_docs(opts: CollectOptions, target: Target, *, signal: str = "SIGUSR1",
-                connect_timeout: float = 10.0, fanout: int = 64,
-                remote_python: str | None = None, ssh_args: str | None = None,
-                on_result: Callable[[NodeResult], None] | None = None) -> list[NodeResult]:
+def signal_docs(opts: CollectOptions, target: FanoutOptions, on_node: OnNode | None = None, *,
+                signal: str = "SIGUSR1") -> list[NodeResult]:
     """One hang node document per node, the stacks coming from the ranks' own handlers."""
     from mldebug.capture import signal as node
     from mldebug.errors import UsageError
+    from mldebug.hang.collect import NODE_SCHEMA, CollectOptions
 
     try:
         node.signal_number(signal)
@@ -26,13 +25,15 @@ def signal_docs(opts: CollectOptions, target: Target, *, signal: str = "SIGUSR1"
         raise UsageError(f"--signal {signal!r} is not a signal name or number.",
                          "e.g. --signal SIGUSR1 (what mldebug.watchdog() listens to by "
                          "default)") from None
-    args = [*opts.node_args(), "--signal", signal]
+
+    @dataclasses.dataclass
+    class SignalArgs(CollectOptions):
+        signal: str = "SIGUSR1"
+
+    args = SignalArgs(**dataclasses.asdict(opts), signal=signal)
     if target.is_local:
-        doc = node.collect(node.parser().parse_args(args))
+        doc = node.collect(node.parser().parse_args(args.node_args()))
         return [NodeResult(doc["host"], data=doc)]
     node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
-    return run_script(
-        bundle(node.MODULES, "mldebug.capture.signal"), args, target,
-        timeout=node_timeout, connect_timeout=connect_timeout, fanout=fanout,
-        remote_python=remote_python, ssh_args=ssh_args, on_result=on_result,
-    )
+    return run(NodeJob(node.MODULES, args, NODE_SCHEMA),
+               dataclasses.replace(target, timeout=node_timeout), on_node)

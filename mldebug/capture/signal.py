@@ -25,10 +25,11 @@ from typing import Any
 
 from mldebug.capture.privdir import check_private, read_bounded, registry_dir
 from mldebug.capture.stacks import parse_faulthandler
-from mldebug.hang.node import MARKER, NODE_VERSION, find_ranks, list_processes, resolve_user
+from mldebug.hang.node import NODE_VERSION, find_ranks, list_processes, resolve_user
+from mldebug.nodekit import emit
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
-MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
+MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
            "mldebug.capture.stacks", "mldebug.capture.signal")
 MAX_ENTRY = 1 << 20
 FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread should have
@@ -288,7 +289,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     opts = parser().parse_args(argv)
     doc = collect(opts)
-    print(MARKER + json.dumps(doc, separators=(",", ":")))
+    emit(doc)
     sys.stdout.flush()
     return 0
 

@@ -3,13 +3,16 @@
 Each command module defines ``HELP`` (one line for ``mldebug --help``), ``DESCRIPTION``
 (optional, longer), ``add_arguments(parser)`` and ``run(args) -> int``. Command modules
 import nothing heavy at module level, so ``mldebug --help`` and the torch-free commands start
-fast and never import torch.
+fast and never import torch. ``main`` is the one place errors end: a known error prints its
+message and fix, anything else is reported as a bug with its traceback saved to a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -17,7 +20,7 @@ from types import ModuleType
 from mldebug._version import __version__
 from mldebug.errors import MldebugError, UsageError
 
-# command name -> module implementing it. Keep alphabetical within a topic.
+# command name -> module implementing it, grouped by topic in the order --help lists them.
 COMMANDS: dict[str, str] = {
     "hang": "mldebug.cli.hang",
     "fr": "mldebug.cli.fr",
@@ -30,41 +33,41 @@ COMMANDS: dict[str, str] = {
     "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",
     "pdb": "mldebug.cli.pdb",
     "trace": "mldebug.cli.trace",
+    "docs": "mldebug.cli.docs",
+    "completion": "mldebug.cli.completion",
 }
 
+# A bare number right after these commands is a process id: `mldebug hang 12345`.
+BARE_NUMBER: dict[str, str] = {"hang": "--pid"}
+
 EPILOG = """\
-Run 'mldebug COMMAND --help' for a command's options. Docs: docs/index.md.
+Run 'mldebug COMMAND --help' for a command's options, 'mldebug docs [COMMAND]' for its page.
+--debug (anywhere before '--') shows the traceback of an unexpected error.
 Exit codes: 0 report produced, 1 nothing could be done (or an error-level finding where the
 command says so), 2 usage error."""
 
 
-def _load(module: str) -> ModuleType | None:
+def load_command(name: str) -> ModuleType:
+    """The module of a registered command; a registered module that is missing is an error."""
+    module = COMMANDS[name]
     try:
         return importlib.import_module(module)
-    except ModuleNotFoundError as e:  # a command not built yet in this checkout
+    except ModuleNotFoundError as e:
         if e.name == module:
-            return None
+            raise MldebugError(f"command {name!r} is registered but its module {module} is "
+                               "missing.", "Reinstall mldebug (pip install -e .).") from None
         raise
 
 
 def available_commands() -> dict[str, ModuleType]:
-    """The registered commands whose modules exist, in registry order."""
-    found = {}
-    for name, module in COMMANDS.items():
-        mod = _load(module)
-        if mod is not None:
-            found[name] = mod
-    return found
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors with exit code 2 (argparse's default too)."""
+    """Every registered command's module, in registry order."""
+    return {name: load_command(name) for name in COMMANDS}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with ``only`` the parser of that one command (fast start-up:
     ``mldebug hang`` does not import the modules of every other command)."""
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog="mldebug",
         description="Debug distributed PyTorch jobs: hangs, flight-recorder dumps, NCCL "
         "environment, numerics, tiny models.",
@@ -73,7 +76,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mldebug {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    commands = available_commands() if only is None else {only: importlib.import_module(COMMANDS[only])}
+    commands = available_commands() if only is None else {only: load_command(only)}
     for name, mod in commands.items():
         p = sub.add_parser(
             name,
@@ -86,21 +89,44 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _split_debug(args: list[str]) -> tuple[list[str], bool]:
+    """Remove ``--debug`` (before any ``--``) from the arguments; say whether it was there."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [a for a in args[:end] if a != "--debug"] + args[end:]
+    return kept, len(kept) != len(args) or os.environ.get("MLDEBUG_DEBUG") == "1"
+
+
+def _command_of(args: list[str]) -> str | None:
+    """The command word (the first argument that is not an option), or None."""
+    for a in args:
+        if not a.startswith("-"):
+            return a
+        if a in ("-h", "--help", "--version"):
+            return None
+    return None
+
+
+def _prepare(args: list[str]) -> str | None:
+    """Check the command word (did-you-mean) and rewrite habits; returns the command."""
+    first = _command_of(args)
+    if first is None:
+        return None
+    if first not in COMMANDS:
+        close = difflib.get_close_matches(first, list(COMMANDS), n=1, cutoff=0.6)
+        fix = (f"Did you mean 'mldebug {close[0]}'? " if close else "") + \
+            "Run 'mldebug --help' for the list of commands."
+        raise UsageError(f"unknown command {first!r}.", fix)
+    i = args.index(first)
+    if first in BARE_NUMBER and i + 1 < len(args) and args[i + 1].isdigit():
+        args.insert(i + 1, BARE_NUMBER[first])
+    return first
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    first = args_list[0] if args_list else None
-    only = first if first in COMMANDS and _load(COMMANDS[first]) is not None else None
-    parser = build_parser(only)
+    args_list, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
     try:
-        args = parser.parse_args(args_list)
-    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)
-        return int(e.code or 0)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args._run(args))
+        return _main(args_list)
     except UsageError as e:
         _print_error(e)
         return 2
@@ -111,16 +137,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("mldebug: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `mldebug ... | head`: the reader left; not an error
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:
+        return _report_bug(e, debug)
+
+
+def _main(args_list: list[str]) -> int:
+    if "_ARGCOMPLETE" in os.environ:  # shell completion (mldebug completion bash|zsh)
+        from mldebug.cli.completion import complete
+
+        complete(build_parser())
+    only = _prepare(args_list)
+    parser = build_parser(only)
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)
+        return int(e.code or 0)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    return int(args._run(args))
 
 
 def _print_error(e: MldebugError) -> None:
     print(f"mldebug: error: {e.message}", file=sys.stderr)
     if e.fix:
         print(f"  {e.fix}", file=sys.stderr)
+
+
+def _report_bug(e: Exception, debug: bool) -> int:
+    """One line for an unexpected exception: it is a bug, here is the saved traceback."""
+    import traceback
+
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    if debug:
+        sys.stderr.write(text)
+        return 1
+    from mldebug.errors import save_traceback
+
+    where = save_traceback(text)
+    saved = f"traceback saved in {where}" if where else "the traceback could not be saved"
+    sys.stderr.write(f"mldebug: internal error (a bug in mldebug): {type(e).__name__}: "
+                     f"{str(e)[:200]} - {saved}; rerun with --debug to see it, and please "
+                     "report it.\n")
+    return 1
 
 
 def entry() -> None:

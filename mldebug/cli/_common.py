@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
 from mldebug.errors import UsageError
-from mldebug.fanout import Target
+from mldebug.fanout import FanoutOptions
+
+TIMEOUT_HELP = ("seconds each node may take to answer once ssh has connected (locally: this "
+                "host); a node still busy then is reported as timed out")
 
 
-def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float = 30.0) -> None:
-    """--nodes / --hostfile / --slurm-job and the fan-out knobs."""
-    g = p.add_argument_group("where to run (default: this host only)")
+def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float = 30.0,
+                         timeout_help: str = TIMEOUT_HELP) -> None:
+    """--nodes / --hostfile / --slurm-job, --exclude and the fan-out knobs."""
+    g = p.add_argument_group("where to run (default: this host only; $WCOLL names a hostfile "
+                             "as for pdsh)")
     where = g.add_mutually_exclusive_group()
     where.add_argument("--nodes", "-w", metavar="HOSTLIST",
-                       help="hosts to reach over pdsh/ssh, e.g. node[1-4,7]")
+                       help="hosts to reach over pdsh/ssh, e.g. node[1-4,7]; the nodes need "
+                            "only python3 and py-spy, not mldebug")
     where.add_argument("--hostfile", metavar="FILE",
                        help="hosts from a file: one per line, 'host slots=N' or 'host:N'")
     where.add_argument("--slurm-job", metavar="ID",
                        help="every node of this SLURM job, via srun --overlap")
+    g.add_argument("--exclude", "-x", metavar="HOSTLIST",
+                   help="leave these hosts out, e.g. node[3,9] (as pdsh -x)")
     g.add_argument("--timeout", type=float, default=default_timeout, metavar="S",
-                   help=f"seconds each node may take (default: {default_timeout:g})")
+                   help=f"{timeout_help} (default: {default_timeout:g})")
     g.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
-                   help="seconds to wait for ssh to connect (default: 10)")
+                   help="seconds each ssh connection may take (default: 10)")
     g.add_argument("--fanout", type=int, default=64, metavar="N",
                    help="nodes contacted at once (default: 64)")
     g.add_argument("--remote-python", metavar="PATH",
@@ -33,31 +42,48 @@ def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float =
                         "(appended to PDSH_SSH_ARGS_APPEND)")
 
 
-def target_from_args(args: argparse.Namespace) -> Target:
+def check_seconds(option: str, value: float) -> float:
+    """A duration option's value, refused when zero, negative, nan or infinite."""
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{option} must be positive and finite, not {value:g}.",
+                         f"Pass seconds, e.g. {option} 30.")
+    return value
+
+
+def fanout_options(args: argparse.Namespace) -> FanoutOptions:
+    """Where and how to run, from the options of ``add_target_arguments``.
+
+    With none of --nodes/--hostfile/--slurm-job, ``$WCOLL`` (pdsh's hostfile variable) is
+    read when set; otherwise the command runs on this host.
+    """
+    import os
+
     from mldebug.hosts import expand, read_hostfile
 
-    if getattr(args, "timeout", 1) <= 0:
-        raise UsageError("--timeout must be positive.", "Pass seconds, e.g. --timeout 30.")
+    check_seconds("--timeout", args.timeout)
+    check_seconds("--connect-timeout", args.connect_timeout)
     if getattr(args, "fanout", 1) < 1:
         raise UsageError("--fanout must be at least 1.", "Pass e.g. --fanout 64.")
-    if getattr(args, "nodes", None):
-        return Target(hosts=expand(args.nodes))
-    if getattr(args, "hostfile", None):
-        return Target(hosts=read_hostfile(args.hostfile))
-    if getattr(args, "slurm_job", None):
-        return Target(slurm_job=str(args.slurm_job))
-    return Target()
-
-
-def fanout_kwargs(args: argparse.Namespace) -> dict[str, object]:
-    """Keyword arguments for mldebug.fanout.run_script from the parsed options."""
-    return {
-        "timeout": args.timeout,
-        "connect_timeout": args.connect_timeout,
-        "fanout": args.fanout,
-        "remote_python": args.remote_python,
-        "ssh_args": args.ssh_args,
-    }
+    exclude = expand(args.exclude) if getattr(args, "exclude", None) else []
+    opts = FanoutOptions(timeout=args.timeout, connect_timeout=args.connect_timeout,
+                         fanout=args.fanout, remote_python=args.remote_python,
+                         ssh_args=args.ssh_args, exclude=exclude)
+    nodes = getattr(args, "nodes", None)
+    if nodes is not None:
+        if not nodes.strip():
+            raise UsageError("--nodes is empty.", "Pass hosts, e.g. --nodes node[1-4]; "
+                             "leave the option out to run on this host.")
+        opts.hosts = expand(nodes)
+    elif getattr(args, "hostfile", None):
+        opts.hosts = read_hostfile(args.hostfile)
+    elif getattr(args, "slurm_job", None):
+        opts.slurm_job = str(args.slurm_job)
+    elif os.environ.get("WCOLL"):
+        opts.hosts = read_hostfile(os.environ["WCOLL"])
+    if exclude and opts.is_local:
+        raise UsageError("--exclude needs a host list or a SLURM job.",
+                         "Add --nodes, --hostfile or --slurm-job.")
+    return opts
 
 
 def add_json_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 from mldebug.errors import MldebugError, UsageError, torch_missing
@@ -26,23 +25,32 @@ as a timeout naming the collective, not left to hang."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, metavar="N",
-                   help="launch N ranks on this host with torchrun (default: run as the "
-                        "rank the launcher made this process, or a 1-rank world)")
+    from mldebug.cli._common import add_json_argument
+
+    p.add_argument("--nproc", "--nproc-per-node", "--nproc_per_node", type=int, metavar="N",
+                   dest="nproc",
+                   help="launch N ranks on this host with torchrun, in a private network "
+                        "namespace where one can be made (default: run as the rank the "
+                        "launcher made this process, or a 1-rank world)")
     p.add_argument("--backend", choices=["nccl", "gloo", "mpi", "ucc"],
                    help="process-group backend (default: nccl with CUDA, else gloo)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds a collective may take before it is reported (default: 60)")
+                   help="seconds each collective (init, all_reduce, barrier) may take before "
+                        "it is reported as a timeout (default: 60)")
+    add_json_argument(p)
     p.add_argument("--fault", help=argparse.SUPPRESS)  # "skip-allreduce:RANK", for tests
 
 
 def run(args: argparse.Namespace) -> int:
+    from mldebug.cli._common import check_seconds, print_report
     from mldebug.dist import identity
-    from mldebug.disttest import Options, launcher_command, run_worker
+    from mldebug.disttest.report import RankResult, analyze, render
+    from mldebug.disttest.worker import Options, launch, nccl_without_cuda, run_worker
+    from mldebug.render import console
 
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive.", "Pass seconds, e.g. --timeout 60.")
-    opts = Options(backend=args.backend, timeout=args.timeout, fault=args.fault)
+    check_seconds("--timeout", args.timeout)
+    opts = Options(backend=args.backend, timeout=args.timeout, fault=args.fault,
+                   quiet=args.json)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -57,12 +65,26 @@ def run(args: argparse.Namespace) -> int:
                 "Either run 'mldebug dist-test --nproc N' directly, or run "
                 "'mldebug dist-test' under your launcher, not both.",
             )
-        cmd = launcher_command(args.nproc, opts)
-        print(f"mldebug dist-test: launching {args.nproc} ranks: {' '.join(cmd[2:])}", flush=True)
-        rc = subprocess.call(cmd)
-        status = "all ranks OK" if rc == 0 else f"FAILED (torchrun exit code {rc})"
-        print(f"mldebug dist-test: {status}", flush=True)
-        return 0 if rc == 0 else 1
+        why = nccl_without_cuda(args.backend)
+        if why:  # one line here instead of the same failure from every rank
+            ranks = [RankResult(r, args.nproc, status="fail", step="init_process_group",
+                                message=why) for r in range(args.nproc)]
+            report = analyze(args.nproc, ranks)
+            print_report(report, args.json, lambda r: print(f"mldebug dist-test: FAIL: {why}. "
+                                                            f"{r.findings[0].fix}"))
+            return 1
+        say = (lambda line: None) if args.json else (lambda line: print(line, end="", flush=True))
+        if not args.json:
+            print(f"mldebug dist-test: launching {args.nproc} ranks", flush=True)
+        ranks, rc, private = launch(args.nproc, opts, say)
+        report = analyze(args.nproc, ranks, rc)
+        if not args.json:
+            status = "all ranks OK" if rc == 0 and report.ok else f"FAILED (torchrun exit code {rc})"
+            net = "" if private else " (no private network namespace could be made: the " \
+                "rendezvous store listened on every interface)"
+            print(f"mldebug dist-test: {status}{net}", flush=True)
+        print_report(report, args.json, lambda r: render(r, console()))
+        return 0 if rc == 0 and report.ok else 1
 
     if not identity().is_distributed:  # plain `mldebug dist-test`: a one-rank world
         os.environ.setdefault("RANK", "0")
@@ -71,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     sys.stdout.flush()
-    return run_worker(opts)
+    result = run_worker(opts)
+    if args.json:
+        print_report(analyze(result.world_size, [result]), True, lambda r: None)
+    return 0 if result.status == "ok" else 1
 
 
 def _free_port() -> int:

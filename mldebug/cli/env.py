@@ -8,9 +8,8 @@ import re
 from mldebug.cli._common import (
     add_json_argument,
     add_target_arguments,
-    fanout_kwargs,
+    fanout_options,
     print_report,
-    target_from_args,
 )
 from mldebug.errors import UsageError
 
@@ -70,14 +69,13 @@ def run(args: argparse.Namespace) -> int:
                              "MASTER_ADDR:MASTER_PORT.")
     if args.torch_timeout <= 0:
         raise UsageError("--torch-timeout must be positive.", "Pass seconds, e.g. 10.")
-    target = target_from_args(args)
+    target = fanout_options(args)
 
-    from mldebug.env.collect import collect
+    from mldebug.env.collect import NodeArgs, collect
     from mldebug.env.report import build_report, markdown, render
     from mldebug.render import console
 
-    facts, failed = collect(target, torch_timeout=args.torch_timeout, ports=ports,
-                            torch_import=args.torch_import, fanout=fanout_kwargs(args))
+    facts, failed = collect(target, NodeArgs(args.torch_timeout, args.torch_import, ports))
     report = build_report(facts, {r.host: r.error or "no answer" for r in failed})
     if args.markdown:
         print(markdown(report), end="")

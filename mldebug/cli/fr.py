@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
     t.add_argument("--frames", type=int, default=2, metavar="N",
                    help="user frames per call site with --analyze (default: 2)")
-    add_target_arguments(t, default_timeout=30.0)
+    add_target_arguments(t, default_timeout=30.0,
+                         timeout_help="seconds each rank may take to write its dump")
     add_json_argument(t)
     t.set_defaults(_fr=_trigger)
 
@@ -93,7 +94,7 @@ def _add_dir_out(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--dir", metavar="DIR",
                    help="the ranks' dump directory (default: $MLDEBUG_FR_DIR or "
                         "/tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", "-o", metavar="DIR",
                    help=f"a new or empty directory {what} (default: a new private "
                         "$TMPDIR/mldebug-fr-dumps-<time>-XXXX, printed at the end)")
 
@@ -141,24 +142,22 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from mldebug.cli._common import fanout_kwargs, target_from_args
+    from mldebug.cli._common import fanout_options
     from mldebug.fr.collect import trigger
     from mldebug.render import console, print_json
 
-    target = target_from_args(args)
+    target = fanout_options(args)
     if not args.max_mb > 0:
         raise UsageError(f"--max-mb must be a positive number, not {args.max_mb}.",
                          "Pass e.g. --max-mb 1024.")
-    kw = fanout_kwargs(args)
-    timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
     progress = None
     if sys.stderr.isatty() and not target.is_local:
         def progress(done: int, total: int) -> None:
             sys.stderr.write(f"\r{done}/{total} node(s) answered")
             sys.stderr.flush()
-    result = trigger(target, args.out, args.dir, timeout=timeout,
+    result = trigger(target, args.out, args.dir,
                      max_bytes=int(args.max_mb * (1 << 20)), progress=progress,
-                     discover=args.discover, **kw)
+                     discover=args.discover)
     if progress is not None:
         sys.stderr.write("\n")
     out = result.out_dir
@@ -199,7 +198,7 @@ def _trigger(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from mldebug.cli._common import fanout_kwargs, target_from_args
+    from mldebug.cli._common import fanout_options
     from mldebug.fr.analyze import analyze
     from mldebug.fr.collect import watch
     from mldebug.fr.loader import load_files
@@ -208,10 +207,7 @@ def _watch(args: argparse.Namespace) -> int:
     if not 0 < args.interval < 86400:
         raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
                          "Pass e.g. --interval 10.")
-    target = target_from_args(args)
-    kw = fanout_kwargs(args)
-    timeout = float(kw.pop("timeout"))  # type: ignore[arg-type]
-    result = watch(target, args.interval, args.out, args.dir, timeout=timeout, **kw)
+    result = watch(fanout_options(args), args.interval, args.out, args.dir)
     files = result.second.files
     if not files:
         raise MldebugError(f"no rank dumped (first trigger: {len(result.first.files)} dump(s)).",

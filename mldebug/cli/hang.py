@@ -10,8 +10,7 @@ from pathlib import Path
 from mldebug.cli._common import (
     add_json_argument,
     add_target_arguments,
-    fanout_kwargs,
-    target_from_args,
+    fanout_options,
 )
 
 HELP = "dump every rank's Python stack (py-spy), group them and name the odd rank out"
@@ -71,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--all", action="store_true",
                    help="list every suspect, group and error (default: one screen, with "
                         "'N more')")
-    a.add_argument("--out", metavar="DIR", help="save the raw dumps and the report in DIR "
+    a.add_argument("--out", "-o", metavar="DIR", help="save the raw dumps and the report in DIR "
                    "(a new or empty directory)")
     a.add_argument("--force", action="store_true",
                    help="with --out: replace a directory an earlier 'mldebug hang --out' wrote")
@@ -82,13 +81,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --fr: the ranks' dump directory when enable(dump_dir=...) set one "
                         "(default: as enable(); MLDEBUG_FR_DIR of each rank is found anyway)")
     add_json_argument(a)
-    add_target_arguments(p, default_timeout=20.0)
+    add_target_arguments(p, default_timeout=20.0,
+                         timeout_help="seconds each py-spy dump may take on a node (a node's "
+                                      "whole budget: this, doubled with --watch, plus --watch)")
     sub = p.add_subparsers(dest="hang_action", metavar="[analyze]")
     an = sub.add_parser("analyze", help="re-analyse saved dumps (a --out DIR, py-spy JSON or text)",
                         description="Re-run the analysis on a directory written by --out, on "
                                     "'py-spy dump --json' files, or on plain 'py-spy dump' text "
                                     "(pdsh 'host:' prefixes are understood).")
-    an.add_argument("paths", nargs="+", metavar="DIR|FILE")
+    an.add_argument("paths", nargs="+", metavar="DIR|FILE",
+                    help="a directory written by --out, or py-spy dump files (JSON or text)")
     an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze",
                     help="group by every thread's stack, not only the main thread's")
     an.add_argument("--json", action="store_true", dest="json_analyze",
@@ -117,20 +119,17 @@ def run(args: argparse.Namespace) -> int:
     from mldebug.hang.collect import collect, options_from_args, prepare_out, save
     from mldebug.hang.report import render_text
 
-    target = target_from_args(args)
+    target = fanout_options(args)
     opts = options_from_args(args)
     out = Path(args.out) if args.out else None
     if out is not None:
         prepare_out(out, force=args.force)
-    kw = fanout_kwargs(args)
-    kw.pop("timeout")
     docs = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.capture.remote import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
-    results, coll = collect(opts, target, kw, progress=not args.json and sys.stderr.isatty(),
-                            docs=docs)
+    results, coll = collect(opts, target, progress=not args.json, docs=docs)
     report = analyze(coll, all_threads=args.all_threads, job=args.job)
     if out is not None:
         written = save(out, results, report.to_dict(), render_text(report, show_all=True))
@@ -140,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fr:
         from mldebug.hang import flight
 
-        record = flight.collect(target, out, args.timeout, kw, fr_dir=args.fr_dir,
+        record = flight.collect(target, out, args.timeout, fr_dir=args.fr_dir,
                                 pids=[p.pid for p in report.processes])
     if args.json:
         doc = report.to_dict()

@@ -31,7 +31,7 @@ SIZE_FLAGS = (("hidden", 16), ("layers", 2), ("heads", 4), ("kv_heads", None),
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="model type, config.json, or local model dir")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    p.add_argument("--out", "-o", required=True, metavar="DIR", help="directory to write")
     g = p.add_argument_group("sizes (the defaults never exceed the source's)")
     for name, default in SIZE_FLAGS:
         flag = "--" + name.replace("_", "-")

@@ -22,7 +22,7 @@ Example: mldebug make-tiny-dataset train.jsonl --out tiny-train -n 100 --select 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="data file, data directory or save_to_disk dir")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    p.add_argument("--out", "-o", required=True, metavar="DIR", help="directory to write")
     p.add_argument("-n", type=int, required=True, metavar="N", help="records to keep per split")
     p.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl",
                    help="output format (default: jsonl; parquet when there are images)")

@@ -8,8 +8,7 @@ from typing import Any
 from mldebug.cli._common import (
     add_json_argument,
     add_target_arguments,
-    fanout_kwargs,
-    target_from_args,
+    fanout_options,
 )
 
 HELP = "list and connect to the pdb sessions that ranks opened at mldebug.breakpoint()"
@@ -70,11 +69,10 @@ def run(args: argparse.Namespace) -> int:
         return connect.attach(args.pid, args.host, remote_python=args.remote_python,
                               ssh_args=args.ssh_args)
     directory = args.dir or os.environ.get("MLDEBUG_PDB_DIR")
-    target = target_from_args(args)
-    fan = fanout_kwargs(args)
+    target = fanout_options(args)
     if args.pdb_action == "connect":
-        return connect.connect(args.session, target, directory=directory, fan=fan)
-    report = connect.list_sessions(target, directory, args.slurm_job, fan)
+        return connect.connect(args.session, target, directory=directory)
+    report = connect.list_sessions(target, directory)
     if args.json:
         from mldebug.render import print_json
 

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local model directory (config.json + weights)")
     p.add_argument("--layers", type=int, required=True, metavar="N", help="layers to keep")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", metavar="DIR", help="write a new directory with sliced weights")
+    where.add_argument("--out", "-o", metavar="DIR", help="write a new directory with sliced weights")
     where.add_argument("--in-place", action="store_true", help="edit MODEL_DIR/config.json only")
     p.add_argument("--no-measure", action="store_true", help="do not time loading before/after")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")

@@ -8,11 +8,21 @@ anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mldebug import fanout
 
-NODE_MODULES = ("mldebug.debugger.registry", "mldebug.debugger.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.debugger.registry", "mldebug.debugger.node")
+NODE_SCHEMA = {"host": str, "sessions": list}
+
+
+@dataclasses.dataclass
+class NodeArgs:
+    """The arguments of ``mldebug/debugger/node.py`` (``fanout.to_argv`` makes its argv)."""
+
+    dir: str | None = None
+    slurm_job: str | None = None
 # what runs on the node under ssh -t: the terminal client, or the Python 3.14 attach wrapper
 SCRIPTS = {
     "client": ("mldebug.debugger.registry", "mldebug.debugger.wire", "mldebug.debugger.client"),
@@ -20,17 +30,16 @@ SCRIPTS = {
 }
 
 
-def node_answers(target: fanout.Target, node_args: list[str], fan: dict[str, Any] | None = None,
+def node_answers(target: fanout.FanoutOptions, node_args: NodeArgs,
                  ) -> list[tuple[str, dict[str, Any] | None, str | None]]:
     """(host, document or None, error) for each node (this host alone when ``target`` is
-    local). With ``client_command``, every use of the fan-out by ``mldebug pdb`` is here."""
+    local). With ``node_command``, every use of the fan-out by ``mldebug pdb`` is here."""
     if target.is_local:
         from mldebug.debugger import node
 
-        doc = node.collect(node.parser().parse_args(node_args))
+        doc = node.collect(node.parser().parse_args(fanout.to_argv(node_args)))
         return [(doc["host"], doc, None)]
-    results = fanout.run_script(fanout.bundle(NODE_MODULES, "mldebug.debugger.node"),
-                                node_args, target, **(fan or {}))
+    results = fanout.run(fanout.NodeJob(NODE_MODULES, node_args, NODE_SCHEMA), target)
     return [(r.host, r.data, r.error) for r in results]
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from mldebug.debugger import registry
 from mldebug.debugger.analyze import choose, session_list
-from mldebug.debugger.collect import node_answers, node_command
+from mldebug.debugger.collect import NodeArgs, node_answers, node_command
 from mldebug.dist import short_hostname
 from mldebug.errors import MldebugError, UsageError
-from mldebug.fanout import Target
+from mldebug.fanout import FanoutOptions
 from mldebug.hosts import validate_host
 
 _HOST_PORT = re.compile(r"(?P<host>[^:\s]+):(?P<port>[0-9]{1,5})")
@@ -38,11 +38,8 @@ def parse_spec(spec: str) -> tuple[str | None, int]:
                      "Pass a rank number (mldebug pdb connect 2) or HOST:PORT from mldebug pdb list.")
 
 
-def list_sessions(target: Target, directory: str | None, slurm_job: str | None,
-                  fan: dict[str, Any]) -> Any:
-    args = (["--dir", directory] if directory else []) + (
-        ["--slurm-job", slurm_job] if slurm_job else [])
-    return session_list(node_answers(target, args, fan))
+def list_sessions(target: FanoutOptions, directory: str | None) -> Any:
+    return session_list(node_answers(target, NodeArgs(directory, target.slurm_job)))
 
 
 def _ssh(host: str, command: str, ssh_args: str | None) -> int:
@@ -54,11 +51,11 @@ def _ssh(host: str, command: str, ssh_args: str | None) -> int:
                            "Install openssh-client, or run mldebug pdb connect on the node.") from None
 
 
-def connect(spec: str, target: Target, *, directory: str | None, fan: dict[str, Any]) -> int:
+def connect(spec: str, target: FanoutOptions, *, directory: str | None) -> int:
     """Open the terminal on the session named by ``spec`` (a rank, or HOST:PORT)."""
     host, number = parse_spec(spec)
     if host is None:
-        sessions = list_sessions(target, directory, target.slurm_job, fan)
+        sessions = list_sessions(target, directory)
         chosen = choose(sessions.sessions, number)
         host, port = chosen.host, chosen.port
     else:
@@ -74,7 +71,7 @@ def connect(spec: str, target: Target, *, directory: str | None, fan: dict[str, 
         return client.run(doc["port"], doc["token"],
                           reconnect_hint=f"mldebug pdb connect {host}:{port}")
     args = ["--port", str(port)] + (["--dir", directory] if directory else [])
-    return _ssh(host, node_command("client", args, fan.get("remote_python")), fan.get("ssh_args"))
+    return _ssh(host, node_command("client", args, target.remote_python), target.ssh_args)
 
 
 def attach(pid: int, host: str | None, *, remote_python: str | None, ssh_args: str | None) -> int:

@@ -7,19 +7,18 @@ mldebug is not installed. Tokens never leave the node: the client reads them the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from mldebug.debugger import registry
+from mldebug.nodekit import ArgumentParser, emit
 
-MARKER = "MLDEBUG-JSON "
 PUBLIC = ("kind", "host", "pid", "rank", "local_rank", "world_size", "run_id", "slurm_job",
           "port", "file", "line", "function", "updated")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mldebug-pdb-node")
+    p = ArgumentParser(prog="mldebug-pdb-node")
     p.add_argument("--dir", help="session directory (default: /tmp/mldebug-pdb-UID)")
     p.add_argument("--slurm-job", help="only sessions of this SLURM job")
     return p
@@ -41,8 +40,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
-def main() -> int:
-    print(MARKER + json.dumps(collect(parser().parse_args()), separators=(",", ":")), flush=True)
+def main(argv: list[str] | None = None) -> int:
+    emit(collect(parser().parse_args(argv)))
     return 0
 
 

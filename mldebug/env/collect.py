@@ -6,35 +6,29 @@ The only I/O of ``mldebug env``: everything after this is pure analysis.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from mldebug.env.facts import NodeFacts
-from mldebug.fanout import NodeResult, Target, run_script
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, run
 
-NODE_SCRIPT = Path(__file__).with_name("node.py")
-
-
-def node_args(*, torch_timeout: float, ports: Sequence[str] = (),
-              torch_import: bool = False) -> list[str]:
-    args = ["--torch-timeout", f"{torch_timeout:g}"]
-    if torch_import:
-        args.append("--torch-import")
-    for p in ports:
-        args += ["--check-port", p]
-    return args
+NODE_MODULES = ("mldebug.nodekit", "mldebug.env.node")
+NODE_SCHEMA = {"host": str, "env": dict}
 
 
-def collect(target: Target, *, torch_timeout: float = 10.0, ports: Sequence[str] = (),
-            torch_import: bool = False,
-            fanout: dict[str, Any] | None = None) -> tuple[list[NodeFacts], list[NodeResult]]:
+@dataclass
+class NodeArgs:
+    """The arguments of ``node.py`` (``mldebug.fanout.to_argv`` makes its argv)."""
+
+    torch_timeout: float = 10.0
+    torch_import: bool = False
+    check_port: list[str] = field(default_factory=list)
+
+
+def collect(target: FanoutOptions, args: NodeArgs) -> tuple[list[NodeFacts], list[NodeResult]]:
     """Facts of every node that answered, and the results of those that did not."""
-    kwargs = dict(fanout or {})
     # A node needs time for the torch probe plus the rest of the collection.
-    kwargs["timeout"] = max(float(kwargs.get("timeout") or 0), torch_timeout + 10)
-    results = run_script(NODE_SCRIPT, node_args(torch_timeout=torch_timeout, ports=ports,
-                                                torch_import=torch_import), target, **kwargs)
-    return facts_from_results(results)
+    target = replace(target, timeout=max(target.timeout, args.torch_timeout + 10))
+    return facts_from_results(run(NodeJob(NODE_MODULES, args, NODE_SCHEMA), target))
 
 
 def facts_from_results(results: Sequence[NodeResult]) -> tuple[list[NodeFacts], list[NodeResult]]:

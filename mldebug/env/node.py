@@ -2,7 +2,7 @@
 """Gather the environment facts of one node and print them as one ``MLDEBUG-JSON`` line.
 
 Stdlib-only on purpose: ``mldebug env --nodes`` sends this file's source to every node
-through ``mldebug.fanout.run_script``, so it must run on a bare ``python3`` (3.7+), and the
+bundled with ``mldebug.nodekit`` (``mldebug.fanout.NodeJob``), so it must run on a bare ``python3`` (3.7+), and the
 local run uses the very same script. It never imports torch: torch facts come from a child
 interpreter with a timeout, so a broken or slow torch install is reported, never fatal.
 nvidia-ml-py is used when it happens to be importable (optional).
@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-MARKER = "MLDEBUG-JSON "
+from mldebug.nodekit import ArgumentParser, emit, find_py_spy, short_hostname
 
 # Environment families worth reporting (prefixes) and single names.
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_DISTRIBUTED_", "CUDA_",
@@ -456,8 +456,7 @@ def core_facts():
 
 
 def py_spy_facts():
-    candidates = [os.path.join(os.path.dirname(sys.executable), "py-spy"), shutil.which("py-spy")]
-    path = next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+    path = find_py_spy()
     if path is None:
         return {"path": None}
     try:
@@ -576,7 +575,7 @@ def collect(torch_timeout=10.0, ports=(), resolve_timeout=3.0, torch_import=Fals
     env = env_facts()
     facts = {
         "schema": 1,
-        "host": socket.gethostname().split(".")[0],
+        "host": short_hostname(),
         "os": _safe(errors, "os", os_facts) or {},
         "python": python_facts(),
         "env": env,
@@ -600,30 +599,19 @@ def collect(torch_timeout=10.0, ports=(), resolve_timeout=3.0, torch_import=Fals
 
 
 def main(argv):
-    torch_timeout = 10.0
-    resolve_timeout = 3.0
-    torch_import = False
-    ports = []
-    i = 0
-    while i < len(argv):
-        if argv[i] == "--torch-timeout":
-            torch_timeout = float(argv[i + 1])
-            i += 2
-        elif argv[i] == "--resolve-timeout":
-            resolve_timeout = float(argv[i + 1])
-            i += 2
-        elif argv[i] == "--torch-import":
-            torch_import = True
-            i += 1
-        elif argv[i] == "--check-port":
-            ports.append(argv[i + 1])
-            i += 2
-        else:
-            i += 1
-    doc = collect(torch_timeout, ports, resolve_timeout, torch_import)
-    sys.stdout.write(MARKER + json.dumps(doc, separators=(",", ":"), default=str) + "\n")
-    sys.stdout.flush()
+    p = ArgumentParser(prog="mldebug-env-node",
+                       description="Print this node's environment facts as one JSON line.")
+    p.add_argument("--torch-timeout", type=float, default=10.0,
+                   help="seconds the torch probe (a child interpreter) may take")
+    p.add_argument("--resolve-timeout", type=float, default=3.0,
+                   help="seconds for resolving MASTER_ADDR and each --check-port host")
+    p.add_argument("--torch-import", action="store_true", help="also import torch in the child")
+    p.add_argument("--check-port", action="append", default=[], metavar="HOST:PORT",
+                   help="check this TCP port is reachable (repeatable; 'master' = MASTER_ADDR)")
+    a = p.parse_args(argv)
+    emit(collect(a.torch_timeout, a.check_port, a.resolve_timeout, a.torch_import))
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

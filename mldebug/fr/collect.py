@@ -9,6 +9,7 @@ nodes never collide; the rank is also inside each dump.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import re
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mldebug.fanout import FanoutOptions
 from mldebug.fr import node as node_script
 
 
@@ -167,11 +169,12 @@ def trigger_local_report(out_dir: str | Path, timeout: float = 30.0,
     return save_node_doc(str(doc.get("host", "localhost")), doc, out)
 
 
-def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None = None,
-            timeout: float = 30.0, *, max_bytes: Any = node_script.MAX_DUMP_BYTES,
-            progress: Any = None, discover: Any = False, pids: Any = None,
-            **fanout_kwargs: Any) -> TriggerResult:
-    """Trigger every rank on every node of ``target`` (a mldebug.fanout.Target).
+def trigger(target: FanoutOptions, out_dir: str | Path | None,
+            dump_dir: str | Path | None = None, timeout: float | None = None, *,
+            max_bytes: Any = node_script.MAX_DUMP_BYTES, progress: Any = None,
+            discover: Any = False, pids: Any = None) -> TriggerResult:
+    """Trigger every rank on every node of ``target``; ``timeout`` (default: the options')
+    bounds the ranks' answers on each node.
 
     ``out_dir`` None: a new private temporary directory (see ``prepare_out``). Each node sends
     at most ``max_bytes`` of dumps; each node's files are written, and its data dropped, as
@@ -183,19 +186,23 @@ def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None
     An output directory created here is removed again when no dump came back.
     """
     out, created = prepare_out(out_dir)
+    timeout = target.timeout if timeout is None else timeout
     if target.is_local:
         only = {int(p) for p in pids} if pids is not None else None
         nodes = [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
                                       only)]
     else:
         nodes = []
-        extra = [] if pids is None else ["--pids", ",".join(str(int(p)) for p in pids)]
         for host, doc, error in _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover),
-                                         progress, fanout_kwargs, extra):
+                                         progress, pids):
             if doc is None:
                 nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
-            else:
+                continue
+            try:
                 nodes.append(save_node_doc(host, doc, out))
+            except (AttributeError, KeyError, TypeError, ValueError) as e:
+                nodes.append(NodeOutcome(host, errors=[
+                    f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
     result = TriggerResult(out, nodes)
     if created and not result.files:
         try:
@@ -206,31 +213,42 @@ def trigger(target: Any, out_dir: str | Path | None, dump_dir: str | Path | None
     return result
 
 
-def _fan_out(target: Any, dump_dir: str | Path | None, timeout: float, max_bytes: int,
+@dataclass
+class NodeArgs:
+    """The arguments of ``mldebug/fr/node.py`` (``mldebug.fanout.to_argv`` makes its argv)."""
+
+    timeout: float
+    max_bytes: int
+    dir: str | None = None
+    discover: bool = False
+    pids: str | None = None  # comma-separated
+
+
+NODE_MODULES = ("mldebug.nodekit", "mldebug.fr.node")
+NODE_SCHEMA = {"host": str, "ranks": list}
+
+
+def _fan_out(target: FanoutOptions, dump_dir: str | Path | None, timeout: float, max_bytes: int,
              discover: bool, progress: Callable[[int, int], None] | None,
-             fanout_kwargs: dict[str, Any],
-             extra: list[str]) -> Iterator[tuple[str, dict[str, Any] | None, str]]:
+             pids: Any) -> Iterator[tuple[str, dict[str, Any] | None, str]]:
     """The one fan-out call of fr: run the node script on every node, yield (host, doc, error)
     per node and drop each node's document once handed over."""
     from mldebug import fanout
 
-    args = ["--timeout", str(timeout), "--max-bytes", str(max_bytes)]
-    if dump_dir is not None:
-        args += ["--dir", str(dump_dir)]
-    if discover:
-        args.append("--discover")
-    args += extra
+    args = NodeArgs(timeout, max_bytes, None if dump_dir is None else str(dump_dir), discover,
+                    None if pids is None else ",".join(str(int(p)) for p in pids))
     total = len(target.hosts) or 1
     answered = 0
 
-    def on_result(_: Any) -> None:
+    def on_node(_host: str, _ok: bool) -> None:
         nonlocal answered
         answered += 1
         if progress is not None:
             progress(answered, total)
 
-    results = fanout.run_script(Path(node_script.__file__), args, target,
-                                timeout=timeout + 10, on_result=on_result, **fanout_kwargs)
+    results = fanout.run(fanout.NodeJob(NODE_MODULES, args, NODE_SCHEMA),
+                         dataclasses.replace(target, timeout=timeout + 10),
+                         on_node if progress is not None else None)
     for i, res in enumerate(results):
         doc, err = res.data, res.error or "no answer"
         results[i] = None  # type: ignore[call-overload]  # this node's dumps: freed once saved
@@ -238,9 +256,8 @@ def _fan_out(target: Any, dump_dir: str | Path | None, timeout: float, max_bytes
         del doc
 
 
-def for_hang(target: Any, out_dir: str | Path | None, timeout: float,
-             fr_dir: str | Path | None = None, pids: Any = None,
-             **fanout_kwargs: Any) -> tuple[dict[str, Any], Any]:
+def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
+             fr_dir: str | Path | None = None, pids: Any = None) -> tuple[dict[str, Any], Any]:
     """What ``mldebug hang --fr`` adds: trigger the recorders of the job's rank processes
     (``pids``; None: every registered process) - in ``fr_dir`` (default: as enable()) and in
     every directory their environments name - and analyse the dumps. Returns the JSON block
@@ -249,8 +266,7 @@ def for_hang(target: Any, out_dir: str | Path | None, timeout: float,
     from mldebug.fr.loader import load_files
     from mldebug.render import fold_ints
 
-    result = trigger(target, out_dir, fr_dir, timeout=timeout, discover=True, pids=pids,
-                     **fanout_kwargs)
+    result = trigger(target, out_dir, fr_dir, timeout=timeout, discover=True, pids=pids)
     doc: dict[str, Any] = result.to_dict()
     default = str(fr_dir or node_script.default_dir())
     elsewhere: dict[str, list[int]] = {}
@@ -307,16 +323,15 @@ def last_seqs(files: list[Path]) -> dict[str, int]:
     return since
 
 
-def watch(target: Any, interval: float, out_dir: str | Path | None,
-          dump_dir: str | Path | None = None, timeout: float = 30.0,
-          **fanout_kwargs: Any) -> WatchResult:
+def watch(target: FanoutOptions, interval: float, out_dir: str | Path | None,
+          dump_dir: str | Path | None = None, timeout: float | None = None) -> WatchResult:
     """Trigger every rank twice, ``interval`` seconds apart, into ``<out>/1`` and ``<out>/2``;
     the straggler statistics of the second dumps then cover only the collectives between."""
     out, created = prepare_out(out_dir)
-    first = trigger(target, out / "1", dump_dir, timeout=timeout, **fanout_kwargs)
+    first = trigger(target, out / "1", dump_dir, timeout=timeout)
     since = last_seqs(first.files) if first.files else {}
     time.sleep(interval)
-    second = trigger(target, out / "2", dump_dir, timeout=timeout, **fanout_kwargs)
+    second = trigger(target, out / "2", dump_dir, timeout=timeout)
     if created and not first.files and not second.files:
         try:
             out.rmdir()

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.fr.model import CallFrame, DumpSet, Entry, LoadProblem, PgStatus, RankDump, Timeline
+from mldebug.names import trailing_number
 
 # Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
 _ALLOWED_GLOBALS = {
@@ -70,7 +71,6 @@ def safe_loads(data: bytes) -> Any:
     return _Restricted(io.BytesIO(data)).load()
 
 
-_TRAILING_NUM = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 
 # Fields that decide whether two ranks recorded the same timeline (time stamps, record and
 # thread ids are excluded: they differ between ranks that did the same thing).
@@ -263,9 +263,9 @@ def _rank_of(doc: dict[str, Any], name: str) -> tuple[int | None, str]:
             if not 0 <= value < MAX_WORLD:
                 raise BadDump(f"rank {_short_value(value)} is not a rank (0 to {MAX_WORLD - 1})")
             return value, "content"
-    m = _TRAILING_NUM.search(os.path.basename(name))
-    if m and len(m.group(1)) <= 9 and int(m.group(1)) < MAX_WORLD:
-        return int(m.group(1)), "filename"
+    number = trailing_number(os.path.basename(name))
+    if number is not None and number < MAX_WORLD:
+        return number, "filename"
     return None, ""
 
 

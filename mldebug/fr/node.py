@@ -31,14 +31,14 @@ import json
 import os
 import pwd
 import re
-import socket
 import stat
 import sys
 import time
 import zlib
 from typing import Any
 
-MARKER = "MLDEBUG-JSON "
+from mldebug.nodekit import ArgumentParser, emit, short_hostname
+
 REGISTRY_PREFIX = ".mldebug-fr-"
 
 
@@ -238,7 +238,7 @@ def _fetch_dump(dir_fd: int, owner: int, token: str, file: Any) -> tuple[bytes, 
 
 def trigger(dump_dir: str, timeout: float, include_data: bool = True,
             max_bytes: int = MAX_DUMP_BYTES, pids: set[int] | None = None) -> dict[str, Any]:
-    host = socket.gethostname().split(".")[0]
+    host = short_hostname()
     out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
     try:
         st = check_dir(dump_dir)
@@ -455,9 +455,7 @@ def trigger_all(dump_dir: str, timeout: float, include_data: bool = True,
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="mldebug-fr-node")
+    p = ArgumentParser(prog="mldebug-fr-node")
     p.add_argument("--dir", default=None)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--no-data", action="store_true")
@@ -468,8 +466,7 @@ def main(argv: list[str]) -> int:
     pids = {int(x) for x in a.pids.split(",") if x.isdigit()} if a.pids is not None else None
     doc = trigger_all(a.dir or default_dir(), a.timeout, include_data=not a.no_data,
                       max_bytes=a.max_bytes, discover=a.discover, pids=pids)
-    sys.stdout.write(MARKER + json.dumps(doc, separators=(",", ":")) + "\n")
-    sys.stdout.flush()
+    emit(doc)
     return 0
 
 

@@ -4,6 +4,7 @@ answers into model objects, and save/load them for later analysis."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -12,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import UsageError
-from mldebug.fanout import NodeResult, Target, bundle, run_script
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnNode, run, to_argv
 from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
+from mldebug.names import trailing_number
 
-NODE_MODULES = ("mldebug.dist", "mldebug.errors", "mldebug.hang.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node")
+NODE_SCHEMA = {"host": str, "processes": list}
 DUMP_FORMAT = "mldebug.hang.dump/1"
 MAX_DUMP_BYTES = 64 << 20  # one process's dump; anything bigger is not one
 
@@ -37,34 +40,12 @@ class CollectOptions:
     jobs: int = 0  # dumps at once on a node; 0: that node's CPU count (node.dump_jobs)
 
     def node_args(self) -> list[str]:
-        args = ["--timeout", f"{self.timeout:g}", "--jobs", str(self.jobs)]
-        if self.pid is not None:
-            args += ["--pid", str(self.pid)]
-        if self.pattern:
-            args += ["--pattern", self.pattern]
-        if self.all_users:
-            args.append("--all-users")
-        if self.user:
-            args += ["--user", self.user]
-        if self.slurm_job:
-            args += ["--slurm-job", self.slurm_job]
-        for flag in ("native", "nonblocking", "locals"):
-            if getattr(self, flag):
-                args.append(f"--{flag}")
-        if self.py_spy:
-            args += ["--py-spy", self.py_spy]
-        if self.watch:
-            args += ["--watch", f"{self.watch:g}"]
-        return args
+        return to_argv(self)
 
 
-def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 10.0,
-              fanout: int = 64, remote_python: str | None = None, ssh_args: str | None = None,
-              on_result: Callable[[NodeResult], None] | None = None) -> list[NodeResult]:
-    """One JSON document per node (or an error saying why there is none).
-
-    The only place hang fans out: the fan-out redesign adapts this one call.
-    """
+def node_docs(opts: CollectOptions, target: FanoutOptions,
+              on_node: OnNode | None = None) -> list[NodeResult]:
+    """One JSON document per node (or an error saying why there is none)."""
     if target.is_local:
         from mldebug.hang import node
 
@@ -72,11 +53,8 @@ def node_docs(opts: CollectOptions, target: Target, *, connect_timeout: float = 
         return [NodeResult(doc["host"], data=doc)]
     # The node budget: two rounds of dumps (with --watch) plus the pause between them.
     node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
-    return run_script(
-        bundle(NODE_MODULES, "mldebug.hang.node"), opts.node_args(), target,
-        timeout=node_timeout, connect_timeout=connect_timeout, fanout=fanout,
-        remote_python=remote_python, ssh_args=ssh_args, on_result=on_result,
-    )
+    return run(NodeJob(NODE_MODULES, opts, NODE_SCHEMA),
+               dataclasses.replace(target, timeout=node_timeout), on_node)
 
 
 def _opt_int(v: Any) -> int | None:
@@ -171,27 +149,15 @@ def collection_from_results(results: Sequence[NodeResult], watch: float | None =
     return coll
 
 
-def collect(opts: CollectOptions, target: Target, fanout_kw: dict[str, Any], *,
-            progress: bool = False, docs: Callable[..., list[NodeResult]] | None = None,
+def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = False,
+            docs: Callable[..., list[NodeResult]] | None = None,
             ) -> tuple[list[NodeResult], Collection]:
-    """Collect from every node of ``target``; with ``progress``, nodes answered / total on
-    stderr (a terminal only) while they answer. ``docs``: another way to get the node
-    documents with ``node_docs``'s signature (the ranks dumping themselves on a signal)."""
+    """Collect from every node of ``target``. The fan-out shows nodes answered / total on
+    stderr (a terminal only) unless ``progress`` is False. ``docs``: another way to get the
+    node documents with ``node_docs``'s signature (the ranks dumping themselves on a signal)."""
     node_docs_fn = docs or node_docs
-    if target.is_local or not progress:
-        results = node_docs_fn(opts, target, **fanout_kw)
-    else:
-        from mldebug.render import console
-
-        total = len(target.hosts) or "?"
-        answered = 0
-        with console(stderr=True).status(f"collecting stacks: 0/{total} nodes answered") as st:
-            def on_result(_: NodeResult) -> None:
-                nonlocal answered
-                answered += 1
-                st.update(f"collecting stacks: {answered}/{total} nodes answered")
-
-            results = node_docs_fn(opts, target, **fanout_kw, on_result=on_result)
+    quiet: OnNode | None = None if progress else (lambda host, ok: None)
+    results = node_docs_fn(opts, target, quiet)
     return results, collection_from_results(results, watch=opts.watch or None)
 
 
@@ -352,8 +318,7 @@ def _pid_from(data: list[Any], f: Path) -> int:
     for t in data:
         if isinstance(t, dict) and t.get("pid"):
             return int(t["pid"])
-    digits = "".join(c for c in f.stem if c.isdigit())
-    return int(digits) if digits else 0
+    return trailing_number(f.name) or 0
 
 
 def options_from_args(args: argparse.Namespace) -> CollectOptions:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mldebug.fanout import Target
+from mldebug.fanout import FanoutOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -26,14 +26,14 @@ class FlightRecord:
         return self.doc
 
 
-def collect(target: Target, out: Path | None, timeout: float, fanout_kw: dict[str, Any], *,
+def collect(target: FanoutOptions, out: Path | None, timeout: float, *,
             fr_dir: str | None = None, pids: list[int] | None = None) -> FlightRecord:
     """Trigger the flight recorders of the job's rank processes (``pids``) on the same nodes -
     in ``fr_dir`` and in every directory their environments name - and analyse the dumps."""
     from mldebug.fr.collect import for_hang
 
     where = out / "fr" if out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
-    doc, analysis = for_hang(target, where, timeout, fr_dir, pids, **fanout_kw)
+    doc, analysis = for_hang(target, where, timeout, fr_dir, pids)
     return FlightRecord(doc, analysis)
 
 

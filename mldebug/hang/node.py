@@ -3,7 +3,7 @@
 Stdlib only (it imports nothing of mldebug but ``mldebug.dist`` and ``mldebug.errors``, which
 are stdlib-only and travel with it), so it runs on nodes where mldebug is not installed: the fan-out sends this
 file's source and ``dist.py``'s inside the command line. It prints one JSON document (see
-``mldebug.fanout.MARKER``). Run by hand: ``bin/mldebug-collect --help``.
+``mldebug.nodekit.emit``). Run by hand: ``bin/mldebug-collect --help``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import argparse
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,8 +21,8 @@ from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
 from mldebug.errors import PTRACE_FIX
+from mldebug.nodekit import ArgumentParser, emit, find_py_spy, short_hostname
 
-MARKER = "MLDEBUG-JSON "
 NODE_VERSION = 1
 
 
@@ -242,15 +240,6 @@ def resolve_user(user: str) -> int | None:
         return None
 
 
-def find_py_spy(explicit: str | None) -> str | None:
-    if explicit:
-        return explicit if os.path.exists(explicit) or shutil.which(explicit) else None
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("py-spy")
-
-
 def proc_status(pid: int) -> dict[str, str]:
     """State and TracerPid (and the rest) of /proc/PID/status; empty when unreadable."""
     out = {}
@@ -368,7 +357,7 @@ def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespac
 def collect(opts: argparse.Namespace) -> dict[str, Any]:
     """Find and dump the ranks on this node; the JSON document the caller receives."""
     start = time.monotonic()
-    host = socket.gethostname().split(".")[0]
+    host = short_hostname()
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
                            "errors": [], "python": sys.executable}
     procs = list_processes()
@@ -409,7 +398,7 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mldebug-collect",
+    p = ArgumentParser(prog="mldebug-collect",
                                 description="Dump the stacks of the rank processes on this node "
                                             "as one JSON document (stdlib + py-spy only).")
     p.add_argument("--pid", type=int, help="this process (or its rank-carrying descendants)")
@@ -435,8 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.pretty:
         print(json.dumps(doc, indent=2))
     else:
-        print(MARKER + json.dumps(doc, separators=(",", ":")))
-    sys.stdout.flush()
+        emit(doc)
     return 0
 
 

@@ -7,7 +7,7 @@ names is first used (``from mldebug import DebugUnderflowOverflow``).
 from __future__ import annotations
 
 from mldebug.numerics.detector import DebugUnderflowOverflow, OverflowDetected
-from mldebug.numerics.inspect import (
+from mldebug.numerics.inspection import (
     TensorStats,
     detect_overflow,
     lovely,
@@ -17,12 +17,18 @@ from mldebug.numerics.inspect import (
     tensor_stats,
     unpatch_tensor_repr,
 )
-from mldebug.numerics.report import Entry, Frame, HeadroomWarning, OverflowReport, render_report
+from mldebug.numerics.report import (
+    Entry,
+    HeadroomWarning,
+    ModuleCall,
+    OverflowReport,
+    render_report,
+)
 
 __all__ = [
     "DebugUnderflowOverflow",
     "Entry",
-    "Frame",
+    "ModuleCall",
     "HeadroomWarning",
     "OverflowDetected",
     "OverflowReport",

@@ -27,12 +27,13 @@ from typing import IO, Any
 import torch
 from torch import nn
 
+from mldebug.errors import MldebugError
 from mldebug.numerics import _tensors
 from mldebug.numerics.report import (
     DTYPE_MAX,
     Entry,
-    Frame,
     HeadroomWarning,
+    ModuleCall,
     OverflowReport,
     Phase,
     build_report,
@@ -257,7 +258,7 @@ class _Pass:
                 n += 1
         return [(f[0], f[1]) for f in sorted(by_key.values(), key=lambda f: f[2])]
 
-    def to_frames(self) -> list[Frame]:
+    def to_frames(self) -> list[ModuleCall]:
         """Bring every recorded number to the host (one transfer per device) as Frames."""
         raw = self._raw_frames()
         mins: list[float] = [0.0] * len(self.mins)
@@ -281,8 +282,12 @@ class _Pass:
                                          _dtype_info(self.dtypes[slot])[0], slot))
                 else:
                     entries.append(Entry(ctx, slot))  # type: ignore[arg-type]
-            out.append(Frame(name, cls, self.phase, self.batch_number, n, entries))
+            out.append(ModuleCall(name, cls, self.phase, self.batch_number, n, entries))
         return out
+
+
+# The model attribute naming the detector attached to it (a weak reference).
+_ATTACHED = "_mldebug_overflow_detector"
 
 
 class DebugUnderflowOverflow:
@@ -336,6 +341,13 @@ class DebugUnderflowOverflow:
         self._calls = itertools.count()
         self._last_call: dict[nn.Module, Any] = {}
         self._grad_targets: dict[int, tuple[weakref.ref[torch.Tensor], int, list[_Serve]]] = {}
+        attached = model.__dict__.get(_ATTACHED)
+        if attached is not None and attached() is not None and attached()._active:
+            raise MldebugError(
+                "DebugUnderflowOverflow is already attached to this model; a second one would "
+                "run every hook twice.",
+                "Keep using the first detector, or call its .detach() before attaching another.")
+        model.__dict__[_ATTACHED] = weakref.ref(self)  # plain attribute: not in state_dict
         self._register()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -358,6 +370,9 @@ class DebugUnderflowOverflow:
     def detach(self) -> None:
         """Remove every hook this detector added; the model runs as if it was never here."""
         self._active = False
+        attached = self.model.__dict__.get(_ATTACHED)
+        if attached is not None and attached() is self:
+            del self.model.__dict__[_ATTACHED]
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -1,6 +1,6 @@
 """The inf/nan report as data, and the pure functions that build and render it.
 
-Hooks record plain numbers into :class:`Frame` objects; everything here works on those
+Hooks record plain numbers into :class:`ModuleCall` objects; everything here works on those
 dataclasses only (no torch), so the analysis that names the first bad module is tested on
 fixtures and reused for the forward and the backward pass. The text format is the one the
 book and ``transformers.debug_utils.DebugUnderflowOverflow`` print::
@@ -62,7 +62,7 @@ class Entry:
 
 
 @dataclass
-class Frame:
+class ModuleCall:
     """What one module call saw: its weights, inputs and outputs (or their gradients)."""
 
     module: str  # fully qualified name, "" for the root
@@ -105,8 +105,8 @@ class OverflowReport:
 
     batch_number: int
     phase: Phase
-    frames: list[Frame]  # the saved frames, oldest first, ending with ``first``
-    first: Frame
+    frames: list[ModuleCall]  # the saved frames, oldest first, ending with ``first``
+    first: ModuleCall
     culprit: str  # one sentence naming the module and the entry
     prefix: str = ""  # "[host:rank]" in a distributed job
     more_frames: int = 0  # frames recorded after ``first`` in the same pass (not shown)
@@ -130,13 +130,13 @@ def format_entry(entry: Entry) -> str:
     return f"{entry.kind:>17} {entry.ctx}"
 
 
-def format_frame(frame: Frame) -> str:
+def format_frame(frame: ModuleCall) -> str:
     lines = [f"{PREFIX} {frame.title}"]
     lines.extend(format_entry(e) for e in frame.entries)
     return "\n".join(lines)
 
 
-def first_nonfinite_forward(frames: Sequence[Frame]) -> int | None:
+def first_nonfinite_forward(frames: Sequence[ModuleCall]) -> int | None:
     """Index of the first frame (execution order) with an inf/nan anywhere in it."""
     for i, frame in enumerate(frames):
         if frame.nonfinite:
@@ -144,7 +144,7 @@ def first_nonfinite_forward(frames: Sequence[Frame]) -> int | None:
     return None
 
 
-def first_nonfinite_backward(frames: Sequence[Frame]) -> int | None:
+def first_nonfinite_backward(frames: Sequence[ModuleCall]) -> int | None:
     """Index of the first frame whose own backward produced an inf/nan.
 
     A module is to blame when a gradient it produced (w.r.t. its inputs or weights) is not
@@ -161,7 +161,7 @@ def first_nonfinite_backward(frames: Sequence[Frame]) -> int | None:
     return first_nonfinite_forward(frames)
 
 
-def describe_culprit(frame: Frame) -> str:
+def describe_culprit(frame: ModuleCall) -> str:
     bad = [e for e in frame.entries if e.nonfinite]
     what = ", ".join(f"{e.ctx} has {'nan' if e.has_nan else 'inf'}" for e in bad)
     if frame.phase == "backward":
@@ -170,7 +170,7 @@ def describe_culprit(frame: Frame) -> str:
     return f"first inf/nan in forward at {frame.module or '<root>'} ({frame.cls}): {what}"
 
 
-def build_report(frames: Sequence[Frame], *, phase: Phase, batch_number: int,
+def build_report(frames: Sequence[ModuleCall], *, phase: Phase, batch_number: int,
                  max_frames: int, prefix: str = "",
                  headroom_fraction: float = 0.0) -> OverflowReport | None:
     """Find the first bad frame of a pass and keep the ``max_frames`` frames ending with it.
@@ -197,7 +197,7 @@ def build_report(frames: Sequence[Frame], *, phase: Phase, batch_number: int,
     )
 
 
-def headroom_warnings(frames: Sequence[Frame], fraction: float) -> list[HeadroomWarning]:
+def headroom_warnings(frames: Sequence[ModuleCall], fraction: float) -> list[HeadroomWarning]:
     """Finite values whose abs max is above ``fraction`` of their dtype's largest finite value."""
     out: list[HeadroomWarning] = []
     seen: set[int] = set()
@@ -256,7 +256,7 @@ def render_headroom(warnings: Sequence[HeadroomWarning], batch_number: int,
     return text
 
 
-def render_trace(frames: Sequence[Frame], batch_number: int) -> str:
+def render_trace(frames: Sequence[ModuleCall], batch_number: int) -> str:
     """Per-batch tracing output (``trace_batch_nums``), as the book shows it."""
     lines = ["", "", f"{PREFIX} *** Starting batch number={batch_number} ***", HEADER]
     lines.extend(format_frame(f) for f in frames)

@@ -1,0 +1,53 @@
+"""What every node script shares: the answer marker, the host name, py-spy lookup, argparse.
+
+Stdlib only and Python 3.7+: ``mldebug.fanout`` bundles this module with every node script
+(``NodeJob``), so a node without mldebug runs it on whatever ``python3`` it has. A node
+script answers with one line, ``MLDEBUG-JSON {...}`` (``emit``); anything else it prints is
+kept only to explain a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+from typing import Any, NoReturn
+
+MARKER = "MLDEBUG-JSON "
+
+
+def emit(doc: dict[str, Any]) -> None:
+    """Print the node's answer: one marked line of compact JSON, flushed at once."""
+    sys.stdout.write(MARKER + json.dumps(doc, separators=(",", ":"), default=str) + "\n")
+    sys.stdout.flush()
+
+
+def short_hostname(name: str | None = None) -> str:
+    """The host name up to the first dot (``hostname -s``), as pdsh and SLURM name nodes."""
+    return (name or socket.gethostname()).split(".")[0]
+
+
+def find_py_spy(explicit: str | None = None) -> str | None:
+    """py-spy to use here: ``explicit`` if it exists, else the one beside this Python, else PATH."""
+    if explicit:
+        return explicit if os.path.exists(explicit) or shutil.which(explicit) else None
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("py-spy")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for node scripts: a bad argument becomes this node's error document.
+
+    The caller then reports ``node3: bad node arguments: ...`` for that node instead of a
+    usage text lost in pdsh's output; the exit code stays argparse's 2.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        emit({"host": short_hostname(), "error": "bad node arguments: " + message})
+        sys.stderr.write(self.format_usage())
+        sys.exit(2)
