@@ -64,10 +64,13 @@ def test_every_command_name_maps_to_its_module():
         "fr": "mldebug.cli.fr",
         "env": "mldebug.cli.env",
         "nccl-log": "mldebug.cli.nccl_log",
+        "log": "mldebug.cli.log",
         "dist-test": "mldebug.cli.dist_test",
         "make-tiny": "mldebug.cli.make_tiny",
         "shrink-layers": "mldebug.cli.shrink_layers",
         "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",
+        "pdb": "mldebug.cli.pdb",
+        "trace": "mldebug.cli.trace",
         "docs": "mldebug.cli.docs",
         "completion": "mldebug.cli.completion",
     }

@@ -218,7 +218,7 @@ class NodeArgs:
     """The arguments of ``mldebug/fr/node.py`` (``mldebug.fanout.to_argv`` makes its argv)."""
 
     timeout: float
-    max_bytes: int
+    max_bytes: int = node_script.MAX_DUMP_BYTES
     dir: str | None = None
     discover: bool = False
     pids: str | None = None  # comma-separated
