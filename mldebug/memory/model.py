@@ -1,0 +1,123 @@
+"""Plain dataclasses for the memory reports: snapshot analysis, comparison, top, peak, probe."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mldebug.findings import Finding, findings_to_json
+
+
+@dataclass
+class Site:
+    """Bytes attributed to one allocation site (the first user frame, torch frames folded)."""
+
+    site: str
+    bytes: int
+    count: int = 0
+    first_event: int | None = None
+    last_event: int | None = None
+
+
+@dataclass
+class Oom:
+    """One 'oom' trace event with the allocator's state at that moment."""
+
+    device: int
+    event: int
+    requested: int
+    device_free: int | None
+    allocated: int
+    reserved: int
+    site: str
+
+
+@dataclass
+class SegmentUse:
+    """One cudaMalloc'd segment: reserved vs in use, and its largest free block."""
+
+    device: int
+    address: int
+    total: int
+    allocated: int
+    largest_free: int
+    blocks: int
+
+    @property
+    def free(self) -> int:
+        return self.total - self.allocated
+
+
+@dataclass
+class DeviceMemory:
+    """What one device's trace says: peak, sites at peak, never-freed allocations, OOMs."""
+
+    device: int
+    events: int
+    peak_allocated: int = 0
+    peak_event: int | None = None
+    peak_reserved: int = 0
+    end_allocated: int = 0
+    end_reserved: int = 0
+    before_trace: int = 0  # bytes allocated before the first recorded event
+    top_at_peak: list[Site] = field(default_factory=list)
+    never_freed: list[Site] = field(default_factory=list)
+    leak_sites: list[Site] = field(default_factory=list)
+    ooms: list[Oom] = field(default_factory=list)
+
+
+@dataclass
+class SnapshotReport:
+    """``mldebug mem report``: one snapshot file analysed."""
+
+    file: str
+    devices: list[DeviceMemory] = field(default_factory=list)
+    reserved: int = 0
+    allocated: int = 0
+    segments: int = 0
+    largest_free: int = 0
+    stranded: int = 0  # free bytes inside segments that also hold live blocks
+    worst_segments: list[SegmentUse] = field(default_factory=list)
+    has_trace: bool = True
+    skipped_events: int = 0
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["findings"] = findings_to_json(self.findings)
+        d["format"] = "mldebug.mem.report/1"
+        return d
+
+
+@dataclass
+class SiteChange:
+    site: str
+    before: int
+    after: int
+
+    @property
+    def delta(self) -> int:
+        return self.after - self.before
+
+
+@dataclass
+class CompareReport:
+    """``mldebug mem compare``: what is held at the end of B that was not at the end of A."""
+
+    before: str
+    after: str
+    allocated_before: int
+    allocated_after: int
+    reserved_before: int
+    reserved_after: int
+    changes: list[SiteChange] = field(default_factory=list)
+    source: str = "segments"  # where the per-site figures come from
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for c, dc in zip(self.changes, d["changes"]):
+            dc["delta"] = c.delta
+        d["findings"] = findings_to_json(self.findings)
+        d["format"] = "mldebug.mem.compare/1"
+        return d

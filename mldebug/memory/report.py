@@ -1,0 +1,89 @@
+"""Rendering of every memory report (rich); ``--json`` uses each report's ``to_dict``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mldebug.findings import render_findings
+from mldebug.memory.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def render(report: Any, console: Console) -> None:
+    """Render any memory report by its type."""
+    name = type(report).__name__
+    {"SnapshotReport": _snapshot, "CompareReport": _compare, "TopReport": _top,
+     "PeakReport": _peak, "ProbeReport": _probe}[name](report, console)
+
+
+def _table(title: str, *cols: str) -> Any:
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for i, c in enumerate(cols):
+        t.add_column(c, justify="right" if i and c != "site" else "left")
+    return t
+
+
+def _snapshot(rep: Any, console: Console) -> None:
+    console.print(f"[bold]Snapshot[/] {rep.file}: {rep.segments} segments, reserved "
+                  f"{fmt_bytes(rep.reserved)}, allocated {fmt_bytes(rep.allocated)} at the end")
+    for d in rep.devices:
+        console.print(f"[bold]Device {d.device}[/]: {d.events} events; peak allocated "
+                      f"{fmt_bytes(d.peak_allocated)} (event {d.peak_event}), peak reserved "
+                      f"{fmt_bytes(d.peak_reserved)}; at the end {fmt_bytes(d.end_allocated)} "
+                      f"allocated, {fmt_bytes(d.end_reserved)} reserved")
+        t = _table("  Top allocation sites at the peak", "site", "bytes")
+        for s in d.top_at_peak:
+            t.add_row(s.site, fmt_bytes(s.bytes))
+        console.print(t)
+        if d.never_freed:
+            t = _table("  Never freed by the end of the trace", "site", "bytes", "count",
+                       "events")
+            for s in d.never_freed:
+                t.add_row(s.site, fmt_bytes(s.bytes), str(s.count),
+                          f"{s.first_event}-{s.last_event}")
+            console.print(t)
+    if rep.worst_segments and rep.reserved:
+        t = _table("Segments with the most free space", "segment", "size", "in use",
+                   "largest free", "blocks")
+        for s in rep.worst_segments[:5]:
+            t.add_row(f"dev{s.device} {s.address:#x}", fmt_bytes(s.total), fmt_bytes(s.allocated),
+                      fmt_bytes(s.largest_free), str(s.blocks))
+        console.print(t)
+    console.print()
+    render_findings(rep.findings, console)
+
+
+def _compare(rep: Any, console: Console) -> None:
+    console.print(f"[bold]{rep.before}[/] -> [bold]{rep.after}[/]: allocated "
+                  f"{fmt_bytes(rep.allocated_before)} -> {fmt_bytes(rep.allocated_after)} "
+                  f"({fmt_bytes(rep.allocated_after - rep.allocated_before, signed=True)}), "
+                  f"reserved {fmt_bytes(rep.reserved_before)} -> {fmt_bytes(rep.reserved_after)}")
+    t = _table(f"Held at the end, by site (from the {rep.source})", "site", "before", "after",
+               "change")
+    for c in rep.changes:
+        t.add_row(c.site, fmt_bytes(c.before), fmt_bytes(c.after), fmt_bytes(c.delta, signed=True))
+    console.print(t)
+    console.print()
+    render_findings(rep.findings, console, empty="Nothing grew.")
+
+
+def _top(rep: Any, console: Console) -> None:
+    from mldebug.memory.top import render_top
+
+    render_top(rep, console)
+
+
+def _peak(rep: Any, console: Console) -> None:
+    from mldebug.memory.peak import render_peak
+
+    render_peak(rep, console)
+
+
+def _probe(rep: Any, console: Console) -> None:
+    from mldebug.memory.probe import render_probe
+
+    render_probe(rep, console)
