@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 def render(report: Any, console: Console) -> None:
     """Render any memory report by its type."""
     name = type(report).__name__
-    {"SnapshotReport": _snapshot, "CompareReport": _compare, "TopReport": _top,
-     "PeakReport": _peak, "ProbeReport": _probe}[name](report, console)
+    renderers = {"SnapshotReport": _snapshot, "CompareReport": _compare, "PeakReport": _peak,
+                 "ProbeReport": _probe}
+    renderers[name](report, console)
 
 
 def _table(title: str, *cols: str) -> Any:
@@ -71,19 +72,29 @@ def _compare(rep: Any, console: Console) -> None:
     render_findings(rep.findings, console, empty="Nothing grew.")
 
 
-def _top(rep: Any, console: Console) -> None:
-    from mldebug.memory.top import render_top
-
-    render_top(rep, console)
-
-
 def _peak(rep: Any, console: Console) -> None:
-    from mldebug.memory.peak import render_peak
+    from rich.text import Text
 
-    render_peak(rep, console)
+    cmd = " ".join(rep.cmd)
+    console.print(Text(f"mldebug mem peak: {cmd[:100]}", style="bold"))
+    console.print(f"  peak memory of the whole tree  {fmt_bytes(rep.peak)}   ({rep.method})")
+    console.print(f"  largest single process         {fmt_bytes(rep.largest_process)}   "
+                  "(what /usr/bin/time -f %M shows)")
+    console.print(f"  wall {rep.wall:.2f}s   user {rep.user:.2f}s   sys {rep.sys:.2f}s   "
+                  f"exit code {rep.exit_code}" + (f" ({rep.signal})" if rep.signal else "")
+                  + ("" if rep.oom_kills is None else f"   OOM kills {rep.oom_kills}"))
+    console.print(Text(f"  method: {rep.method_note}", style="dim"))
+    console.print()
+    render_findings(rep.findings, console)
 
 
 def _probe(rep: Any, console: Console) -> None:
-    from mldebug.memory.probe import render_probe
-
-    render_probe(rep, console)
+    console.print(f"[bold]mldebug mem probe[/] ({rep.device}): {fmt_bytes(rep.allocated)} "
+                  f"allocated and touched in steps of {fmt_bytes(rep.step)}; stopped by "
+                  f"{rep.stopped_by}")
+    console.print(f"  max {fmt_bytes(rep.maximum)} (from {rep.max_from})"
+                  + ("" if rep.available is None else f", available {fmt_bytes(rep.available)}")
+                  + ("" if rep.cgroup_limit is None else
+                     f", cgroup limit {fmt_bytes(rep.cgroup_limit)} ({rep.cgroup_path})"))
+    console.print()
+    render_findings(rep.findings, console)
