@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "patch_tensor_repr": "mldebug.numerics",
     "lovely": "mldebug.numerics",
     "OverflowDetected": "mldebug.numerics",
+    "see_memory_usage": "mldebug.memory.usage",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -121,3 +121,56 @@ class CompareReport:
         d["findings"] = findings_to_json(self.findings)
         d["format"] = "mldebug.mem.compare/1"
         return d
+
+
+@dataclass
+class RankMemory:
+    """One rank process's memory: the last sample and the growth rate over the watch."""
+
+    host: str
+    pid: int
+    rank: int | None
+    local_rank: int | None
+    job: str
+    rss: int
+    uss: int | None
+    gpu: int | None  # bytes over all its GPUs (None: no GPU information)
+    rss_first: int
+    gpu_first: int | None
+    seconds: float  # how long it was watched
+    rss_rate: float = 0.0  # bytes per second (least squares over the samples)
+    gpu_rate: float = 0.0
+
+
+@dataclass
+class JobMemory:
+    """The ranks of one job (run id / launcher) and their spread."""
+
+    job: str
+    ranks: int
+    hosts: list[str]
+    rss_min: int
+    rss_median: int
+    rss_max: int
+    gpu_median: int | None
+    gpu_max: int | None
+
+
+@dataclass
+class TopReport:
+    """``mldebug mem top``: every rank's memory across nodes, with findings."""
+
+    processes: list[RankMemory] = field(default_factory=list)
+    jobs: list[JobMemory] = field(default_factory=list)
+    watch: float = 0.0
+    rows: int = 10
+    hosts: list[str] = field(default_factory=list)
+    unanswered: dict[str, str] = field(default_factory=dict)  # host -> why
+    gpu_source: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["findings"] = findings_to_json(self.findings)
+        d["format"] = "mldebug.mem.top/1"
+        return d

@@ -15,7 +15,7 @@ def render(report: Any, console: Console) -> None:
     """Render any memory report by its type."""
     name = type(report).__name__
     renderers = {"SnapshotReport": _snapshot, "CompareReport": _compare, "PeakReport": _peak,
-                 "ProbeReport": _probe}
+                 "ProbeReport": _probe, "TopReport": _top}
     renderers[name](report, console)
 
 
@@ -96,5 +96,36 @@ def _probe(rep: Any, console: Console) -> None:
                   + ("" if rep.available is None else f", available {fmt_bytes(rep.available)}")
                   + ("" if rep.cgroup_limit is None else
                      f", cgroup limit {fmt_bytes(rep.cgroup_limit)} ({rep.cgroup_path})"))
+    console.print()
+    render_findings(rep.findings, console)
+
+
+def _top(rep: Any, console: Console) -> None:
+    from mldebug.hosts import collapse
+
+    hosts = collapse(sorted(rep.hosts)) if rep.hosts else "-"
+    watch = f", watched {rep.watch:g}s" if rep.watch else ""
+    console.print(f"[bold]mldebug mem top[/]: {len(rep.processes)} rank processes on {hosts}"
+                  f"{watch}; GPU memory from {rep.gpu_source or 'nowhere (no nvidia-smi)'}")
+    for j in rep.jobs:
+        gpu = "" if j.gpu_median is None else (f"; GPU median {fmt_bytes(j.gpu_median)}, max "
+                                               f"{fmt_bytes(j.gpu_max)}")
+        console.print(f"  job {j.job}: {j.ranks} ranks on {collapse(j.hosts)}; RSS min "
+                      f"{fmt_bytes(j.rss_min)}, median {fmt_bytes(j.rss_median)}, max "
+                      f"{fmt_bytes(j.rss_max)}{gpu}")
+    if rep.processes:
+        shown = sorted(rep.processes, key=lambda r: -(r.rss_rate if rep.watch else r.rss))
+        title = (f"Ranks by growth (top {rep.rows})" if rep.watch
+                 else f"Ranks by RSS (top {rep.rows})")
+        cols = ["host", "rank", "pid", "RSS", "USS", "GPU"] + (["RSS/s", "GPU/s"] if rep.watch else [])
+        t = _table(title, *cols)
+        for r in shown[:rep.rows]:
+            row = [r.host, "-" if r.rank is None else str(r.rank), str(r.pid), fmt_bytes(r.rss),
+                   fmt_bytes(r.uss), fmt_bytes(r.gpu)]
+            if rep.watch:
+                row += [fmt_bytes(r.rss_rate, signed=True), fmt_bytes(r.gpu_rate, signed=True)
+                        if r.gpu is not None else "-"]
+            t.add_row(*row)
+        console.print(t)
     console.print()
     render_findings(rep.findings, console)
