@@ -12,7 +12,7 @@ from typing import Any
 _LAZY = {
     "see_memory_usage": "mldebug.memory.usage",
     "MemoryUsage": "mldebug.memory.usage",
-    "record": "mldebug.memory.record",
+    "record": "mldebug.memory.recorder",
 }
 
 __all__ = list(_LAZY)

@@ -21,7 +21,7 @@ class CgroupUnavailable(Exception):
 
 def _mounts() -> list[tuple[str, str, str]]:
     """(mount point, fstype, super options) of the cgroup mounts, from /proc/self/mountinfo."""
-    out = []
+    out: list[tuple[str, str, str]] = []
     try:
         text = Path("/proc/self/mountinfo").read_text()
     except OSError:

@@ -116,7 +116,7 @@ class CompareReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for c, dc in zip(self.changes, d["changes"]):
+        for c, dc in zip(self.changes, d["changes"], strict=True):
             dc["delta"] = c.delta
         d["findings"] = findings_to_json(self.findings)
         d["format"] = "mldebug.mem.compare/1"

@@ -39,7 +39,7 @@ def _by_uuid_prefix(nvml: Any, prefix: str) -> Any:
 
 
 def _mig_devices(nvml: Any, parent: Any) -> list[Any]:
-    out = []
+    out: list[Any] = []
     try:
         count = nvml.nvmlDeviceGetMaxMigDeviceCount(parent)
     except Exception:  # not MIG-capable
@@ -98,9 +98,10 @@ def used_bytes(cuda_index: int, env: Mapping[str, str], uuid: str | None = None,
     """Memory used on the device as nvidia-smi shows it; None without NVML or a device."""
     if nvml is None:
         try:
-            import pynvml as nvml  # nvidia-ml-py
+            import pynvml  # nvidia-ml-py
         except ImportError:
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
         handle, _ = resolve(nvml, cuda_index, env, uuid=uuid)

@@ -385,14 +385,14 @@ def findings(rep: SnapshotReport) -> list[Finding]:
                 "Look for a reference kept across steps at that line (a list of outputs or "
                 "losses, a cache, a hook or autograd.Function saving tensors); keep .item() or "
                 ".detach() copies instead.", code="mem-leak-suspect"))
-    free = rep.reserved - rep.allocated
+    free_all = rep.reserved - rep.allocated
     if rep.reserved and rep.stranded >= 0.25 * rep.reserved and rep.stranded >= 64 * 1024**2:
         out.append(Finding(
             Severity.WARNING,
             f"fragmentation: {fmt_bytes(rep.stranded)} of {fmt_bytes(rep.reserved)} reserved is "
             f"free inside segments that are partly in use (largest free block "
             f"{fmt_bytes(rep.largest_free)})",
-            f"{rep.segments} segments, {fmt_bytes(free)} free in all; a segment is returned to "
+            f"{rep.segments} segments, {fmt_bytes(free_all)} free in all; a segment is returned to "
             "CUDA only when all of it is free, and a request larger than the largest free block "
             "needs a new cudaMalloc although the cache holds the memory.", FRAG_FIX,
             code="mem-fragmentation"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from statistics import median
+from statistics import median, median_low
 from typing import Any
 
 from mldebug.fanout import NodeResult, Target
@@ -152,13 +152,17 @@ _WHAT = {"rss": ("CPU memory (RSS)", "rss_rate", "rss_first", "rss"),
 
 def _leaks(job: str, ranks: list[RankMemory], metric: str) -> list[Finding]:
     label, rate_attr, first_attr, last_attr = _WHAT[metric]
-    rates = [getattr(r, rate_attr) for r in ranks]
-    typical = median(abs(x) for x in rates) if rates else 0.0
+    rates = [abs(getattr(r, rate_attr)) for r in ranks]
+    typical = median_low(rates) if rates else 0.0  # low median: one leaker of two is not typical
+    floor = LEAK_RATE if typical >= LEAK_RATE else max(LEAK_RATE, 3 * typical)
     growing = [r for r in ranks
-               if getattr(r, rate_attr) >= max(LEAK_RATE, 3 * typical)
+               if getattr(r, rate_attr) >= floor
                and (getattr(r, last_attr) or 0) - (getattr(r, first_attr) or 0) >= LEAK_GROWTH]
     if not growing:
         return []
+    names = {id(r) for r in growing}
+    others = [abs(getattr(r, rate_attr)) for r in ranks if id(r) not in names]
+    typical = median_low(others) if others else typical
     growing.sort(key=lambda r: -getattr(r, rate_attr))
     top = growing[0]
     everyone = len(growing) == len(ranks) and len(ranks) > 1
@@ -168,8 +172,9 @@ def _leaks(job: str, ranks: list[RankMemory], metric: str) -> list[Finding]:
         f"{who} of job {job}: {label} grows {getattr(top, rate_attr) / MiB:.1f} MiB/s"
         + ("" if everyone else " - a leak on that rank"),
         f"rank {top.rank} ({top.host}, pid {top.pid}): {fmt_bytes(getattr(top, first_attr))} -> "
-        f"{fmt_bytes(getattr(top, last_attr))} in {top.seconds:.1f}s; the other ranks grow "
-        f"{typical / MiB:.1f} MiB/s (median).",
+        f"{fmt_bytes(getattr(top, last_attr))} in {top.seconds:.1f}s; "
+        + (f"the other ranks grow {typical / MiB:.1f} MiB/s (median)." if others else
+           "all ranks grow alike: the leak is in code every rank runs."),
         "Sample that rank with mldebug.see_memory_usage() around forward/backward/step, or record "
         "a snapshot there (mldebug.memory.record) and run 'mldebug mem report'; look for tensors "
         "kept across steps (lists of outputs or losses, caches, hooks).",

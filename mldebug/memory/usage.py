@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mldebug.dist import identity
-from mldebug.memory.units import fmt_bytes
 
 GiB = 1024.0**3
 
