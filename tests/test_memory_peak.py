@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
+
 from mldebug.memory import cgroup
 
 MiB = 1024**2

@@ -7,15 +7,14 @@ import pickle
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import memsnap
 import pytest
-
 from conftest import REPO, run_cli
+
 from mldebug.cli import main
-from mldebug.memory.snapshot import analyze, compare, load
 from mldebug.memory.plot import timeline
+from mldebug.memory.snapshot import analyze, compare, load
 
 MiB = 1024**2
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from mldebug.errors import MldebugError
 from mldebug.memory import nvml
 from mldebug.memory.recorder import rank_path
