@@ -53,7 +53,7 @@ def train(steps: int, dim: int, batch: int, layers: int, device: torch.device) -
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)  # grads stay allocated: only the leak moves RSS
         see_memory_usage(f"after step {step}", force=True, ranks="all")
 
 

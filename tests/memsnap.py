@@ -174,3 +174,23 @@ def many_events(n: int) -> dict[str, Any]:
 def write(path: Path, doc: dict[str, Any]) -> Path:
     path.write_bytes(pickle.dumps(doc, protocol=4))
     return path
+
+
+def main() -> None:
+    """python tests/memsnap.py OUT.pickle [--steps N] [--oom] [--fragment] [--no-leak]"""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="write a generated memory snapshot")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--oom", action="store_true")
+    ap.add_argument("--fragment", action="store_true")
+    ap.add_argument("--no-leak", action="store_true")
+    a = ap.parse_args()
+    write(a.out, training(layers=a.layers, steps=a.steps, leak=not a.no_leak, oom=a.oom,
+                          fragment=a.fragment))
+
+
+if __name__ == "__main__":
+    main()

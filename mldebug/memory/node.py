@@ -96,8 +96,8 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
     pause = opts.watch / (n - 1) if n > 1 else 0.0
     samples: dict[int, list[list[Any]]] = {t["pid"]: [] for t in targets}
     for k in range(n):
-        if k:
-            time.sleep(pause)
+        if k:  # on a schedule: slow sampling does not stretch the watch
+            time.sleep(max(0.0, start + k * pause - time.monotonic()))
         gpu, source = gpu_by_pid() if targets else ({}, None)
         doc["gpu_source"] = doc["gpu_source"] or source
         now = round(time.monotonic() - start, 3)

@@ -451,7 +451,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], name_a: str = "A", name_b: str
         g = grown[0]
         out = Finding(
             Severity.WARNING if g.delta >= 0.1 * max(1, rep.allocated_before) else Severity.INFO,
-            f"{g.site} holds {fmt_bytes(g.delta, signed=True)} more in {name_b} than in {name_a}",
+            f"{g.site} holds {fmt_bytes(g.delta)} more in {name_b} than in {name_a}",
             f"Allocated memory went {fmt_bytes(rep.allocated_before)} -> "
             f"{fmt_bytes(rep.allocated_after)} ({fmt_bytes(total, signed=True)}); this site "
             f"accounts for {100 * g.delta / total:.0f}% of the growth.",
