@@ -79,8 +79,8 @@ def job(leak_rank: int, rate_mb: float, seconds: float) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--dim", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=16384)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--snapshot", metavar="PATH", help="GPU: record a snapshot to PATH")
     p.add_argument("--job", action="store_true", help="distributed: one rank leaks steadily")

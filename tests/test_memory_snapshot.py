@@ -156,13 +156,15 @@ def test_plot_png_svg_html_offline(tmp_path):
     assert r.returncode == 2 and "Name it .png, .svg or .html" in r.stderr
 
 
-def test_mem_snapshot_commands_do_not_import_torch(tmp_path):
+def test_mem_commands_do_not_import_torch(tmp_path):
     snap = memsnap.write(tmp_path / "mem.pickle", memsnap.training())
     code = (
         "import sys; from mldebug.cli import main\n"
         f"assert main(['mem', 'report', {str(snap)!r}]) == 0\n"
         f"assert main(['mem', 'plot', {str(snap)!r}, '-o', {str(tmp_path / 'x.html')!r}]) == 0\n"
         f"assert main(['mem', 'compare', {str(snap)!r}, {str(snap)!r}]) == 0\n"
+        "main(['mem', 'top', '--pid', '1'])\n"
+        "assert main(['mem', 'peak', '--', 'true']) == 0\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)

@@ -164,12 +164,12 @@ def test_record_per_rank_names_and_clear_error_without_cuda():
 
 def test_recipe_leak_shows_proc_rss_climbing_every_step():
     r = subprocess.run([sys.executable, str(REPO / "recipes" / "memory_leak.py"), "--steps", "5"],
-                       capture_output=True, text=True, timeout=180,
+                       capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 0, r.stderr
     procs = [float(line.split("CPU proc ")[1].split()[0]) for line in r.stdout.splitlines()
              if "after step" in line]
     assert len(procs) == 5
-    # 2 layers x a 1024x4096 fp32 activation kept per step = 32 MiB; noise is allowed
+    # 2 layers x a 16384x256 fp32 activation kept per step = 32 MiB; noise is allowed
     assert procs[-1] - procs[0] >= 0.07, procs
-    assert sum(b > a for a, b in zip(procs, procs[1:])) >= 3, procs
+    assert sum(b > a for a, b in zip(procs, procs[1:], strict=False)) >= 3, procs
