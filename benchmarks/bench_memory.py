@@ -35,12 +35,17 @@ ENV = dict(os.environ, PYTHONPATH=str(REPO))
 def timed(cmd: list[str]) -> tuple[float, int, int, str]:
     """(wall s, peak RSS bytes, exit code, stdout) of one subprocess."""
     t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO)
-    out = p.stdout.read() if p.stdout else b""
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    return wall, ru.ru_maxrss * 1024, p.returncode, out.decode(errors="replace")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV, cwd=REPO)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        rc = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text = out.read().decode(errors="replace")
+        if rc != 0:
+            text += err.read().decode(errors="replace")[-500:]
+    return wall, ru.ru_maxrss * 1024, rc, text
 
 
 def cpu_of(cmd: list[str]) -> float:
@@ -90,9 +95,9 @@ def main() -> None:
         best: dict[str, tuple[float, int]] = {}
         for _ in range(args.rounds):
             for name, cmd in runs.items():
-                wall, rss, rc, _ = timed(cmd)
+                wall, rss, rc, text = timed(cmd)
                 if rc != 0:
-                    print(f"{name}: exit code {rc}")
+                    print(f"{name}: exit code {rc}: {text.strip()[-300:]}")
                 w0, r0 = best.get(name, (1e9, 0))
                 best[name] = (min(w0, wall), max(r0, rss))
         print(f"{'command':<26}{'wall s (min)':>14}{'peak RSS MiB':>14}")
@@ -116,11 +121,16 @@ def main() -> None:
                                   ("mem peak (sampling 0.05s)", "sampling")):
                 r = subprocess.run([py, "-m", "mldebug", "mem", "peak", "--json", "--method",
                                     method, "--", *base], capture_output=True, text=True, env=ENV)
+                if "{" not in r.stdout:  # no writable cgroup here (not root)
+                    print(f"{label}: unavailable: {r.stderr.strip()[:120]}")
+                    continue
                 rep = json.loads(r.stdout[r.stdout.index("{"):])
                 cpu[label].append(rep["user"] + rep["sys"])
         bare = min(cpu["bare"])
         print(f"{'program CPU (user+sys)':<30}{'s (min)':>10}{'overhead':>10}")
         for label, values in cpu.items():
+            if not values:
+                continue
             print(f"{label:<30}{min(values):>10.2f}{100 * (min(values) / bare - 1):>9.1f}%")
 
 

@@ -8,6 +8,14 @@ from typing import Any
 from mldebug.findings import Finding, findings_to_json
 
 
+def report_dict(report: Any, fmt: str) -> dict[str, Any]:
+    """A report dataclass as JSON-ready data: its fields, findings most severe first, format."""
+    d = asdict(report)
+    d["findings"] = findings_to_json(report.findings)
+    d["format"] = fmt
+    return d
+
+
 @dataclass
 class Site:
     """Bytes attributed to one allocation site (the first user frame, torch frames folded)."""
@@ -83,10 +91,7 @@ class SnapshotReport:
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["findings"] = findings_to_json(self.findings)
-        d["format"] = "mldebug.mem.report/1"
-        return d
+        return report_dict(self, "mldebug.mem.report/1")
 
 
 @dataclass
@@ -115,11 +120,9 @@ class CompareReport:
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = report_dict(self, "mldebug.mem.compare/1")
         for c, dc in zip(self.changes, d["changes"], strict=True):
             dc["delta"] = c.delta
-        d["findings"] = findings_to_json(self.findings)
-        d["format"] = "mldebug.mem.compare/1"
         return d
 
 
@@ -170,7 +173,4 @@ class TopReport:
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["findings"] = findings_to_json(self.findings)
-        d["format"] = "mldebug.mem.top/1"
-        return d
+        return report_dict(self, "mldebug.mem.top/1")

@@ -15,12 +15,13 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from mldebug.errors import MldebugError
-from mldebug.findings import Finding, Severity, findings_to_json
+from mldebug.findings import Finding, Severity
 from mldebug.memory import cgroup
+from mldebug.memory.model import report_dict
 from mldebug.memory.units import fmt_bytes
 
 
@@ -41,10 +42,7 @@ class PeakReport:
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["findings"] = findings_to_json(self.findings)
-        d["format"] = "mldebug.mem.peak/1"
-        return d
+        return report_dict(self, "mldebug.mem.peak/1")
 
 
 def _tree_rss(root: int) -> int:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from mldebug.errors import MldebugError
-from mldebug.findings import Finding, Severity, findings_to_json
+from mldebug.findings import Finding, Severity
 from mldebug.memory import cgroup
+from mldebug.memory.model import report_dict
 from mldebug.memory.units import fmt_bytes
 
 MiB = 1024**2
@@ -84,10 +85,7 @@ class ProbeReport:
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["findings"] = findings_to_json(self.findings)
-        d["format"] = "mldebug.mem.probe/1"
-        return d
+        return report_dict(self, "mldebug.mem.probe/1")
 
 
 def probe(device: str = "cpu", step: int | None = None, maximum: int | None = None) -> ProbeReport:
