@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from mldebug.cli._common import add_json_argument, add_target_arguments, print_report
@@ -162,9 +163,21 @@ def _top(args: argparse.Namespace) -> int:
     from mldebug.cli._common import fanout_kwargs, target_from_args
     from mldebug.memory.top import analyze_top, collect_top
 
+    from mldebug.errors import UsageError
+
+    if args.watch < 0 or args.rows < 1:
+        raise UsageError("--watch must be >= 0 and --rows >= 1.", "e.g. --watch 10 --rows 20")
     target = target_from_args(args)
-    results = collect_top(target, watch=args.watch, pid=args.pid, pattern=args.pattern,
-                          **fanout_kwargs(args))  # type: ignore[arg-type]
+    kw = fanout_kwargs(args)
+    if not target.is_local and not args.json and sys.stderr.isatty():
+        from mldebug.render import console
+
+        with console(stderr=True).status("sampling memory on the nodes ..."):
+            results = collect_top(target, watch=args.watch, pid=args.pid,
+                                  pattern=args.pattern, **kw)  # type: ignore[arg-type]
+    else:
+        results = collect_top(target, watch=args.watch, pid=args.pid, pattern=args.pattern,
+                              **kw)  # type: ignore[arg-type]
     rep = analyze_top(results, watch=args.watch, rows=args.rows)
     _print(rep, args.json)
     return 0 if rep.processes else 1
