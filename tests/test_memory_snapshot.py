@@ -106,6 +106,13 @@ def test_restricted_loader_refuses_objects_and_names_bad_files(tmp_path):
     big = memsnap.write(tmp_path / "big.pickle", memsnap.training())
     with pytest.raises(Exception, match="over the"):
         load(big, max_bytes=1000)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(Exception, match="truncated or not a snapshot"):
+        load(deep)
+    as_json = tmp_path / "snap.json"
+    as_json.write_text(json.dumps(memsnap.training()))
+    assert analyze(load(as_json)).devices[0].peak_allocated == 128 * MiB
     link = tmp_path / "link.pickle"
     link.symlink_to(big)
     with pytest.raises(Exception, match="symlink"):

@@ -66,7 +66,7 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]
                            "memory snapshot never contains.",
                            "Do not open it with pickle.load; it may run code.") from None
     except (EOFError, pickle.UnpicklingError, ValueError, IndexError, UnicodeDecodeError,
-            MemoryError) as e:
+            MemoryError, RecursionError) as e:  # RecursionError: JSON nested absurdly deep
         raise MldebugError(f"{p} is truncated or not a snapshot ({type(e).__name__}: "
                            f"{str(e)[:80]}).", "Dump it again; check the disk was not full.") from None
     del data
