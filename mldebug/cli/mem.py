@@ -161,9 +161,8 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _top(args: argparse.Namespace) -> int:
     from mldebug.cli._common import fanout_kwargs, target_from_args
-    from mldebug.memory.top import analyze_top, collect_top
-
     from mldebug.errors import UsageError
+    from mldebug.memory.top import analyze_top, collect_top
 
     if args.watch < 0 or args.rows < 1:
         raise UsageError("--watch must be >= 0 and --rows >= 1.", "e.g. --watch 10 --rows 20")
