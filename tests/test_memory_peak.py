@@ -116,3 +116,16 @@ def test_probe_stops_at_max():
     assert (doc["allocated"], doc["stopped_by"], doc["max_from"]) == (96 * MiB, "max", "--max")
     r = run_cli("mem", "probe", "--step", "lots")
     assert r.returncode == 2 and "cannot read the size" in r.stderr
+
+
+def test_probe_cuda_without_a_gpu_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        r = run_cli("mem", "probe", "--device", "cuda", "--step", "1GiB", "--max", "4GiB",
+                    "--json")
+        doc = json.loads(r.stdout)
+        assert (doc["allocated"], doc["stopped_by"]) == (4 * 1024 * MiB, "max")
+        return
+    r = run_cli("mem", "probe", "--device", "cuda", timeout=300)
+    assert r.returncode == 1 and "needs torch with a CUDA device" in r.stderr

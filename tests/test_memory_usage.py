@@ -173,3 +173,22 @@ def test_recipe_leak_shows_proc_rss_climbing_every_step():
     # 2 layers x a 16384x256 fp32 activation kept per step = 32 MiB; noise is allowed
     assert procs[-1] - procs[0] >= 0.07, procs
     assert sum(b > a for a, b in zip(procs, procs[1:], strict=False)) >= 3, procs
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
+def test_see_memory_usage_on_cuda_has_gpu_columns():
+    import torch
+
+    import mldebug
+
+    t = torch.zeros(256, 1024, 1024, device="cuda")  # 1 GiB
+    u = mldebug.see_memory_usage("gpu", ranks="all")
+    assert u is not None and u.ma is not None and u.ma >= GiB
+    del t
+    v = mldebug.see_memory_usage("freed", ranks="all")
+    assert v is not None and v.ma is not None and v.ma < GiB and v.max_ma is not None
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return
+    assert v.nv is not None and v.nv >= v.ca  # NV includes the cache and the context
