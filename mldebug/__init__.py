@@ -31,6 +31,7 @@ _LAZY: dict[str, str] = {
     "watchdog": "mldebug.capture",
     "beat": "mldebug.capture",
     "install_dump_handler": "mldebug.capture",
+    "see_memory_usage": "mldebug.memory.usage",
 }
 
 __all__ = ["__version__", *_LAZY]

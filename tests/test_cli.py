@@ -69,6 +69,7 @@ def test_every_command_name_maps_to_its_module():
         "make-tiny": "mldebug.cli.make_tiny",
         "shrink-layers": "mldebug.cli.shrink_layers",
         "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",
+        "mem": "mldebug.cli.mem",
         "pdb": "mldebug.cli.pdb",
         "trace": "mldebug.cli.trace",
         "docs": "mldebug.cli.docs",

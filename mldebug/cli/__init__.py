@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "make-tiny": "mldebug.cli.make_tiny",
     "shrink-layers": "mldebug.cli.shrink_layers",
     "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",
+    "mem": "mldebug.cli.mem",
     "pdb": "mldebug.cli.pdb",
     "trace": "mldebug.cli.trace",
     "docs": "mldebug.cli.docs",
