@@ -77,11 +77,12 @@ def _shared_stack(frames: list[StackFrame]) -> list[StackFrame]:
     return hit
 
 
-_PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)$")
+# Numbers are bounded: a pasted 5,000-digit "pid" is no header (and no ValueError).
+_PROCESS = re.compile(r"^Process (?P<pid>\d{1,10}): (?P<cmd>.*)$")
 _THREAD = re.compile(
-    r"^Thread (?:(?P<tid>0x[0-9A-Fa-f]+|\d+) )?\((?P<state>[^)]*)\)(?:: \"(?P<name>.*)\")?\s*$"
+    r"^Thread (?:(?P<tid>0x[0-9A-Fa-f]{1,16}|\d{1,10}) )?\((?P<state>[^)]*)\)(?:: \"(?P<name>.*)\")?\s*$"
 )
-_PY_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^()]+):(?P<line>\d+)\)\s*$")
+_PY_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^()]+):(?P<line>\d{1,9})\)\s*$")
 _NATIVE_FRAME = re.compile(r"^\s+(?P<name>.+?) \((?P<file>[^():]+)\)\s*$")
 _LOCAL = re.compile(r"^\s{8,}(?P<name>[A-Za-z_][A-Za-z0-9_]*): (?P<repr>.*)$")
 _PDSH_PREFIX = re.compile(r"^(?P<host>[A-Za-z0-9_.\-]+): (?P<rest>.*)$")
