@@ -41,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{model_dir} is not a directory.",
                          "Pass a local model directory (git clone of the model repository).")
     out = Path(args.out).expanduser() if args.out else None
-    if out is not None and out.resolve() == model_dir.resolve():
-        raise UsageError("--out is MODEL_DIR.", "Use --in-place to edit it, or pass another --out.")
     report = shrink_layers(model_dir, args.layers, out=out, in_place=args.in_place,
                            measure=not args.no_measure, force=args.force)
     print_report(report, args.json, render)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
+from mldebug.outdir import MARKER, check_out, staged
 from mldebug.tiny.shrink import (
     Change,
     block_signatures,
@@ -25,10 +26,10 @@ from mldebug.tiny.shrink import (
     reindex_layers,
     select_layers,
 )
-from mldebug.tiny.staging import staged
+from mldebug.tiny.source import read_config
 
 STACK_RE = re.compile(r"^(?P<prefix>(?:.*\.)?(?:layers|layer|h|block|blocks))\.(?P<idx>\d+)\.(?P<rest>.+)$")
-SKIP_COPY = {".git", "original"}
+SKIP_COPY = {".git", "original", MARKER}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
 
@@ -233,10 +234,12 @@ def shrink_layers(model_dir: Path, n: int, *, out: Path | None, in_place: bool,
 
     offline()
     _quiet()
+    if out is not None:
+        out = check_out(out, force=force, inputs=[model_dir])
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"{model_dir} has no config.json.", "Pass a local model directory.")
-    src_cfg = json.loads(cfg_path.read_text())
+    src_cfg = read_config(cfg_path)
     plan = plan_layers(src_cfg, n)
     notes = list(plan.notes)
     report = LayersReport(str(model_dir), str(out or model_dir), plan.levels, plan.changes, notes)
@@ -259,9 +262,6 @@ def shrink_layers(model_dir: Path, n: int, *, out: Path | None, in_place: bool,
             report.load_s_after = time_load(model_dir)
         return report
     assert out is not None
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UsageError(f"{out} already exists and is not empty.",
-                         "Pass --force to replace it, or another --out.")
     try:
         with staged(out) as tmp:
             report.slice_stats = slice_safetensors(model_dir, tmp, plan.levels)

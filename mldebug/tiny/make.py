@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mldebug.errors import UsageError
+from mldebug.outdir import check_out, staged
 from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids, shrink_config
-from mldebug.tiny.staging import staged
 
 BYTES_PER = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 
@@ -95,14 +94,10 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
 
     offline()
     _quiet()
-    out = out.expanduser()
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} already exists and is not empty.",
-                         "Pass --force to replace it, or another --out.")
+    src_path = Path(source).expanduser()
+    out = check_out(out, force=force, inputs=[src_path] if src_path.exists() else [])
     src = resolve(source)
-    if src.directory and out.resolve() == src.directory.resolve():
-        raise UsageError("--out is the source directory.", "Pass another --out.")
-    with staged(out) as tmp:
+    with staged(out, command=command) as tmp:
         notes: list[str] = []
         tok_info = None
         pins: dict[int, int] = {}

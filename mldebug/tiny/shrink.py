@@ -9,6 +9,7 @@ transformers 5 configs are strict dataclasses validated at construction, so deri
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -552,8 +553,36 @@ def apply_overrides(d: dict[str, Any], overrides: Mapping[str, Any], changes: li
         if last not in cur:
             raise UsageError(f"--set {dotted}: the config has no field {last!r}.",
                              f"Fields here: {', '.join(sorted(k for k in cur if not k.startswith('_'))[:20])} ...")
+        _check_override_type(dotted, cur[last], value)
         changes.append(Change(dotted, _summ(cur[last]), value, "--set"))
         cur[last] = value
+
+
+def _check_override_type(dotted: str, current: Any, value: Any) -> None:
+    """``--set hidden_size=abc``: a number field gets a number (a one-line error otherwise)."""
+    if isinstance(current, bool) or current is None:
+        return
+    if isinstance(current, int) and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise UsageError(f"--set {dotted}={json.dumps(value)}: {dotted} is an integer "
+                         f"(now {current}).", f"Pass a whole number, e.g. --set {dotted}={current}.")
+    if isinstance(current, float) and (isinstance(value, bool)
+                                       or not isinstance(value, (int, float))
+                                       or not math.isfinite(value)):
+        raise UsageError(f"--set {dotted}={json.dumps(value)}: {dotted} is a finite number "
+                         f"(now {current:g}).", f"Pass a number, e.g. --set {dotted}={current:g}.")
+
+
+def check_source(d: Mapping[str, Any], path: str = "") -> None:
+    """Sizes a model cannot have (0 heads, negative layers) are the source's fault: say so."""
+    for role in ("hidden", "heads", "layers"):
+        for k in ROLES[role]:
+            v = d.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+                raise UsageError(f"the source config has {path}{k}={v}; a model needs at least 1.",
+                                 f"Fix {k} in the config.json (the real model's value).")
+    for k, v in d.items():
+        if is_sub_config(v):
+            check_source(v, f"{path}{k}.")
 
 
 def check_constraints(d: Mapping[str, Any], path: str = "") -> list[str]:
@@ -596,6 +625,7 @@ def shrink_config(config: Mapping[str, Any], spec: ShrinkSpec,
     passed breaks a constraint.
     """
     d = copy.deepcopy(dict(config))
+    check_source(d)
     changes: list[Change] = []
     notes: list[str] = []
     src_vocab = _text_vocab(d)
