@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
+from mldebug.findings import Finding, Severity, findings_to_json
 from mldebug.outdir import check_out, staged
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
@@ -33,11 +34,13 @@ class DatasetReport:
     columns: list[str]
     image_columns: list[str]
     files: list[str]
-    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     command: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["findings"] = findings_to_json(self.findings)
+        return d
 
 
 def choose_indices(values: Sequence[Any] | None, total: int, n: int, how: str,
@@ -194,12 +197,15 @@ def make_tiny_dataset(source: str, out: Path, n: int, *, fmt: str = "jsonl",
 def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, select: str,
           by: str | None, command: str, cache_dir: str) -> DatasetReport:
     dd = load_source(source, cache_dir)
-    notes: list[str] = []
+    findings: list[Finding] = []
     first = next(iter(dd.values()))
     imgs = image_columns(first.features)
     if imgs and fmt == "jsonl":
         fmt = "parquet"
-        notes.append(f"image columns {imgs}: written as parquet (jsonl cannot hold images)")
+        findings.append(Finding(
+            Severity.INFO, f"image columns {imgs}: written as parquet (jsonl cannot hold images)",
+            fix="Nothing to do; pass --format parquet to ask for it.",
+            code="tiny-dataset-parquet-for-images"))
     if by and by not in first.column_names:
         raise UsageError(f"--by {by}: no such column.", f"Columns: {', '.join(first.column_names)}.")
     splits: dict[str, dict[str, int]] = {}
@@ -221,7 +227,7 @@ def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, 
             files.append(name)
             splits[split] = {"before": len(ds), "after": len(small)}
         report = DatasetReport(source, str(out), fmt, select + (f" --by {by}" if by else ""),
-                               splits, list(first.column_names), imgs, files, notes, command)
+                               splits, list(first.column_names), imgs, files, findings, command)
         _write_card(tmp, report, seed)
         _validate(tmp, splits, imgs, image_size, cache_dir)
     return report
@@ -282,6 +288,6 @@ def _write_card(d: Path, r: DatasetReport, seed: int) -> None:
     if r.image_columns:
         lines.append(f"- images in {', '.join(r.image_columns)} shrunk to fit "
                      "the --image-size square, aspect ratio kept")
-    lines += [f"- {n}" for n in r.notes]
+    lines += [f"- {f.title}" for f in r.findings]
     lines += ["", "## Rebuild", "", "```bash", r.command, "```", ""]
     (d / "README.md").write_text("\n".join(lines))
