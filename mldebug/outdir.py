@@ -38,8 +38,9 @@ def protected_reason(out: Path, inputs: Iterable[Path] = ()) -> str | None:
     if target == Path("/"):
         return "it is the root directory"
     home = os.environ.get("HOME")
-    if home and target == _resolved(Path(home)):
-        return "it is your home directory ($HOME)"
+    if home and _is_ancestor_or_same(target, _resolved(Path(home))):
+        return ("it is your home directory ($HOME)" if target == _resolved(Path(home))
+                else "it contains your home directory ($HOME)")
     cwd = _resolved(Path.cwd())
     if _is_ancestor_or_same(target, cwd):
         return ("it is the current directory" if target == cwd

@@ -129,7 +129,12 @@ def test_root_home_and_cwd_are_protected(tmp_path: Path, monkeypatch: pytest.Mon
     assert protected_reason(Path("~")) == "it is your home directory ($HOME)"
     assert protected_reason(Path(".")) == "it is the current directory"
     assert protected_reason(Path("..")) == "it is your home directory ($HOME)"
-    assert protected_reason(tmp_path) == "it contains the current directory"
+    assert protected_reason(tmp_path) == "it contains your home directory ($HOME)"
+    monkeypatch.chdir(tmp_path)
+    assert protected_reason(tmp_path.parent) == "it contains your home directory ($HOME)"
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(home / "proj")
+    assert protected_reason(home) == "it contains the current directory"
     assert protected_reason(home / "proj" / "new") is None
     for p in (Path("/"), home, Path(".")):
         with pytest.raises(UsageError, match="never replaces"):
