@@ -1,5 +1,6 @@
 # mldebug developer entry points. `make demo` and `make test` work on a fresh machine:
-# each creates .venv when missing and installs torch (CPU build pinned) plus mldebug[all,dev].
+# each creates .venv when missing and installs torch (pinned; the CPU build when its index is
+# reachable, see TORCH_CPU_INDEX) plus mldebug[all,dev] (editable).
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,11 +10,21 @@ PYTEST_ARGS ?=
 
 .PHONY: venv demo test lint unit bench clean
 
+TORCH_VERSION ?= 2.13.0
+# The CPU-only torch build (~200 MB) instead of PyPI's default CUDA build (several GB).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[all,dev]' --config-settings editable_mode=compat
+	@if $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
+		echo "torch $(TORCH_VERSION): CPU build from $(TORCH_CPU_INDEX)"; \
+		$(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION); \
+	else \
+		echo "torch $(TORCH_VERSION): $(TORCH_CPU_INDEX) not reachable; plain 'pip install torch==$(TORCH_VERSION)' (your pip index / find-links decide the build; PyPI's is the CUDA one)"; \
+		$(PY) -m pip install -q torch==$(TORCH_VERSION); \
+	fi
+	$(PY) -m pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

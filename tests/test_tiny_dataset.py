@@ -64,7 +64,7 @@ def test_parquet_splits_first_and_random(tmp_path: Path, capsys: pytest.CaptureF
     capsys.readouterr()
 
 
-def test_images_shrink_keeping_ratio(tmp_path: Path) -> None:
+def test_images_shrink_keeping_ratio(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from PIL import Image
 
     imgs = [Image.new("RGB", (200, 100), (i * 20, 10, 10)) for i in range(8)]
@@ -73,7 +73,10 @@ def test_images_shrink_keeping_ratio(tmp_path: Path) -> None:
         .save_to_disk(str(tmp_path / "src"))
     out = tmp_path / "tiny-img"
     assert main(["make-tiny-dataset", str(tmp_path / "src"), "--out", str(out), "-n", "3",
-                 "--image-size", "32"]) == 0
+                 "--image-size", "32", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(f["code"], f["severity"]) for f in doc["findings"]] == \
+        [("tiny-dataset-parquet-for-images", "info")] and doc["findings"][0]["fix"]
     ds = load(out, tmp_path)["train"]
     assert len(ds) == 3 and isinstance(ds.features["image"], datasets.Image)
     assert [im.size for im in ds["image"]] == [(32, 16)] * 3

@@ -76,7 +76,7 @@ def test_in_place_edits_config_and_keeps_a_backup(eight_layers: Path, tmp_path: 
     shutil.copytree(eight_layers, d)
     assert main(["shrink-layers", str(d), "--layers", "2", "--in-place", "--no-measure"]) == 0
     out = capsys.readouterr().out
-    assert "config.json.orig" in out and "--out for exact" in out
+    assert "config.json.orig" in out and "Use --out DIR" in out
     assert json.loads((d / "config.json.orig").read_text())["num_hidden_layers"] == 8
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2 and len(cfg["layer_types"]) == 2

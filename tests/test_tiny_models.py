@@ -28,6 +28,9 @@ MATRIX = {
     "llava": "AutoModelForImageTextToText",
 }
 GENERATES = {k for k, v in MATRIX.items() if v != "AutoModelForMaskedLM" and k != "whisper"}
+# the types whose real checkpoints ship a processor (feature extractor / image processor)
+PROCESSORS = {"whisper": "WhisperProcessor", "gemma3": "Gemma3Processor",
+              "llava": "LlavaProcessor"}
 
 
 @pytest.fixture(autouse=True)
@@ -72,6 +75,35 @@ def test_make_tiny_architecture(model_type: str, tmp_path: Path) -> None:
     if model_type in GENERATES:
         gen = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
         assert gen.shape[-1] >= 3
+    assert [f.code for f in report.findings if f.code == "tiny-processor-skipped"] == []
+    if model_type in PROCESSORS:
+        assert report.processor is not None and report.processor["class"] == PROCESSORS[model_type]
+        check_processor(model_type, out, model, config)
+    else:
+        assert report.processor is None and not (out / "preprocessor_config.json").exists()
+
+
+def check_processor(model_type: str, out: Path, model: object, config: object) -> None:
+    """What a user does with a real checkpoint: AutoProcessor, a raw input, the model."""
+    import numpy as np
+    import torch
+    import transformers
+    from PIL import Image
+
+    proc = transformers.AutoProcessor.from_pretrained(out)
+    assert type(proc).__name__ == PROCESSORS[model_type]
+    if model_type == "whisper":
+        audio = np.random.default_rng(0).standard_normal(8000).astype(np.float32) * 0.1
+        inputs = dict(proc(audio=audio, sampling_rate=16000, return_tensors="pt"))
+        inputs["decoder_input_ids"] = torch.tensor([[config.decoder_start_token_id]])  # type: ignore[attr-defined]
+    else:
+        image = Image.new("RGB", (64, 48), (10, 200, 30))
+        inputs = dict(proc(images=[image], text=f"{proc.image_token} describe", return_tensors="pt"))
+        n_image = int((inputs["input_ids"] == config.image_token_id).sum())  # type: ignore[attr-defined]
+        assert n_image > 0 and inputs["pixel_values"].shape[-1] == config.vision_config.image_size  # type: ignore[attr-defined]
+    with torch.no_grad():
+        logits = model(**inputs).logits  # type: ignore[operator]
+    assert torch.isfinite(logits).all()
 
 
 def test_cli_writes_card_command_and_json(tmp_path: Path) -> None:
@@ -85,6 +117,9 @@ def test_cli_writes_card_command_and_json(tmp_path: Path) -> None:
     assert changed["num_hidden_layers"] == 3 and changed["rms_norm_eps"] == 1e-5
     assert doc["params_before"] > 1e9 > doc["params_after"]
     assert doc["tokenizer"]["kind"] == "trained"
+    codes = {f["code"]: f for f in doc["findings"]}
+    assert codes["tiny-tokenizer-trained"]["fix"]
+    assert doc["processor"] is None
     script = (out / "make_tiny.sh").read_text()
     assert "make-tiny qwen3 --out" in script and "--layers 3" in script and "--dtype bf16" in script
     card = (out / "README.md").read_text()
@@ -131,3 +166,14 @@ def test_config_json_source_keeps_its_architecture(tmp_path: Path) -> None:
     assert r.model_class == "MistralForSequenceClassification"
     assert r.generated is None
     assert not (tmp_path / "out" / "tokenizer.json").exists()
+
+
+def test_processor_skipped_is_a_finding_in_json(tmp_path: Path) -> None:
+    r = run_cli("make-tiny", "whisper", "--out", str(tmp_path / "w"), "--no-tokenizer", "--json",
+                env={**os.environ, **OFFLINE}, timeout=180)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    skipped = [f for f in doc["findings"] if f["code"] == "tiny-processor-skipped"]
+    assert len(skipped) == 1 and "--no-tokenizer" in skipped[0]["title"]
+    assert skipped[0]["severity"] == "warning" and skipped[0]["fix"]
+    assert doc["processor"] is None and not (tmp_path / "w" / "preprocessor_config.json").exists()

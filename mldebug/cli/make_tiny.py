@@ -97,44 +97,14 @@ def rebuild_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mldebug.render import console
     from mldebug.tiny.make import make_tiny
+    from mldebug.tiny.report import render
 
     spec = spec_from_args(args)
     report = make_tiny(args.source, Path(args.out), spec, dtype=args.dtype,
                        tokenizer=not args.no_tokenizer, force=args.force,
                        command=rebuild_command(args))
-    print_report(report, args.json, render)
+    print_report(report, args.json, lambda r: render(r, console()))
     return 0
 
-
-def render(r: Any) -> None:
-    from rich.table import Table
-
-    from mldebug.render import console
-    from mldebug.tiny.make import human_bytes, human_count
-
-    con = console()
-    t = Table(title=f"make-tiny {r.model_type} -> {r.out}", title_justify="left")
-    t.add_column("")
-    t.add_column("source", justify="right")
-    t.add_column("tiny", justify="right")
-    t.add_row("parameters", human_count(r.params_before), human_count(r.params_after))
-    est = " (est.)" if r.bytes_before_estimated else ""
-    before = "?" if r.params_before is None and r.bytes_before_estimated else \
-        human_bytes(r.bytes_before) + est
-    t.add_row("weights on disk", before, human_bytes(r.bytes_after))
-    if r.tokenizer:
-        t.add_row("tokenizer vocab", str(r.tokenizer["vocab_before"] or "-"),
-                  f"{r.tokenizer['vocab_after']} ({r.tokenizer['kind']})")
-    con.print(t)
-    c = Table(title="changed fields", title_justify="left")
-    for col in ("field", "before", "after", "why"):
-        c.add_column(col)
-    for ch in r.changes:
-        c.add_row(ch.path, json.dumps(ch.before), json.dumps(ch.after), ch.why)
-    con.print(c)
-    for n in r.notes:
-        con.print(f"note: {n}")
-    image = " (with an image)" if r.image_checked else ""
-    con.print(f"validated: forward{image}{' + generate' if r.generated else ''} + reload match "
-              f"({r.model_class}). Rebuild: {r.out}/make_tiny.sh")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import shlex
 from pathlib import Path
-from typing import Any
 
 from mldebug.cli._common import print_report
 
@@ -46,28 +45,13 @@ def rebuild_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mldebug.render import console
     from mldebug.tiny.dataset import make_tiny_dataset
+    from mldebug.tiny.report import render
 
     report = make_tiny_dataset(args.source, Path(args.out), args.n, fmt=args.format,
                                image_size=args.image_size, seed=args.seed, select=args.select,
                                by=args.by, force=args.force, command=rebuild_command(args))
-    print_report(report, args.json, render)
+    print_report(report, args.json, lambda r: render(r, console()))
     return 0
 
-
-def render(r: Any) -> None:
-    from rich.table import Table
-
-    from mldebug.render import console
-
-    con = console()
-    t = Table(title=f"make-tiny-dataset {r.source} -> {r.out}", title_justify="left")
-    for col in ("split", "source rows", "kept", "file"):
-        t.add_column(col)
-    for (split, c), f in zip(r.splits.items(), r.files, strict=True):
-        t.add_row(split, str(c["before"]), str(c["after"]), f)
-    con.print(t)
-    con.print(f"selection: {r.select}; columns: {', '.join(r.columns)}")
-    for n in r.notes:
-        con.print(f"note: {n}")
-    con.print("validated: datasets.load_dataset(DIR) loads it")

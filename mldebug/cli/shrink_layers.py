@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any
 
 from mldebug.cli._common import print_report
 from mldebug.errors import UsageError
@@ -34,42 +32,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mldebug.render import console
     from mldebug.tiny.layers import shrink_layers
+    from mldebug.tiny.report import render
 
     model_dir = Path(args.model_dir).expanduser()
     if not model_dir.is_dir():
         raise UsageError(f"{model_dir} is not a directory.",
                          "Pass a local model directory (git clone of the model repository).")
     out = Path(args.out).expanduser() if args.out else None
-    if out is not None and out.resolve() == model_dir.resolve():
-        raise UsageError("--out is MODEL_DIR.", "Use --in-place to edit it, or pass another --out.")
     report = shrink_layers(model_dir, args.layers, out=out, in_place=args.in_place,
                            measure=not args.no_measure, force=args.force)
-    print_report(report, args.json, render)
+    print_report(report, args.json, lambda r: render(r, console()))
     return 0
 
-
-def render(r: Any) -> None:
-    from rich.table import Table
-
-    from mldebug.render import console
-
-    con = console()
-    t = Table(title=f"shrink-layers {r.model_dir} -> {r.out}", title_justify="left")
-    for col in ("field", "before", "after", "why"):
-        t.add_column(col)
-    for c in r.changes:
-        t.add_row(c.path, json.dumps(c.before), json.dumps(c.after), c.why)
-    con.print(t)
-    for lv in r.levels:
-        con.print(f"{lv.path or 'model'}: kept source layers {lv.kept} of {lv.n_before}")
-    if r.slice_stats:
-        s = r.slice_stats
-        con.print(f"weights: {s['tensors_after']} of {s['tensors_before']} tensors kept "
-                  f"({len(s['dropped'])} dropped), {s['bytes_after'] / 2**20:.1f} MiB written")
-    if r.load_s_before is not None and r.load_s_after is not None:
-        ratio = r.load_s_before / r.load_s_after if r.load_s_after else float("inf")
-        con.print(f"load time: {r.load_s_before:.2f} s before, {r.load_s_after:.2f} s after "
-                  f"({ratio:.1f}x faster)")
-    for n in r.notes:
-        con.print(f"note: {n}")

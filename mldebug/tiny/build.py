@@ -45,15 +45,22 @@ def config_class(model_type: str) -> Any:
                          "Pass a model type transformers knows.") from None
 
 
-def make_config(d: dict[str, Any]) -> Any:
-    """Construct (and so validate) the config object from a dict."""
+def make_config(d: dict[str, Any], what: str = "shrunk") -> Any:
+    """Construct (and so validate) the config object from a dict; ``what`` names it in errors."""
     cls = config_class(str(d["model_type"]))
     clean = {k: v for k, v in d.items() if k not in ("transformers_version",)}
     try:
         return cls.from_dict(clean)
-    except (ValueError, TypeError) as e:
-        raise UsageError(f"transformers rejected the shrunk {d['model_type']} config: {e}",
-                         "Adjust the sizes, or fix the field with --set key=value.") from e
+    except Exception as e:  # strict dataclass validation raises its own types, not ValueError
+        fix = ("Fix the field in the config.json." if what == "source"
+               else "Adjust the sizes, or fix the field with --set key=value.")
+        raise UsageError(f"transformers rejected the {what} {d['model_type']} config: "
+                         f"{one_line(e)}", fix) from e
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's text on one line (transformers' validation errors span several)."""
+    return " ".join(str(e).split())
 
 
 _AUTO_ORDER = (

@@ -9,6 +9,7 @@ keeping their aspect ratio.
 from __future__ import annotations
 
 import random
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
-from mldebug.tiny.staging import staged
+from mldebug.findings import Finding, Severity, findings_to_json
+from mldebug.outdir import check_out, staged
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
                  ".arrow": "arrow"}
@@ -32,11 +34,13 @@ class DatasetReport:
     columns: list[str]
     image_columns: list[str]
     files: list[str]
-    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     command: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["findings"] = findings_to_json(self.findings)
+        return d
 
 
 def choose_indices(values: Sequence[Any] | None, total: int, n: int, how: str,
@@ -81,6 +85,46 @@ def fit_size(w: int, h: int, limit: int) -> tuple[int, int]:
     return max(1, round(w * scale)), max(1, round(h * scale))
 
 
+MAX_JSON_DEPTH = 100  # pyarrow's JSON reader crashes the process (SIGSEGV) on deep nesting
+_JSON_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+
+
+def check_json_depth(path: Path, limit: int = MAX_JSON_DEPTH) -> None:
+    """Refuse a JSON / JSON-lines file nested deeper than ``limit`` before a C parser sees it.
+
+    Streams the file line by line; strings are cut out first so brackets inside them do not
+    count. Linear in the file size.
+    """
+    depth = 0
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if b'"' in line:
+                line = _JSON_STRING.sub(b"", line)
+            opens = line.count(b"[") + line.count(b"{")
+            if depth + opens > limit:
+                deepest = depth
+                for ch in line:
+                    if ch in (0x5B, 0x7B):  # [ {
+                        depth += 1
+                        deepest = max(deepest, depth)
+                    elif ch in (0x5D, 0x7D):  # ] }
+                        depth = max(0, depth - 1)
+                if deepest > limit:
+                    raise UsageError(
+                        f"{path} line {lineno} is nested more than {limit} levels deep; refusing "
+                        "to parse it (deep nesting crashes the JSON reader).",
+                        "Flatten the records, or remove the malformed line.")
+            else:
+                depth = max(0, depth + opens - line.count(b"]") - line.count(b"}"))
+
+
+def _json_files(p: Path) -> list[Path]:
+    if p.is_file():
+        return [p] if p.suffix.lower() in (".json", ".jsonl") else []
+    return sorted(f for f in p.rglob("*") if f.suffix.lower() in (".json", ".jsonl")
+                  and f.is_file() and not f.is_symlink())
+
+
 def load_source(source: str, cache_dir: str | None = None) -> Any:
     """A DatasetDict from a data file, a directory of data files, or a save_to_disk directory."""
     import datasets
@@ -90,8 +134,12 @@ def load_source(source: str, cache_dir: str | None = None) -> Any:
         raise UsageError(f"{source} does not exist (make-tiny-dataset reads local data only).",
                          "Pass a jsonl/json/csv/parquet/arrow file, a directory of them, or a "
                          "datasets save_to_disk directory.")
+    saved = p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file())
+    if not saved:
+        for f in _json_files(p):
+            check_json_depth(f)
     try:
-        if p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
+        if saved:
             ds = datasets.load_from_disk(str(p))
         elif p.is_dir():
             ds = datasets.load_dataset(str(p), cache_dir=cache_dir)
@@ -137,10 +185,8 @@ def make_tiny_dataset(source: str, out: Path, n: int, *, fmt: str = "jsonl",
         raise UsageError(f"unknown --format {fmt!r}.", "Use jsonl or parquet.")
     if select == "stratified" and not by:
         raise UsageError("--select stratified needs --by FIELD.", "E.g. --by label.")
-    out = out.expanduser()
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} already exists and is not empty.",
-                         "Pass --force to replace it, or another --out.")
+    src_path = Path(source).expanduser()
+    out = check_out(out, force=force, inputs=[src_path] if src_path.exists() else [])
     cache = tempfile.TemporaryDirectory(prefix="mldebug-tiny-ds-")  # keep copies out of ~/.cache
     try:
         return _make(source, out, n, fmt, image_size, seed, select, by, command, cache.name)
@@ -151,17 +197,20 @@ def make_tiny_dataset(source: str, out: Path, n: int, *, fmt: str = "jsonl",
 def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, select: str,
           by: str | None, command: str, cache_dir: str) -> DatasetReport:
     dd = load_source(source, cache_dir)
-    notes: list[str] = []
+    findings: list[Finding] = []
     first = next(iter(dd.values()))
     imgs = image_columns(first.features)
     if imgs and fmt == "jsonl":
         fmt = "parquet"
-        notes.append(f"image columns {imgs}: written as parquet (jsonl cannot hold images)")
+        findings.append(Finding(
+            Severity.INFO, f"image columns {imgs}: written as parquet (jsonl cannot hold images)",
+            fix="Nothing to do; pass --format parquet to ask for it.",
+            code="tiny-dataset-parquet-for-images"))
     if by and by not in first.column_names:
         raise UsageError(f"--by {by}: no such column.", f"Columns: {', '.join(first.column_names)}.")
     splits: dict[str, dict[str, int]] = {}
     files: list[str] = []
-    with staged(out) as tmp:
+    with staged(out, command=command) as tmp:
         (tmp / "data").mkdir()
         for split, ds in dd.items():
             values = ds[by] if by else None
@@ -178,7 +227,7 @@ def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, 
             files.append(name)
             splits[split] = {"before": len(ds), "after": len(small)}
         report = DatasetReport(source, str(out), fmt, select + (f" --by {by}" if by else ""),
-                               splits, list(first.column_names), imgs, files, notes, command)
+                               splits, list(first.column_names), imgs, files, findings, command)
         _write_card(tmp, report, seed)
         _validate(tmp, splits, imgs, image_size, cache_dir)
     return report
@@ -239,6 +288,6 @@ def _write_card(d: Path, r: DatasetReport, seed: int) -> None:
     if r.image_columns:
         lines.append(f"- images in {', '.join(r.image_columns)} shrunk to fit "
                      "the --image-size square, aspect ratio kept")
-    lines += [f"- {n}" for n in r.notes]
+    lines += [f"- {f.title}" for f in r.findings]
     lines += ["", "## Rebuild", "", "```bash", r.command, "```", ""]
     (d / "README.md").write_text("\n".join(lines))

@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
+from mldebug.findings import Finding, Severity, findings_to_json
+from mldebug.outdir import MARKER, check_out, staged
+from mldebug.tiny.make import layers_raised
 from mldebug.tiny.shrink import (
     Change,
     block_signatures,
@@ -25,10 +28,10 @@ from mldebug.tiny.shrink import (
     reindex_layers,
     select_layers,
 )
-from mldebug.tiny.staging import staged
+from mldebug.tiny.source import read_config
 
 STACK_RE = re.compile(r"^(?P<prefix>(?:.*\.)?(?:layers|layer|h|block|blocks))\.(?P<idx>\d+)\.(?P<rest>.+)$")
-SKIP_COPY = {".git", "original"}
+SKIP_COPY = {".git", "original", MARKER}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".ckpt")
 
 
@@ -193,7 +196,7 @@ class LayersReport:
     out: str
     levels: list[LevelPlan]
     changes: list[Change]
-    notes: list[str]
+    findings: list[Finding]
     slice_stats: dict[str, Any] | None = None
     load_s_before: float | None = None
     load_s_after: float | None = None
@@ -202,6 +205,7 @@ class LayersReport:
         d = dict(self.__dict__)
         d["levels"] = [lv.__dict__ for lv in self.levels]
         d["changes"] = [c.to_dict() for c in self.changes]
+        d["findings"] = findings_to_json(self.findings)
         if self.slice_stats:
             d["slice_stats"] = {k: v for k, v in self.slice_stats.items() if k != "dropped"}
             d["slice_stats"]["dropped_count"] = len(self.slice_stats["dropped"])
@@ -233,13 +237,16 @@ def shrink_layers(model_dir: Path, n: int, *, out: Path | None, in_place: bool,
 
     offline()
     _quiet()
+    if out is not None:
+        out = check_out(out, force=force, inputs=[model_dir])
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"{model_dir} has no config.json.", "Pass a local model directory.")
-    src_cfg = json.loads(cfg_path.read_text())
+    src_cfg = read_config(cfg_path)
     plan = plan_layers(src_cfg, n)
-    notes = list(plan.notes)
-    report = LayersReport(str(model_dir), str(out or model_dir), plan.levels, plan.changes, notes)
+    findings = [layers_raised(n) for n in plan.notes]
+    report = LayersReport(str(model_dir), str(out or model_dir), plan.levels, plan.changes,
+                          findings)
     if in_place:
         if measure:
             report.load_s_before = time_load(model_dir)
@@ -249,19 +256,19 @@ def shrink_layers(model_dir: Path, n: int, *, out: Path | None, in_place: bool,
         cfg_path.write_text(json.dumps(plan.config, indent=2) + "\n")
         for lv in plan.levels:
             if lv.kept != list(range(len(lv.kept))):
-                notes.append(f"{lv.path or 'config'}: in place, positions {list(range(len(lv.kept)))}"
-                             f" load the weights of source layers {list(range(len(lv.kept)))}, "
-                             f"but have the block types of layers {lv.kept}; use --out for exact "
-                             "weights")
-        notes.append(f"original config kept as {backup}; restore it with "
-                     f"mv {backup} {cfg_path}")
+                first = list(range(len(lv.kept)))
+                findings.append(Finding(
+                    Severity.WARNING, f"{lv.path or 'config'}: in place, layers {first} load the "
+                    f"weights of source layers {first} but have the block types of layers "
+                    f"{lv.kept}", fix="Use --out DIR for a copy with exactly the kept layers' "
+                    "weights.", code="shrink-layers-in-place-weights"))
+        findings.append(Finding(
+            Severity.INFO, f"original config kept as {backup}",
+            fix=f"Restore it with: mv {backup} {cfg_path}", code="shrink-layers-backup"))
         if measure:
             report.load_s_after = time_load(model_dir)
         return report
     assert out is not None
-    if out.exists() and any(out.iterdir()) and not force:
-        raise UsageError(f"{out} already exists and is not empty.",
-                         "Pass --force to replace it, or another --out.")
     try:
         with staged(out) as tmp:
             report.slice_stats = slice_safetensors(model_dir, tmp, plan.levels)

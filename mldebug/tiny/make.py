@@ -11,9 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mldebug.errors import UsageError
+from mldebug.findings import Finding, Severity, findings_to_json
+from mldebug.outdir import check_out, staged
+from mldebug.tiny.processor import (
+    BUILDERS,
+    ships_processor,
+    special_token_keys,
+    special_tokens,
+    write_and_check,
+)
 from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids, shrink_config
-from mldebug.tiny.staging import staged
 
 BYTES_PER = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 
@@ -30,8 +37,9 @@ class TinyReport:
     bytes_before_estimated: bool
     bytes_after: int
     changes: list[Change]
-    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     tokenizer: dict[str, Any] | None = None
+    processor: dict[str, Any] | None = None  # {"class", "input"} when one was written
     generated: list[int] | None = None
     image_checked: bool = False
     command: str = ""
@@ -39,16 +47,66 @@ class TinyReport:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["changes"] = [c.to_dict() for c in self.changes]
+        d["findings"] = findings_to_json(self.findings)
         return d
 
 
-def role_pins(config: dict[str, Any], roles: dict[str, int]) -> dict[int, int]:
-    """Old special ids -> ids of the same role in a freshly trained tokenizer."""
+LAYERS_RAISED_FIX = ("Nothing to do: one layer of each block type is kept so every code path "
+                     "runs; pass --layers with that number to ask for it.")
+TOKENIZER_FIX = {
+    "trained": "To shrink the model's own tokenizer instead, pass its local directory (with "
+               "tokenizer.json or tokenizer.model) as SOURCE.",
+    "shrunk-spm": "Nothing to do: AutoTokenizer loads the fast tokenizer.json.",
+    "shrunk-json": "Nothing to do: AutoTokenizer loads tokenizer.json.",
+}
+
+
+def layers_raised(note: str) -> Finding:
+    """The shrink kept more layers than asked, to keep every block type."""
+    return Finding(Severity.INFO, note, fix=LAYERS_RAISED_FIX, code="tiny-layers-raised")
+
+
+def tokenizer_finding(kind: str, note: str) -> Finding:
+    return Finding(Severity.INFO, note, fix=TOKENIZER_FIX.get(kind, ""),
+                   code=f"tiny-tokenizer-{kind}")
+
+
+ROLE_KEYS = (("eos_token_id", "eos"), ("bos_token_id", "bos"), ("pad_token_id", "pad"),
+             ("decoder_start_token_id", "pad"))
+
+
+def processor_skipped(model_type: str, tokenizer_roles: dict[str, int] | None) -> Finding | None:
+    """Why no processor is written for a model type whose real checkpoints ship one (or None)."""
+    if model_type not in BUILDERS:
+        if not ships_processor(model_type):
+            return None
+        why, fix = (f"mldebug has no tiny processor for {model_type} yet",
+                    "Load the tokenizer alone (AutoTokenizer), or build the processor from its "
+                    "classes with sizes matching config.json.")
+    elif tokenizer_roles is None:
+        why, fix = "--no-tokenizer: a processor needs the tokenizer", \
+            "Drop --no-tokenizer to get AutoProcessor support."
+    else:
+        missing = sorted(set(special_tokens(model_type)) - set(tokenizer_roles))
+        if not missing:
+            return None
+        why, fix = (f"the source tokenizer has no {', '.join(missing)} for the processor",
+                    "Pass a source whose tokenizer has the processor's special tokens, or a "
+                    "model type (a tokenizer with them is trained).")
+    return Finding(Severity.WARNING, f"no processor written: {why}",
+                   "AutoProcessor.from_pretrained(DIR) will not load this directory.", fix,
+                   code="tiny-processor-skipped")
+
+
+def role_pins(config: dict[str, Any], roles: dict[str, int],
+              extra_keys: dict[str, str] | None = None) -> dict[int, int]:
+    """Old special ids -> ids of the same role in a freshly trained tokenizer. ``extra_keys``:
+    more config keys -> role (a processor's image tokens: image_token_index -> image_token)."""
     pins: dict[int, int] = {}
+    keys = ROLE_KEYS + tuple((extra_keys or {}).items())
 
     def walk(d: dict[str, Any]) -> None:
-        for key, role in (("eos_token_id", "eos"), ("bos_token_id", "bos"),
-                          ("pad_token_id", "pad"), ("decoder_start_token_id", "pad")):
+        for key, role in keys:
             v = d.get(key)
             ids = v if isinstance(v, list) else [v]
             for old in ids:
@@ -89,21 +147,18 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
         dir_size,
         make_config,
         offline,
+        one_line,
         pick_auto_class,
     )
     from mldebug.tiny.source import resolve
 
     offline()
     _quiet()
-    out = out.expanduser()
-    if out.exists() and not force and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"{out} already exists and is not empty.",
-                         "Pass --force to replace it, or another --out.")
+    src_path = Path(source).expanduser()
+    out = check_out(out, force=force, inputs=[src_path] if src_path.exists() else [])
     src = resolve(source)
-    if src.directory and out.resolve() == src.directory.resolve():
-        raise UsageError("--out is the source directory.", "Pass another --out.")
-    with staged(out) as tmp:
-        notes: list[str] = []
+    with staged(out, command=command) as tmp:
+        findings: list[Finding] = []
         tok_info = None
         pins: dict[int, int] = {}
         if tokenizer:
@@ -111,13 +166,15 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
 
             config_ids: set[int] = set()
             collect_token_ids(src.config, config_ids)
-            tok = make_tokenizer(src.directory, spec.vocab, tmp, config_ids)
+            tok = make_tokenizer(src.directory, spec.vocab, tmp, config_ids,
+                                 special_tokens(src.model_type))
             tok_info = {"kind": tok.kind, "vocab_before": tok.source_vocab_size,
                         "vocab_after": tok.vocab_size}
-            notes += tok.notes
-            pins = role_pins(src.config, tok.role_ids) if tok.kind == "trained" else tok.id_map
+            findings += [tokenizer_finding(tok.kind, n) for n in tok.notes]
+            pins = role_pins(src.config, tok.role_ids, special_token_keys(src.model_type)) \
+                if tok.kind == "trained" else tok.id_map
         result = shrink_config(src.config, spec, pins)
-        notes += result.notes
+        findings += [layers_raised(n) for n in result.notes]
         _fill_decoder_start(result.config, result.changes)
         cfg = make_config(result.config)
         auto_name, auto_cls = pick_auto_class(src.model_type, src.config.get("architectures"))
@@ -125,17 +182,27 @@ def make_tiny(source: str, out: Path, spec: ShrinkSpec, *, dtype: str = "fp32",
             params_before: int | None = count_params_meta(make_config(src.config), auto_cls)
         except Exception as e:  # a source config this transformers cannot build
             params_before = None
-            notes.append(f"the full-size source does not build in this transformers "
-                         f"({type(e).__name__}: {e}); its size is unknown")
+            findings.append(Finding(
+                Severity.WARNING, "the full-size source does not build in this transformers, "
+                "so its size is unknown", f"{type(e).__name__}: {one_line(e)}",
+                "Nothing to do for the tiny model; to see the source's size, use the "
+                "transformers version its config.json names (transformers_version).",
+                code="tiny-source-size-unknown"))
         bytes_before, estimated = _source_bytes(src.directory, params_before or 0, src.config)
         built = build_and_validate(cfg, auto_name, auto_cls, dtype, tmp,
                                    vocab_limit=tok.vocab_size if tok_info else spec.vocab)
+        processor = None
+        skipped = processor_skipped(src.model_type, tok.role_ids if tok_info else None)
+        if skipped:
+            findings.append(skipped)
+        elif src.model_type in BUILDERS:
+            processor = write_and_check(src.model_type, built.model, cfg, tmp).to_dict()
         report = TinyReport(
             source=source, model_type=src.model_type, out=str(out),
             model_class=type(built.model).__name__, params_before=params_before,
             params_after=built.params, bytes_before=bytes_before,
             bytes_before_estimated=estimated, bytes_after=dir_size(tmp),
-            changes=result.changes, notes=notes, tokenizer=tok_info,
+            changes=result.changes, findings=findings, tokenizer=tok_info, processor=processor,
             generated=built.generated, image_checked=built.image_checked, command=command)
         write_card(tmp, report)
     return report
@@ -190,8 +257,8 @@ def write_card(d: Path, r: TinyReport) -> None:
               "| --- | --- | --- | --- |"]
     lines += [f"| `{c.path}` | {json.dumps(c.before)} | {json.dumps(c.after)} | {c.why} |"
               for c in r.changes]
-    if r.notes:
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in r.notes]
+    if r.findings:
+        lines += ["", "## Notes", ""] + [f"- {f.title}" for f in r.findings]
     lines += ["", "## Rebuild", "", "```bash", r.command, "```", ""]
     (d / "README.md").write_text("\n".join(lines))
     (d / "make_tiny.sh").write_text(

@@ -9,6 +9,7 @@ transformers 5 configs are strict dataclasses validated at construction, so deri
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -171,7 +172,7 @@ def reindex_layers(d: dict[str, Any], kept: list[int], n_layers: int) -> list[Ch
         new: Any = [d[k][i] for i in kept]
         if isinstance(d[k], str):
             new = "".join(new)
-        changes.append(Change(k, _summ(d[k]), new, f"kept layers {kept}"))
+        changes.append(Change(k, summarize(d[k]), new, f"kept layers {kept}"))
         d[k] = new
     for k in index_lists:
         old = set(d[k])
@@ -201,7 +202,7 @@ def reindex_layers(d: dict[str, Any], kept: list[int], n_layers: int) -> list[Ch
     return changes
 
 
-def _summ(v: Any) -> Any:
+def summarize(v: Any) -> Any:
     if isinstance(v, list) and len(v) > 6:
         return f"[{len(v)} entries]"
     return v
@@ -222,18 +223,18 @@ def _uses_rope(d: Mapping[str, Any]) -> bool:
                                 "partial_rotary_factor"))
 
 
-def _first(d: Mapping[str, Any], role: str) -> tuple[str, Any] | None:
+def first_of_role(d: Mapping[str, Any], role: str) -> tuple[str, Any] | None:
     for k in ROLES[role]:
         if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
             return k, d[k]
     return None
 
 
-def _pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
+def pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
                 explicit: bool) -> int:
     """Heads that divide hidden and give an even rotary width; the user's value or an error."""
     rot = _partial_rotary(d) if _uses_rope(d) else 0.0
-    min_hd = 2 * len(_mrope_section(d) or [])  # each multimodal rope section needs >= 1 pair
+    min_hd = 2 * len(mrope_section(d) or [])  # each multimodal rope section needs >= 1 pair
     candidates = [want] if explicit else [h for h in range(min(want, src_heads), 0, -1)]
     for h in candidates:
         if h < 1 or hidden % h:
@@ -246,7 +247,7 @@ def _pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
         return h
     if min_hd and hidden % want == 0 and hidden // want < min_hd:
         raise UsageError(
-            f"constraint violated: multimodal rotary sections {_mrope_section(d)} need head_dim "
+            f"constraint violated: multimodal rotary sections {mrope_section(d)} need head_dim "
             f">= {min_hd}, but hidden {hidden} / heads {want} = {hidden // want}.",
             f"Pass fewer --heads or a larger --hidden (head_dim >= {min_hd}).")
     if hidden % want:
@@ -262,7 +263,7 @@ def _pick_heads(hidden: int, want: int, src_heads: int, d: Mapping[str, Any],
         f"Pass a --hidden/--heads pair whose head_dim x {rot:g} is even (e.g. --heads {max(1, want // 2)}).")
 
 
-def _mrope_section(d: Mapping[str, Any]) -> list[int] | None:
+def mrope_section(d: Mapping[str, Any]) -> list[int] | None:
     rope = d.get("rope_parameters")
     if isinstance(rope, Mapping) and isinstance(rope.get("mrope_section"), list):
         return list(rope["mrope_section"])
@@ -285,7 +286,7 @@ def _divisor_near(n: int, want: int) -> int:
     return min(divs, key=lambda k: (abs(k - want), -k))
 
 
-def _pick_kv(heads: int, src_heads: int, src_kv: int | None, want: int | None,
+def pick_kv(heads: int, src_heads: int, src_kv: int | None, want: int | None,
              explicit: bool) -> int:
     if want is not None and explicit:
         if want < 1 or heads % want:
@@ -300,146 +301,6 @@ def _pick_kv(heads: int, src_heads: int, src_kv: int | None, want: int | None,
         return 1  # multi-query stays multi-query
     target = want if want is not None else 2
     return math.gcd(heads, target) or 1
-
-
-def shrink_level(d: dict[str, Any], spec: ShrinkSpec, path: str, changes: list[Change],
-                 notes: list[str], *, new_vocab: int) -> None:
-    """Shrink one config level in place (sub-configs are handled by the caller)."""
-    def setv(k: str, v: Any, why: str = "") -> None:
-        if d.get(k) != v:
-            changes.append(Change(path + k, _summ(d.get(k)), v, why))
-            d[k] = v
-
-    ex = spec.explicit
-    # Layers first: pick the kept blocks from the source's per-layer structure.
-    lk = layer_keys(d)
-    if lk:
-        main = "num_hidden_layers" if "num_hidden_layers" in lk else lk[0]
-        n_src = d[main]
-        sigs = block_signatures(d, n_src)
-        n_types = len(set(sigs))
-        want = min(n_src, spec.layers)
-        if n_types > want:
-            if "layers" in ex and spec.layers < n_types:
-                notes.append(f"{path or 'config'}: --layers {spec.layers} raised to {n_types} "
-                             f"to keep one layer of each of the {n_types} block types")
-            want = min(n_src, n_types)
-        kept = select_layers(sigs, want)
-        for c in reindex_layers(d, kept, n_src):
-            c.path = path + c.path
-            changes.append(c)
-        for k in lk:
-            setv(k, min(d[k], len(kept)) if k != main else len(kept), "layers")
-    # Widths.
-    hid = _first(d, "hidden")
-    heads_kv = _first(d, "heads")
-    hidden = None
-    if hid:
-        hidden = min(hid[1], spec.hidden) if "hidden" not in ex else spec.hidden
-    if heads_kv and hidden:
-        src_heads = heads_kv[1]
-        heads = _pick_heads(hidden, spec.heads, src_heads, d, "heads" in ex)
-        for k in ROLES["heads"]:
-            if isinstance(d.get(k), int):
-                setv(k, heads, "heads divide hidden")
-        src_kv_pair = _first(d, "kv_heads")
-        src_kv = src_kv_pair[1] if src_kv_pair else None
-        kv = _pick_kv(heads, src_heads, src_kv, spec.kv_heads, "kv_heads" in ex)
-        for k in ROLES["kv_heads"]:
-            if isinstance(d.get(k), int):
-                setv(k, kv, "kv heads divide heads")
-        head_dim = hidden // heads
-        for k in ROLES["head_dim"]:
-            if isinstance(d.get(k), int):
-                old_hd = d[k]
-                setv(k, head_dim, "hidden / heads")
-                if d.get("query_pre_attn_scalar") == old_hd:
-                    setv("query_pre_attn_scalar", head_dim, "follows head_dim")
-        if isinstance(d.get("qk_rope_head_dim"), int):  # multi-head latent attention (deepseek)
-            for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "head_dim"):
-                if isinstance(d.get(k), int):
-                    setv(k, head_dim, "latent attention head dims")
-            for k in ("kv_lora_rank", "q_lora_rank"):
-                if isinstance(d.get(k), int):
-                    setv(k, min(d[k], hidden), "latent rank <= hidden")
-        if isinstance(d.get("rotary_dim"), int) and d["rotary_dim"] > 0:
-            src_hd = (hid[1] // src_heads) if hid else head_dim
-            rd = head_dim * d["rotary_dim"] // max(1, src_hd)
-            setv("rotary_dim", rd if rd >= 2 and rd % 2 == 0 else head_dim, "rotary part of head_dim")
-        if isinstance(d.get("expand"), int) and isinstance(d.get("head_dim"), int) \
-                and "n_groups" in d:  # mamba2: heads x head_dim == expand x hidden
-            setv("head_dim", hidden * d["expand"] // heads, "expand x hidden / heads")
-            if isinstance(d.get("n_groups"), int):
-                setv("n_groups", math.gcd(d["n_groups"], heads), "groups divide heads")
-        sections = _mrope_section(d)
-        if sections and sum(sections) != head_dim // 2:
-            new_rope = dict(d["rope_parameters"])
-            new_rope["mrope_section"] = scale_sections(sections, head_dim // 2)
-            setv("rope_parameters", new_rope, "rotary sections sum to head_dim/2")
-    if hid and hidden:
-        for k in ROLES["hidden"]:
-            if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
-                setv(k, hidden, "hidden")
-    for k in ROLES["intermediate"]:
-        v = d.get(k)
-        if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
-            setv(k, [min(x, spec.intermediate) for x in v], "intermediate (per layer)")
-            continue
-        if isinstance(v, int) and v > 0 or (v is None and k in d and k in SET_WHEN_NONE):
-            target = spec.intermediate if "intermediate" in ex else min(v or spec.intermediate,
-                                                                         spec.intermediate)
-            setv(k, target, "intermediate")
-    # Experts.
-    exp = _first(d, "experts")
-    if exp and exp[1] > 0:
-        n_exp = spec.experts if "experts" in ex else min(exp[1], spec.experts)
-        for k in ROLES["experts"]:
-            if isinstance(d.get(k), int) and d[k] > 0:
-                setv(k, n_exp, "experts")
-        topk = _first(d, "experts_per_tok")
-        if topk:
-            if spec.experts_per_tok is not None:
-                k_new = spec.experts_per_tok
-                if k_new > n_exp or k_new < 1:
-                    raise UsageError(
-                        f"constraint violated: experts per token {k_new} must be between 1 and "
-                        f"the number of experts {n_exp}.",
-                        f"Pass --experts-per-tok <= {n_exp} or more --experts.")
-            else:
-                k_new = min(topk[1], max(1, n_exp // 2))
-            for k in ROLES["experts_per_tok"]:
-                if isinstance(d.get(k), int):
-                    setv(k, k_new, "top-k <= experts")
-        for k in ROLES["shared_experts"]:
-            if isinstance(d.get(k), int) and d[k] > 1:
-                setv(k, 1, "shared experts")
-        groups = d.get("n_group")
-        if isinstance(groups, int) and groups > 1:
-            setv("n_group", 1, "expert groups divide experts")
-            if isinstance(d.get("topk_group"), int):
-                setv("topk_group", 1, "topk_group <= n_group")
-    # Positions and windows.
-    for k in ROLES["positions"]:
-        v = d.get(k)
-        if isinstance(v, int) and v > 0:
-            setv(k, min(v, spec.positions), "positions")
-    sw = d.get("sliding_window")
-    if isinstance(sw, int) and sw > 0:
-        setv("sliding_window", min(sw, max(2, spec.positions // 2)), "window <= positions")
-    # Vocab.
-    if isinstance(d.get("vocab_size"), int) and d["vocab_size"] > new_vocab:
-        setv("vocab_size", new_vocab, "vocab")
-    # Vision.
-    if isinstance(d.get("image_size"), int) and isinstance(d.get("patch_size"), int):
-        image = spec.image_size
-        patch = min(d["patch_size"], spec.patch_size)
-        if image % patch:
-            raise UsageError(
-                f"constraint violated: image size {image} must be a multiple of patch size {patch}.",
-                "Pass --image-size that is a multiple of --patch-size.")
-        setv("image_size", min(d["image_size"], image) if "image_size" not in ex else image,
-             "image")
-        setv("patch_size", patch, "patch")
 
 
 def _text_vocab(d: Mapping[str, Any]) -> int | None:
@@ -552,20 +413,48 @@ def apply_overrides(d: dict[str, Any], overrides: Mapping[str, Any], changes: li
         if last not in cur:
             raise UsageError(f"--set {dotted}: the config has no field {last!r}.",
                              f"Fields here: {', '.join(sorted(k for k in cur if not k.startswith('_'))[:20])} ...")
-        changes.append(Change(dotted, _summ(cur[last]), value, "--set"))
+        _check_override_type(dotted, cur[last], value)
+        changes.append(Change(dotted, summarize(cur[last]), value, "--set"))
         cur[last] = value
+
+
+def _check_override_type(dotted: str, current: Any, value: Any) -> None:
+    """``--set hidden_size=abc``: a number field gets a number (a one-line error otherwise)."""
+    if isinstance(current, bool) or current is None:
+        return
+    if isinstance(current, int) and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise UsageError(f"--set {dotted}={json.dumps(value)}: {dotted} is an integer "
+                         f"(now {current}).", f"Pass a whole number, e.g. --set {dotted}={current}.")
+    if isinstance(current, float) and (isinstance(value, bool)
+                                       or not isinstance(value, (int, float))
+                                       or not math.isfinite(value)):
+        raise UsageError(f"--set {dotted}={json.dumps(value)}: {dotted} is a finite number "
+                         f"(now {current:g}).", f"Pass a number, e.g. --set {dotted}={current:g}.")
+
+
+def check_source(d: Mapping[str, Any], path: str = "") -> None:
+    """Sizes a model cannot have (0 heads, negative layers) are the source's fault: say so."""
+    for role in ("hidden", "heads", "layers"):
+        for k in ROLES[role]:
+            v = d.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+                raise UsageError(f"the source config has {path}{k}={v}; a model needs at least 1.",
+                                 f"Fix {k} in the config.json (the real model's value).")
+    for k, v in d.items():
+        if is_sub_config(v):
+            check_source(v, f"{path}{k}.")
 
 
 def check_constraints(d: Mapping[str, Any], path: str = "") -> list[str]:
     """Every divisibility / range constraint the shrink must keep; returns violations."""
     bad: list[str] = []
-    hid, heads = _first(d, "hidden"), _first(d, "heads")
+    hid, heads = first_of_role(d, "hidden"), first_of_role(d, "heads")
     if hid and heads and heads[1] and hid[1] % heads[1]:
         bad.append(f"{path}{hid[0]}={hid[1]} is not a multiple of {heads[0]}={heads[1]}")
-    kv = _first(d, "kv_heads")
+    kv = first_of_role(d, "kv_heads")
     if kv and heads and kv[1] and heads[1] % kv[1]:
         bad.append(f"{path}{kv[0]}={kv[1]} does not divide {heads[0]}={heads[1]}")
-    exp, topk = _first(d, "experts"), _first(d, "experts_per_tok")
+    exp, topk = first_of_role(d, "experts"), first_of_role(d, "experts_per_tok")
     if exp and topk and exp[1] > 0 and topk[1] > exp[1]:
         bad.append(f"{path}{topk[0]}={topk[1]} exceeds {exp[0]}={exp[1]}")
     lk = layer_keys(d)
@@ -596,12 +485,15 @@ def shrink_config(config: Mapping[str, Any], spec: ShrinkSpec,
     passed breaks a constraint.
     """
     d = copy.deepcopy(dict(config))
+    check_source(d)
     changes: list[Change] = []
     notes: list[str] = []
     src_vocab = _text_vocab(d)
     new_vocab = spec.vocab if src_vocab is None else min(src_vocab, spec.vocab)
     if "vocab" in spec.explicit:
         new_vocab = spec.vocab
+
+    from mldebug.tiny.quirks import shrink_level
 
     def walk(level: dict[str, Any], path: str) -> None:
         shrink_level(level, spec, path, changes, notes, new_vocab=new_vocab)

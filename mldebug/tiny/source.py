@@ -14,10 +14,7 @@ from typing import Any
 
 from mldebug.errors import UsageError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json",
-                   "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja")
-SPM_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+MAX_CONFIG_BYTES = 8 * 2**20  # the largest real config.json files are a few hundred KB
 
 
 @dataclass
@@ -30,18 +27,6 @@ class Source:
     @property
     def model_type(self) -> str:
         return str(self.config["model_type"])
-
-    def tokenizer_json(self) -> Path | None:
-        if self.directory and (self.directory / "tokenizer.json").is_file():
-            return self.directory / "tokenizer.json"
-        return None
-
-    def spm_model(self) -> Path | None:
-        if self.directory:
-            for n in SPM_NAMES:
-                if (self.directory / n).is_file():
-                    return self.directory / n
-        return None
 
 
 def known_model_types() -> list[str]:
@@ -57,14 +42,28 @@ def close_matches(name: str, known: list[str], n: int = 5) -> list[str]:
     return found[:n]
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> dict[str, Any]:
+    """A config.json as a dict, bounded in size and nesting; any defect is a UsageError."""
+    fix = "Pass a valid config.json (as save_pretrained writes it)."
     try:
-        d = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot read {path} as a JSON config: {e}",
-                         "Pass a valid config.json (as save_pretrained writes it).") from e
-    if not isinstance(d, dict) or "model_type" not in d:
-        raise UsageError(f"{path} has no 'model_type' field, so its architecture is unknown.",
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}.", fix) from e
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB; it is not a "
+                         "model config.", fix)
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 text (byte {e.start}), so not a JSON config.",
+                         fix) from e
+    except RecursionError as e:
+        raise UsageError(f"{path} is nested too deeply to be a model config.", fix) from e
+    except ValueError as e:  # json.JSONDecodeError, and Python's limit on huge integers
+        raise UsageError(f"{path} is not valid JSON: {e}.", fix) from e
+    if not isinstance(d, dict) or not isinstance(d.get("model_type"), str):
+        raise UsageError(f"{path} has no 'model_type' text field, so its architecture is unknown.",
                          "Add \"model_type\": \"<type>\" (e.g. llama) to it, or pass the model type.")
     return d
 
@@ -80,11 +79,11 @@ def resolve(source: str) -> Source:
             raise UsageError(f"{p} has no config.json.",
                              "Pass a local clone of a model repository (with config.json), a "
                              "config.json file, or a model type such as llama.")
-        d = _read_config(cfg)
+        d = read_config(cfg)
         _check_type(d["model_type"])
         return Source("directory", str(p), _full_config(d), p)
     if p.is_file():
-        d = _read_config(p)
+        d = read_config(p)
         _check_type(d["model_type"])
         return Source("config", str(p), _full_config(d), None)
     if "/" in source or source.endswith(".json"):
@@ -110,5 +109,8 @@ def _check_type(model_type: str) -> None:
 def _full_config(d: dict[str, Any]) -> dict[str, Any]:
     """The file's fields completed with the class defaults, as a plain dict."""
     from mldebug.tiny.build import make_config
+    from mldebug.tiny.shrink import check_source
 
-    return dict(make_config(d).to_dict())
+    check_source(d)
+
+    return dict(make_config(d, "source").to_dict())

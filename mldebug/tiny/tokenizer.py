@@ -221,8 +221,15 @@ def _token_lookup(tj: dict[str, Any]) -> dict[str, int]:
 
 
 def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path,
-                   keep_ids: set[int] | frozenset[int] = frozenset()) -> TokenizerResult:
-    """Write a tokenizer of at most ``n`` tokens into ``out_dir`` and validate it."""
+                   keep_ids: set[int] | frozenset[int] = frozenset(),
+                   extra_specials: dict[str, str] | None = None) -> TokenizerResult:
+    """Write a tokenizer of at most ``n`` tokens into ``out_dir`` and validate it.
+
+    ``extra_specials`` (attribute -> token text, e.g. ``image_token``: ``<image>``) are tokens a
+    processor looks up: a trained tokenizer gets them as special tokens, and the config keys
+    that point at them are pinned to their ids through ``role_ids``.
+    """
+    extra = dict(extra_specials or {})
     out_dir.mkdir(parents=True, exist_ok=True)
     tok_cfg: dict[str, Any] = {}
     if source_dir and (source_dir / "tokenizer_config.json").is_file():
@@ -251,7 +258,7 @@ def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path,
         notes.append(f"{spm_path.name} trimmed to {len(kept)} pieces; tokenizer.json built from it")
         tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     else:
-        new = train_tokenizer_json(n)
+        new = train_tokenizer_json(n, DEFAULT_SPECIALS + tuple(extra.values()))
         old_to_new = {}
         src_size = None
         kind = "trained"
@@ -266,14 +273,20 @@ def make_tokenizer(source_dir: Path | None, n: int, out_dir: Path,
         tok_cfg["added_tokens_decoder"] = {
             str(old_to_new[int(k)]): v for k, v in tok_cfg["added_tokens_decoder"].items()
             if int(k) in old_to_new}
+    lookup = _token_lookup(new)
+    present = {name: text for name, text in extra.items() if text in lookup}
+    if present:
+        tok_cfg["extra_special_tokens"] = {**(tok_cfg.get("extra_special_tokens") or {}),
+                                           **present}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False))
     if source_dir:
-        for extra in ("special_tokens_map.json", "chat_template.jinja"):
-            if (source_dir / extra).is_file():
-                shutil.copy2(source_dir / extra, out_dir / extra)
-    size = len(_token_lookup(new))
+        for name in ("special_tokens_map.json", "chat_template.jinja"):
+            if (source_dir / name).is_file():
+                shutil.copy2(source_dir / name, out_dir / name)
+    size = len(lookup)
     validate_tokenizer(out_dir, n)
     roles = _special_roles(tok_cfg, new, old_to_new)
+    roles.update({name: lookup[text] for name, text in present.items()})
     return TokenizerResult(kind, size, src_size, old_to_new, roles, notes)
 
 
