@@ -111,7 +111,7 @@ def test_cli_only_install_runs_the_torch_free_commands(wheel: Path, tmp_path: Pa
     r = _run(exe, "nccl-log", REPO / "tests" / "fixtures" / "nccl" / "fastsocket.log", "--json",
              env=env)
     assert r.returncode in (0, 1) and "findings" in json.loads(r.stdout), r.stderr
-    from mldebug.fr import synth
+    import fr_synth as synth
 
     dumps = tmp_path / "dumps"
     dumps.mkdir()
@@ -119,5 +119,7 @@ def test_cli_only_install_runs_the_torch_free_commands(wheel: Path, tmp_path: Pa
     r = _run(exe, "fr", "analyze", dumps, env=env)
     assert r.returncode in (0, 1) and "rank 1" in r.stdout, r.stdout + r.stderr
     r = _run(exe, "--help", env=env)
-    if " log " in r.stdout:  # the post-mortem command, where this checkout has it
-        assert _run(exe, "log", "--help", env=env).returncode == 0
+    assert " log " in r.stdout
+    r = _run(exe, "log", REPO / "tests" / "fixtures" / "log" / "cppo-6-sigkill.log", "--json",
+             env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["culprits"] == [0], r.stderr
