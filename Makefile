@@ -17,11 +17,11 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@if $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
+	@if [ -n "$(TORCH_CPU_INDEX)" ] && $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
 		echo "torch $(TORCH_VERSION): CPU build from $(TORCH_CPU_INDEX)"; \
 		$(PY) -m pip install -q --index-url $(TORCH_CPU_INDEX) torch==$(TORCH_VERSION); \
 	else \
-		echo "torch $(TORCH_VERSION): $(TORCH_CPU_INDEX) not reachable; plain 'pip install torch==$(TORCH_VERSION)' (your pip index / find-links decide the build; PyPI's is the CUDA one)"; \
+		echo "torch $(TORCH_VERSION): CPU index not set or not reachable; plain 'pip install torch==$(TORCH_VERSION)' (your pip index / find-links decide the build; PyPI's is the CUDA one)"; \
 		$(PY) -m pip install -q torch==$(TORCH_VERSION); \
 	fi
 	$(PY) -m pip install -q -e '.[all,dev]'
