@@ -42,6 +42,19 @@ def test_no_color_removes_bold_and_dim_too(monkeypatch):
     assert b"\x1b[" not in plain and b"bold" in plain and b"dim" in plain
 
 
+def _read_all(fd: int) -> bytes:
+    """Everything written to a pty so far (one read may return only part of it)."""
+    import select
+
+    out = b""
+    while select.select([fd], [], [], 0.5)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
 def test_fanout_progress_counts_and_draws_only_on_a_terminal(monkeypatch):
     from mldebug.progress import fanout_progress
 
@@ -58,7 +71,7 @@ def test_fanout_progress_counts_and_draws_only_on_a_terminal(monkeypatch):
                 progress("node1", True)
                 progress("node2", False)
             tty.flush()
-        drawn = os.read(master, 65536)
+        drawn = _read_all(master)
     finally:
         os.close(master)
         os.close(slave)

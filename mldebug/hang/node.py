@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mldebug.dist import RANK_VARS, identity_from_env, read_environ
-from mldebug.errors import PTRACE_FIX
+from mldebug.errors import NO_PTRACE_ROUTE, PTRACE_FIX
 from mldebug.nodekit import ArgumentParser, emit, find_py_spy, short_hostname
 
 NODE_VERSION = 1
@@ -270,8 +270,9 @@ def explain_pyspy_error(pid: int, stderr: str, rc: int,
                     f"kill -CONT {pid} if you stopped it, then run again.")
         if (os.geteuid() if euid is None else euid) == 0:
             return (f"py-spy could not attach to pid {pid} although running as root "
-                    f"({stderr.strip()[:160]}). Containers: --cap-add=SYS_PTRACE, or a "
-                    "seccomp/LSM profile that blocks ptrace.")
+                    f"(ptrace denied: {stderr.strip()[:160]}). Containers: "
+                    "--cap-add=SYS_PTRACE, or a seccomp/LSM profile that blocks ptrace. "
+                    + NO_PTRACE_ROUTE)
         return f"py-spy could not attach to pid {pid} (ptrace denied). {PTRACE_FIX}"
     if "no such process" in low:
         return f"process {pid} exited during the dump"
