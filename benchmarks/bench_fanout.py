@@ -37,12 +37,13 @@ def via_sh(nodes: int, quiet: bool) -> int:
 
 
 def via_subprocess(nodes: int) -> int:
-    from mldebug.fanout import _run_streaming
+    from mldebug.fanout import PdshStream, _run_streaming
 
-    out, _, _ = _run_streaming(["-c", PRODUCER, str(nodes), BIG_ARG], dict(os.environ), 120,
-                               {f"node{i}" for i in range(nodes)}, lambda h, ok: None,
-                               program=sys.executable)
-    return len(out)
+    seen: list[str] = []
+    _run_streaming(["-c", PRODUCER, str(nodes), BIG_ARG], dict(os.environ), 120,
+                   PdshStream([f"node{i}" for i in range(nodes)], lambda r: seen.append(r.host)),
+                   program=sys.executable)
+    return len(seen)
 
 
 def cpu(fn, *args) -> float:  # type: ignore[no-untyped-def]
