@@ -4,7 +4,8 @@ plain ``subprocess`` reader ``mldebug.fanout`` uses, side by side in one run.
 A stand-in for pdsh (a Python child) prints what 512 nodes answer to ``mldebug hang``: one
 ``host: MLDEBUG-JSON {...}`` line of ~8 KB per node; the command line carries a 26 KB argument,
 as the bundled node script does. Each reader collects every line through a callback and
-must see all of them. Prints the parent's CPU seconds (median of REPEAT rounds,
+must see all of them, each parsed into a node result by the same ``PdshStream``. Prints the
+parent's CPU seconds (median of REPEAT rounds,
 interleaved) and the ratio to the subprocess reader. Usage:
 python benchmarks/bench_fanout.py [NODES] [REPEAT]
 
@@ -34,15 +35,19 @@ BIG_ARG = "A" * 26_000  # the base64 node script in the real command line
 def via_sh(nodes: int, quiet: bool) -> int:
     import sh
 
-    lines: list[str] = []
+    from mldebug.fanout import PdshStream
+
+    seen: list[str] = []
+    stream = PdshStream([f"node{i}" for i in range(nodes)], lambda r: seen.append(r.host))
     kw = {"_log_msg": (lambda *a, **k: "pdsh")} if quiet else {}
     logging.getLogger("sh").setLevel(logging.WARNING if quiet else logging.NOTSET)
-    proc = sh.Command(sys.executable)("-c", PRODUCER, str(nodes), BIG_ARG, _out=lines.append,
-                                      _err=lines.append, _bg=True, _ok_code=list(range(256)),
+    proc = sh.Command(sys.executable)("-c", PRODUCER, str(nodes), BIG_ARG, _out=stream.out,
+                                      _err=stream.err, _bg=True, _ok_code=list(range(256)),
                                       _tty_out=False, _new_session=True, _bg_exc=False, **kw)
     proc.wait(timeout=120)
     proc.process.wait()  # join sh's readers (wait(timeout) alone can return before them)
-    return len(lines)
+    stream.finish()
+    return len(seen)
 
 
 def via_subprocess(nodes: int) -> int:

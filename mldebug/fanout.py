@@ -397,7 +397,8 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
 
     Two reader threads hand lines over through a short queue: a slow consumer holds pdsh back
     instead of piling up answers. A plain ``subprocess`` reader, not ``sh``: side by side on
-    512 node answers it spent 34x less CPU than ``sh`` even with sh's logging off, and ``sh``'s
+    512 node answers, parsing included, ``sh`` spent 3.3x the CPU even with its logging off
+    (15x for the reading alone), and ``sh``'s
     ``wait(timeout=...)`` returned before its reader threads had delivered the last lines
     (benchmarks/bench_fanout.py, docs/benchmarks.md).
     """
