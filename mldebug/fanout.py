@@ -459,7 +459,12 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
             else:
                 stream.err(line, time.monotonic())
             stream.tick(time.monotonic())
-        proc.wait(timeout=None if not cut else 10)
+        try:
+            proc.wait(timeout=max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:  # pipes closed, pdsh still there: end it
+            cut = True
+            kill()
+            proc.wait(timeout=10)
     except BaseException:  # Ctrl-C, or the caller's on_result raised: leave no pdsh behind
         kill()
         proc.wait()
