@@ -3,10 +3,11 @@
 One contract for every capability: a ``NodeJob`` says what runs on a node (the modules to
 bundle, always with ``mldebug.nodekit``, and a typed args dataclass that becomes its argv) and
 what the caller parses (``schema``); ``FanoutOptions`` says where and how (hosts or a SLURM
-job, timeouts, fan-out width, remote Python, ssh options). ``run(job, options)`` returns one
-``NodeResult`` per node, in host order.
+job, timeouts, fan-out width, remote Python, ssh options). ``run(job, options, on_result)``
+hands each node's ``NodeResult`` to ``on_result`` as soon as that node has answered (and then
+forgets its document), and returns one result per node, in host order.
 
-Engines: pdsh over ssh (read by a plain ``subprocess`` reader: see ``_run_streaming``) for
+Engines: pdsh over ssh (read line by line as nodes answer: ``PdshStream``, ``_run_streaming``) for
 host lists, and SLURM's
 ``srun --overlap --jobid`` for a job. The script travels inside the command line (base64), so
 nodes need only a Python 3. Every host is bounded by pdsh's own connect (``-t``) and command
@@ -189,38 +190,74 @@ _PDSH_ERR = re.compile(r"^pdsh@[^:]+: (?P<host>[^:]+): (?P<msg>.*)$")
 _HOST_LINE = re.compile(r"^(?P<host>[^:\s]+): (?P<rest>.*)$")
 
 
-def parse_pdsh_output(stdout_lines: Sequence[str], stderr_lines: Sequence[str],
-                      hosts: Sequence[str], *, deadline_s: float | None = None,
-                      schema: Mapping[str, type | tuple[type, ...]] | None = None,
-                      ) -> dict[str, NodeResult]:
-    """Split pdsh's ``host: line`` output into one result per host (pure; tested on fixtures).
+class PdshStream:
+    """Turns pdsh's ``host: line`` output into one ``NodeResult`` per host AS LINES ARRIVE.
 
-    ``deadline_s`` says the run was cut at that overall deadline: a host that said nothing was
-    then not reached in time, which is different from a host that ran and printed nothing.
+    A node is complete when its ``MLDEBUG-JSON`` line arrives (its one answer), or some time
+    after pdsh says its ssh failed (``exit code``/``timeout``: ``settle`` seconds, so that
+    lines still on their way - the marker on the other pipe, ssh's reason - are not lost), or
+    when the run ends. Each complete result goes to ``deliver`` at once and nothing of it is
+    kept here: memory holds the nodes still running, not every answer.
     """
-    results = {h: NodeResult(h) for h in hosts}
-    for line in stdout_lines:
+
+    _KEEP = 200  # lines kept per unanswered node: enough to say why, bounded
+
+    def __init__(self, hosts: Sequence[str], deliver: Callable[[NodeResult], None], *,
+                 schema: Mapping[str, type | tuple[type, ...]] | None = None,
+                 settle: float = 1.0) -> None:
+        self.pending = {h: NodeResult(h) for h in hosts}
+        self.deliver = deliver
+        self.schema = schema
+        self.settle = settle
+        self.ending: dict[str, float] = {}  # host -> when pdsh said it failed
+
+    def out(self, line: str) -> None:
         m = _HOST_LINE.match(line)
-        if not m or m["host"] not in results:
-            continue
-        res = results[m["host"]]
+        if not m or m["host"] not in self.pending:
+            return
+        res = self.pending[m["host"]]
         rest = m["rest"]
-        if rest.startswith(MARKER):
-            try:
-                res.data = json.loads(rest[len(MARKER):])
-            except (json.JSONDecodeError, ValueError, RecursionError) as e:
-                res.error = f"answered unreadable JSON ({str(e)[:200]})"
-        else:
-            res.stderr.append(rest)
-    for line in stderr_lines:
+        if not rest.startswith(MARKER):
+            self._said(res, rest)
+            return
+        try:
+            res.data = json.loads(rest[len(MARKER):])
+        except (json.JSONDecodeError, ValueError, RecursionError) as e:
+            res.error = f"answered unreadable JSON ({str(e)[:200]})"
+        self._complete(res.host)
+
+    def err(self, line: str, now: float = 0.0) -> None:
         m = _PDSH_ERR.match(line) or _HOST_LINE.match(line)
-        if not m or m["host"] not in results:
-            continue
+        if not m or m["host"] not in self.pending:
+            return
         msg = m["msg"] if "msg" in m.groupdict() else m["rest"]
-        results[m["host"]].stderr.append(msg)
-    for res in results.values():
-        if res.data is not None and schema is not None:
-            why = check_document(res.data, schema)
+        self._said(self.pending[m["host"]], msg)
+        if "msg" in m.groupdict() and ("exit code" in msg or "timeout" in msg):
+            self.ending.setdefault(m["host"], now)
+
+    def tick(self, now: float) -> None:
+        """Complete the nodes pdsh said failed at least ``settle`` seconds ago."""
+        for host in [h for h, t in self.ending.items() if now - t >= self.settle]:
+            self._complete(host)
+
+    def finish(self, deadline_s: float | None = None) -> None:
+        """The run ended: every node not complete yet is, with the reason it has no answer.
+        ``deadline_s``: the run was cut at that overall deadline."""
+        for host in list(self.pending):
+            self._complete(host, deadline_s)
+
+    def _said(self, res: NodeResult, text: str) -> None:
+        res.stderr.append(text)
+        if len(res.stderr) > 2 * self._KEEP:
+            del res.stderr[:-self._KEEP]
+
+    def _complete(self, host: str, deadline_s: float | None = None) -> None:
+        res = self.pending.pop(host, None)
+        self.ending.pop(host, None)
+        if res is None:
+            return
+        if res.data is not None and self.schema is not None:
+            why = check_document(res.data, self.schema)
             if why is not None:
                 res.data, res.error = None, why
         if res.data is None and res.error is None:
@@ -230,7 +267,27 @@ def parse_pdsh_output(stdout_lines: Sequence[str], stderr_lines: Sequence[str],
                              "--timeout")
             else:
                 res.error = explain_failure(res.stderr)
-    return results
+        self.deliver(res)
+
+
+def parse_pdsh_output(stdout_lines: Sequence[str], stderr_lines: Sequence[str],
+                      hosts: Sequence[str], *, deadline_s: float | None = None,
+                      schema: Mapping[str, type | tuple[type, ...]] | None = None,
+                      ) -> dict[str, NodeResult]:
+    """Split pdsh's ``host: line`` output into one result per host (pure; tested on fixtures).
+    The same parser as a live run (``PdshStream``), fed all lines at once.
+
+    ``deadline_s`` says the run was cut at that overall deadline: a host that said nothing was
+    then not reached in time, which is different from a host that ran and printed nothing.
+    """
+    results: dict[str, NodeResult] = {}
+    stream = PdshStream(hosts, lambda r: results.__setitem__(r.host, r), schema=schema)
+    for line in stdout_lines:
+        stream.out(line)
+    for line in stderr_lines:
+        stream.err(line)
+    stream.finish(deadline_s)
+    return {h: results[h] for h in hosts}
 
 
 def explain_failure(lines: Sequence[str]) -> str:
@@ -263,36 +320,57 @@ def _last_meaningful(lines: Sequence[str]) -> str:
     return ""
 
 
-OnNode = Callable[[str, bool], None]
+OnResult = Callable[[NodeResult], None]
 
 
-def run(job: NodeJob, options: FanoutOptions, on_node: OnNode | None = None) -> list[NodeResult]:
+def run(job: NodeJob, options: FanoutOptions, on_result: OnResult | None = None, *,
+        progress: bool = True) -> list[NodeResult]:
     """Run ``job`` on every node of ``options``; one result per node, in host order.
 
-    ``on_node(host, ok)`` is called as each node's answer (or failure) arrives; without it, a
-    progress display on stderr is shown when stderr is a terminal (``mldebug.progress``).
+    ``on_result(result)`` is called on the caller's thread with each node's parsed result the
+    moment that node's answer is complete (over pdsh, as its answer line arrives; over srun
+    and on this host, when the run ends). The fan-out then keeps nothing of it: with
+    ``on_result`` the returned list says only ``host`` and ``error`` (``data`` is None), so
+    memory holds one answer at a time, not every node's. Without ``on_result`` the returned
+    results carry their documents. ``progress``: show nodes answered / total and failures so
+    far on stderr when it is a terminal (``mldebug.progress``).
     """
+    kept: list[NodeResult] = []
+
+    def keep(r: NodeResult) -> None:
+        if on_result is None:
+            kept.append(r)
+            return
+        on_result(r)
+        kept.append(NodeResult(r.host, error=r.error))  # the document is the caller's now
+
     source, args = job.script(), job.argv()
     if options.is_local:
-        return [_run_local(source, args, options, job.schema)]
+        keep(_run_local(source, args, options, job.schema))
+        return kept
     command = remote_command(source, args, options.remote_python)
     if options.slurm_job is not None:
-        return _run_srun(options, command, job.schema)
+        for r in _run_srun(options, command, job.schema):
+            keep(r)
+        return kept
     excluded = set(options.exclude)
     hosts = [validate_host(h) for h in options.hosts if h not in excluded]
     if not hosts:
         raise UsageError("every host of the list is excluded.", "Check --exclude.")
-    if on_node is not None:
-        return _run_pdsh(hosts, command, options, job.schema, on_node)
     from mldebug.progress import fanout_progress
 
-    with fanout_progress(len(hosts)) as progress:
-        return _run_pdsh(hosts, command, options, job.schema, progress)
+    with fanout_progress(len(hosts), shown=progress) as bar:
+        def deliver(r: NodeResult) -> None:
+            bar(r.host, r.data is not None)
+            keep(r)
+
+        _run_pdsh(hosts, command, options, job.schema, deliver)
+    order = {h: i for i, h in enumerate(hosts)}
+    return sorted(kept, key=lambda r: order[r.host])
 
 
 def _run_pdsh(hosts: list[str], command: str, options: FanoutOptions,
-              schema: Mapping[str, type | tuple[type, ...]], on_node: OnNode | None,
-              ) -> list[NodeResult]:
+              schema: Mapping[str, type | tuple[type, ...]], deliver: OnResult) -> None:
     env = dict(os.environ)
     env["PDSH_RCMD_TYPE"] = "ssh"
     env.pop("WCOLL", None)  # the host list is ours; pdsh must not add its default one
@@ -305,26 +383,29 @@ def _run_pdsh(hosts: list[str], command: str, options: FanoutOptions,
         f.flush()
         argv = pdsh_argv(f.name, fanout=options.fanout, connect_timeout=options.connect_timeout,
                          command_timeout=options.timeout)
-        out_lines, err_lines, cut = _run_streaming([*argv, command], env, deadline, set(hosts),
-                                                   on_node)
-    results = parse_pdsh_output(out_lines, err_lines, hosts, schema=schema,
-                                deadline_s=deadline if cut else None)
-    return [results[h] for h in hosts]
+        _run_streaming([*argv, command], env, deadline, PdshStream(hosts, deliver, schema=schema))
+
+
+_EOF = None  # a reader's last item on the queue
 
 
 def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
-                   hosts: set[str], on_node: OnNode | None, program: str = "pdsh",
-                   ) -> tuple[list[str], list[str], bool]:
-    """Run pdsh in its own process group, reading both streams line by line as they arrive
-    (``on_node`` hears of each host's answer at once); end the group at the deadline.
+                   stream: PdshStream, program: str = "pdsh") -> bool:
+    """Run pdsh in its own process group and feed its lines to ``stream`` as they arrive, on
+    this thread (so ``stream.deliver`` - the caller's ``on_result`` - runs here, and what it
+    raises ends pdsh); end the group at the deadline. Returns whether the deadline cut the run.
 
-    A plain ``subprocess`` reader, not ``sh``: side by side on 512 node answers it spent 34x
-    less CPU than ``sh`` even with sh's logging off, and ``sh``'s ``wait(timeout=...)`` returned
-    before its reader threads had delivered the last lines (benchmarks/bench_fanout.py,
-    docs/benchmarks.md). Returns stdout lines, stderr lines, and whether the deadline cut the run.
+    Two reader threads hand lines over through a short queue: a slow consumer holds pdsh back
+    instead of piling up answers. A plain ``subprocess`` reader, not ``sh``: side by side on
+    512 node answers, parsing included, ``sh`` spent 3.3x the CPU even with its logging off
+    (15x for the reading alone), and ``sh``'s
+    ``wait(timeout=...)`` returned before its reader threads had delivered the last lines
+    (benchmarks/bench_fanout.py, docs/benchmarks.md).
     """
+    import queue
     import shutil
     import signal
+    import time
 
     exe = shutil.which(program, path=env.get("PATH", os.environ.get("PATH")))
     if exe is None:
@@ -332,60 +413,64 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
             "pdsh is not installed on this machine; it is needed for --nodes/--hostfile.",
             "Install it (apt-get install pdsh / yum install pdsh) or use --slurm-job.",
         )
-    out_lines: list[str] = []
-    err_lines: list[str] = []
-    lock = threading.Lock()
-    told: set[str] = set()
-
-    def tell(host: str, ok: bool) -> None:
-        if on_node is not None and host in hosts and host not in told:
-            told.add(host)
-            on_node(host, ok)
-
-    def on_out(line: str) -> None:
-        with lock:
-            out_lines.append(line)
-            m = _HOST_LINE.match(line)
-            if m and m["rest"].startswith(MARKER):
-                tell(m["host"], True)
-
-    def on_err(line: str) -> None:
-        with lock:
-            err_lines.append(line)
-            m = _PDSH_ERR.match(line)
-            if m and ("exit code" in m["msg"] or "timeout" in m["msg"]):
-                tell(m["host"], False)
-
+    lines: queue.Queue[tuple[bool, str | None]] = queue.Queue(maxsize=64)
     proc = subprocess.Popen([exe, *argv], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             errors="replace", start_new_session=True)
 
-    def pump(stream: Any, handle: Callable[[str], None]) -> None:
-        for line in stream:
-            handle(line.rstrip("\n").rstrip("\r"))
+    def pump(src: Any, is_out: bool) -> None:
+        try:
+            for line in src:
+                lines.put((is_out, line.rstrip("\n").rstrip("\r")))
+        finally:
+            lines.put((is_out, _EOF))
 
-    readers = [threading.Thread(target=pump, args=(proc.stdout, on_out), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, on_err), daemon=True)]
+    readers = [threading.Thread(target=pump, args=(proc.stdout, True), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, False), daemon=True)]
     for t in readers:
         t.start()
-    cut = False
-    try:
-        proc.wait(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        cut = True
+    end = time.monotonic() + deadline_s
+    cut, open_streams = False, 2
+
+    def kill() -> None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # pdsh and the ssh clients it started
         except ProcessLookupError:
             pass
-        proc.wait()
-    except BaseException:  # Ctrl-C: leave no pdsh behind
-        os.killpg(proc.pid, signal.SIGKILL)
+
+    try:
+        while open_streams:
+            now = time.monotonic()
+            if now >= end and not cut:
+                cut = True
+                kill()
+                end = now + 10  # a leftover ssh holding the pipe cannot keep us here
+            elif now >= end:
+                break
+            try:
+                is_out, line = lines.get(timeout=min(0.25, max(0.01, end - now)))
+            except queue.Empty:
+                stream.tick(time.monotonic())
+                continue
+            if line is _EOF:
+                open_streams -= 1
+            elif is_out:
+                stream.out(line)
+            else:
+                stream.err(line, time.monotonic())
+            stream.tick(time.monotonic())
+        try:
+            proc.wait(timeout=max(1.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:  # pipes closed, pdsh still there: end it
+            cut = True
+            kill()
+            proc.wait(timeout=10)
+    except BaseException:  # Ctrl-C, or the caller's on_result raised: leave no pdsh behind
+        kill()
         proc.wait()
         raise
-    for t in readers:
-        t.join(timeout=10)  # a leftover ssh holding the pipe cannot keep us here
-    with lock:
-        return list(out_lines), list(err_lines), cut
+    stream.finish(deadline_s if cut else None)
+    return cut
 
 
 def _run_local(source: str, args: Sequence[str], options: FanoutOptions,

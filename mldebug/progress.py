@@ -14,7 +14,8 @@ from typing import IO, Any
 
 
 class FanoutProgress:
-    """Counts node answers (called from pdsh's reader threads) and shows them on a rich bar."""
+    """Counts node answers (called as each node's result is complete) and shows them on a
+    rich bar: nodes answered / total, and how many failed so far."""
 
     def __init__(self, total: int, bar: Any = None, task: Any = None) -> None:
         self.total = total
@@ -37,10 +38,12 @@ class FanoutProgress:
 
 
 @contextmanager
-def fanout_progress(total: int, file: IO[str] | None = None) -> Iterator[FanoutProgress]:
-    """A ``FanoutProgress`` for ``total`` nodes; drawn on ``file`` (stderr) only on a terminal."""
+def fanout_progress(total: int, file: IO[str] | None = None, *,
+                    shown: bool = True) -> Iterator[FanoutProgress]:
+    """A ``FanoutProgress`` for ``total`` nodes; drawn on ``file`` (stderr) only on a terminal
+    and when ``shown`` (``--json`` callers pass False)."""
     out = file if file is not None else sys.stderr
-    if not (hasattr(out, "isatty") and out.isatty()):
+    if not shown or not (hasattr(out, "isatty") and out.isatty()):
         yield FanoutProgress(total)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

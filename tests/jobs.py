@@ -93,3 +93,13 @@ def independent_ranks(script: str, nproc: int, log: Path, extra_env: dict[str, s
                                       stderr=subprocess.STDOUT, env=env,
                                       start_new_session=True, stdin=subprocess.DEVNULL))
     return Job(procs, log, nproc)
+
+
+def slow_python(where: Path, slow_hosts: str, seconds: float, then: str = "") -> str:
+    """A ``--remote-python`` that first sleeps on the named hosts (``node2|node3``: a busy or
+    hung node), then runs the shell command ``then`` (e.g. to record what it sees on waking)."""
+    wrapper = where / "slow-python"
+    wrapper.write_text(f'#!/bin/sh\ncase "$(hostname)" in {slow_hosts}) sleep {seconds}; '
+                       f'{then or ":"};; esac\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_cli
+from jobs import slow_python
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -64,6 +65,16 @@ def test_trigger_over_nodes_gathers_every_rank_and_names_the_culprit(cluster, tm
         assert (m["kind"], m["seq"], m["culprit_ranks"]) == ("missing", 2, [3])
         hosts = {json.loads(p.read_text())["host"] for p in d.glob(".mldebug-fr-*.json")}
         assert hosts == {"node1", "node2"}
+        # node2's Python starts 5 s late and first lists --out: node1's files are there
+        out2, seen = tmp_path / "streamed", tmp_path / "seen-by-node2"
+        python = slow_python(tmp_path, "node2", 5, then=f"ls {out2} > {seen}")
+        r = run_cli("fr", "trigger", "--nodes", "node[1-2]", "--dir", str(d), "--out",
+                    str(out2), "--timeout", "30", "--remote-python", python, "--json",
+                    env=cluster.env(), timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert sorted(seen.read_text().split()) == ["fr-node1-rank0", "fr-node1-rank1"]
+        assert sorted(f.name for f in out2.iterdir()) == [
+            "fr-node1-rank0", "fr-node1-rank1", "fr-node2-rank2", "fr-node2-rank3"]
         # a per-node cap smaller than one dump: every rank named with the reason, no file
         size = max(Path(f).stat().st_size for f in by_host["node1"]["files"])
         r = run_cli("fr", "trigger", "--nodes", "node[1-2]", "--dir", str(d), "--out",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from jobs import RECIPES, free_port
+from jobs import RECIPES, free_port, slow_python
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -45,6 +45,23 @@ def test_names_the_culprit_rank_and_host_from_outside_both_nodes(two_node_job):
     assert [(s["rank"], s["host"]) for s in report["suspects"]] == [(0, "node1")]
     assert report["suspects"][0]["call_site"].startswith("collective_mismatch.py:")
     assert report["errors"] == []
+
+
+def test_out_writes_each_nodes_dumps_as_it_answers(two_node_job, tmp_path):
+    """node2's Python starts 5 s late and first lists --out/dumps: node1's ranks are on disk
+    by then (written as node1 answered, not when every node had), and the report is whole."""
+    out, seen = tmp_path / "out", tmp_path / "seen-by-node2"
+    python = slow_python(tmp_path, "node2", 5, then=f"ls {out}/dumps > {seen}")
+    r = run_cli("hang", "--nodes", "node[1-2]", "--out", str(out), "--remote-python", python,
+                "--json", env=two_node_job.env())
+    assert r.returncode == 0, r.stderr
+    early = sorted(n.split("-")[1] for n in seen.read_text().split())
+    assert early == ["rank0", "rank1"], seen.read_text()
+    saved = sorted(f.name.split("-")[1] for f in (out / "dumps").iterdir())
+    assert saved == ["rank0", "rank1", "rank2", "rank3"]
+    report = json.loads(r.stdout)
+    assert sorted(p["rank"] for p in report["processes"]) == [0, 1, 2, 3]
+    assert json.loads((out / "report.json").read_text())["suspects"] == report["suspects"]
 
 
 def test_a_stopped_node_does_not_block_the_report(two_node_job):

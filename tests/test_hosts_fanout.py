@@ -149,17 +149,17 @@ def test_every_line_arrives_before_the_reader_returns():
     to 8 of 512 node answers went missing). Each of five runs must see all of them."""
     import sys
 
-    from mldebug.fanout import _run_streaming
+    from mldebug.fanout import PdshStream, _run_streaming
 
     producer = ("import sys\nfor i in range(512): "
                 "sys.stdout.write(f'node{i}: MLDEBUG-JSON {{\"n\": {i}}}' + ' ' * 4000 + '\\n')\n")
-    hosts = {f"node{i}" for i in range(512)}
+    hosts = [f"node{i}" for i in range(512)]
     for _ in range(5):
-        seen: set[str] = set()
-        out, err, cut = _run_streaming(["-c", producer], {}, 60, hosts,
-                                       lambda h, ok, s=seen: s.add(h),
-                                       program=sys.executable)
-        assert len(out) == 512 and seen == hosts and not cut
+        got: dict[str, object] = {}
+        cut = _run_streaming(["-c", producer], {}, 60,
+                             PdshStream(hosts, lambda r, g=got: g.__setitem__(r.host, r.data)),
+                             program=sys.executable)
+        assert got == {f"node{i}": {"n": i} for i in range(512)} and not cut
 
 
 def test_a_slurm_jobs_nodes_come_from_its_node_list(monkeypatch):

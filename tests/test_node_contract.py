@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from envfacts import BASE
+from jobs import slow_python
 
 from mldebug.env import collect as env_collect
 from mldebug.env.facts import NodeFacts
@@ -88,25 +88,16 @@ class _BadHost:
     bad_host: str
 
 
-def _slow_python(tmp_path: Path, slow_hosts: str, seconds: int) -> str:
-    """A --remote-python that sleeps first on the named hosts (a busy or hung node)."""
-    wrapper = tmp_path / "slow-python"
-    wrapper.write_text(f'#!/bin/sh\ncase "$(hostname)" in {slow_hosts}) sleep {seconds};; esac\n'
-                       f'exec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
 @pytest.mark.cluster
 def test_more_hosts_than_fanout_with_slow_nodes_and_a_bad_answer(cluster, tmp_path, monkeypatch):
     for key, value in cluster.env().items():
         monkeypatch.setenv(key, value)
-    seen: dict[str, bool] = {}
+    seen: dict[str, str | None] = {}
     job = NodeJob(("contract_node",), _BadHost("node3"), {"host": str, "processes": list})
     opts = FanoutOptions(hosts=["node1", "node2", "node3"], fanout=1, timeout=8,
                          connect_timeout=2,
-                         remote_python=_slow_python(tmp_path, "node1|node2", 60))
-    results = {r.host: r for r in run(job, opts, lambda h, ok: seen.__setitem__(h, ok))}
+                         remote_python=slow_python(tmp_path, "node1|node2", 60))
+    results = {r.host: r for r in run(job, opts, lambda r: seen.__setitem__(r.host, r.error))}
     # One host at a time: node1 and node2 each use their whole command timeout, so node3
     # starts after ~16 s - past a single connect + timeout + slack deadline (15 s) that
     # ignores pdsh's waves. It is reached, and its wrongly typed answer is its error alone.
@@ -114,7 +105,8 @@ def test_more_hosts_than_fanout_with_slow_nodes_and_a_bad_answer(cluster, tmp_pa
         assert "command timeout" in (results[slow].error or ""), results[slow]
     assert results["node3"].data is None
     assert "'processes' is str, expected list" in (results["node3"].error or "")
-    assert seen == {"node1": False, "node2": False, "node3": True}
+    # on_result heard every node once, with the same error the returned list keeps
+    assert seen == {h: r.error for h, r in results.items()}
 
 
 @pytest.mark.cluster

@@ -6,15 +6,16 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnNode, run
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run
 
 if TYPE_CHECKING:
     from mldebug.hang.collect import CollectOptions
 
 
-def signal_docs(opts: CollectOptions, target: FanoutOptions, on_node: OnNode | None = None, *,
-                signal: str = "SIGUSR1") -> list[NodeResult]:
-    """One hang node document per node, the stacks coming from the ranks' own handlers."""
+def signal_docs(opts: CollectOptions, target: FanoutOptions, on_result: OnResult,
+                progress: bool = True, *, signal: str = "SIGUSR1") -> list[NodeResult]:
+    """Hand one hang node document per node to ``on_result`` as it arrives, the stacks coming
+    from the ranks' own handlers (``mldebug.hang.collect.node_docs``'s contract)."""
     from mldebug.capture import signal as node
     from mldebug.errors import UsageError
     from mldebug.hang.collect import NODE_SCHEMA, CollectOptions
@@ -33,7 +34,8 @@ def signal_docs(opts: CollectOptions, target: FanoutOptions, on_node: OnNode | N
     args = SignalArgs(**dataclasses.asdict(opts), signal=signal)
     if target.is_local:
         doc = node.collect(node.parser().parse_args(args.node_args()))
-        return [NodeResult(doc["host"], data=doc)]
+        on_result(NodeResult(doc["host"], data=doc))
+        return [NodeResult(doc["host"])]
     node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
     return run(NodeJob(node.MODULES, args, NODE_SCHEMA),
-               dataclasses.replace(target, timeout=node_timeout), on_node)
+               dataclasses.replace(target, timeout=node_timeout), on_result, progress=progress)

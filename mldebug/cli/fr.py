@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from pathlib import Path
 
 from mldebug.errors import MldebugError, UsageError
@@ -150,16 +149,8 @@ def _trigger(args: argparse.Namespace) -> int:
     if not args.max_mb > 0:
         raise UsageError(f"--max-mb must be a positive number, not {args.max_mb}.",
                          "Pass e.g. --max-mb 1024.")
-    progress = None
-    if sys.stderr.isatty() and not target.is_local:
-        def progress(done: int, total: int) -> None:
-            sys.stderr.write(f"\r{done}/{total} node(s) answered")
-            sys.stderr.flush()
-    result = trigger(target, args.out, args.dir,
-                     max_bytes=int(args.max_mb * (1 << 20)), progress=progress,
-                     discover=args.discover)
-    if progress is not None:
-        sys.stderr.write("\n")
+    result = trigger(target, args.out, args.dir,  # progress: on stderr, on a terminal
+                     max_bytes=int(args.max_mb * (1 << 20)), discover=args.discover)
     out = result.out_dir
     analysis = None
     if args.analyze and result.files:

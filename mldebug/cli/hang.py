@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
-    from mldebug.hang.collect import collect, options_from_args, prepare_out, save
+    from mldebug.hang.collect import collect, options_from_args, prepare_out, save_report
     from mldebug.hang.report import render_text
 
     target = fanout_options(args)
@@ -129,10 +129,10 @@ def run(args: argparse.Namespace) -> int:
         from mldebug.capture.remote import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
-    results, coll = collect(opts, target, progress=not args.json, docs=docs)
+    results, coll, written = collect(opts, target, progress=not args.json, docs=docs, out=out)
     report = analyze(coll, all_threads=args.all_threads, job=args.job)
     if out is not None:
-        written = save(out, results, report.to_dict(), render_text(report, show_all=True))
+        save_report(out, report.to_dict(), render_text(report, show_all=True))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
     record = None

@@ -14,7 +14,7 @@ import os
 import re
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,10 @@ def _write_new(path: Path, data: bytes, mode: int) -> Path:
     raise OSError(f"{path}: 1000 files of that name already")
 
 
-def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path) -> NodeOutcome:
-    """Write the dumps one node returned; pure apart from writing the files.
+def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path,
+                  max_bytes: int = node_script.MAX_DUMP_BYTES) -> NodeOutcome:
+    """Write the dumps one node returned; pure apart from writing the files. The node keeps
+    its dumps within ``max_bytes`` in all; a node that sends more gets the rest refused.
 
     Each file keeps its source's permission (0644 stays 0644, anything narrower becomes
     0600): a dump readable only by the job's user is not made readable by all.
@@ -117,6 +119,7 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path) -> NodeOutcome:
         return NodeOutcome(host, errors=["the node sent a malformed document (notes/ranks "
                                          "are not lists); ignored"])
     outcome = NodeOutcome(host, notes=[str(n)[:2000] for n in notes])
+    left = max_bytes
     for err in doc.get("errors") or []:
         outcome.errors.append(str(err)[:2000])
     for item in ranks:
@@ -133,10 +136,16 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path) -> NodeOutcome:
         if not data or not isinstance(data, str):
             continue
         try:
-            raw = zlib.decompressobj().decompress(base64.b64decode(data), node_script.MAX_DUMP_BYTES)
+            raw = zlib.decompressobj().decompress(base64.b64decode(data),
+                                                   min(left, node_script.MAX_DUMP_BYTES) + 1)
         except (ValueError, zlib.error) as e:
             outcome.errors.append(f"{who}: the node sent an unreadable dump ({e})")
             continue
+        if len(raw) > min(left, node_script.MAX_DUMP_BYTES):
+            outcome.errors.append(f"{who}: the node's dumps are over the per-node cap "
+                                  f"({max_bytes} bytes); not written, raise --max-mb")
+            continue
+        left -= len(raw)
         src_mode = item.get("mode")
         mode = 0o644 if isinstance(src_mode, int) and src_mode & 0o044 == 0o044 else 0o600
         if isinstance(item.get("dir"), str):
@@ -171,14 +180,15 @@ def trigger_local_report(out_dir: str | Path, timeout: float = 30.0,
 
 def trigger(target: FanoutOptions, out_dir: str | Path | None,
             dump_dir: str | Path | None = None, timeout: float | None = None, *,
-            max_bytes: Any = node_script.MAX_DUMP_BYTES, progress: Any = None,
+            max_bytes: Any = node_script.MAX_DUMP_BYTES, progress: Any = True,
             discover: Any = False, pids: Any = None) -> TriggerResult:
     """Trigger every rank on every node of ``target``; ``timeout`` (default: the options')
     bounds the ranks' answers on each node.
 
     ``out_dir`` None: a new private temporary directory (see ``prepare_out``). Each node sends
-    at most ``max_bytes`` of dumps; each node's files are written, and its data dropped, as
-    soon as its answer is parsed; ``progress(answered, total)`` is called as nodes answer.
+    at most ``max_bytes`` of dumps (checked again here); each node's files are written, and its
+    data dropped, the moment that node answers. ``progress``: nodes answered / total and
+    failures so far on stderr, on a terminal (``mldebug.progress``).
     ``discover``: also trigger the recorders of every dump directory found in the rank
     processes' environments (``MLDEBUG_FR_DIR``) and ``/tmp/mldebug-fr-<uid>`` of every user.
     ``pids`` (a collection of ints): trigger only these processes, and discover only their
@@ -193,16 +203,21 @@ def trigger(target: FanoutOptions, out_dir: str | Path | None,
                                       only)]
     else:
         nodes = []
-        for host, doc, error in _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover),
-                                         progress, pids):
+
+        def on_doc(host: str, doc: dict[str, Any] | None, error: str) -> None:
             if doc is None:
                 nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
-                continue
+                return
             try:
-                nodes.append(save_node_doc(host, doc, out))
+                nodes.append(save_node_doc(host, doc, out, int(max_bytes)))
             except (AttributeError, KeyError, TypeError, ValueError) as e:
                 nodes.append(NodeOutcome(host, errors=[
                     f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
+
+        order = _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover), bool(progress),
+                         pids, on_doc)
+        rank = {h: i for i, h in enumerate(order)}
+        nodes.sort(key=lambda n: rank.get(n.host, len(rank)))
     result = TriggerResult(out, nodes)
     if created and not result.files:
         try:
@@ -229,31 +244,24 @@ NODE_SCHEMA = {"host": str, "ranks": list}
 
 
 def _fan_out(target: FanoutOptions, dump_dir: str | Path | None, timeout: float, max_bytes: int,
-             discover: bool, progress: Callable[[int, int], None] | None,
-             pids: Any) -> Iterator[tuple[str, dict[str, Any] | None, str]]:
-    """The one fan-out call of fr: run the node script on every node, yield (host, doc, error)
-    per node and drop each node's document once handed over."""
+             discover: bool, progress: bool, pids: Any,
+             on_doc: Callable[[str, dict[str, Any] | None, str], None]) -> list[str]:
+    """The one fan-out call of fr: run the node script on every node and hand each node's
+    (host, doc, error) to ``on_doc`` the moment it answers; the fan-out keeps no document.
+    Returns the hosts in the order asked."""
     from mldebug import fanout
 
     args = NodeArgs(timeout, max_bytes, None if dump_dir is None else str(dump_dir), discover,
                     None if pids is None else ",".join(str(int(p)) for p in pids))
-    total = len(target.hosts) or 1
-    answered = 0
 
-    def on_node(_host: str, _ok: bool) -> None:
-        nonlocal answered
-        answered += 1
-        if progress is not None:
-            progress(answered, total)
+    def on_result(res: fanout.NodeResult) -> None:
+        doc, res.data = res.data, None
+        on_doc(res.host, doc, res.error or "no answer")
 
     results = fanout.run(fanout.NodeJob(NODE_MODULES, args, NODE_SCHEMA),
-                         dataclasses.replace(target, timeout=timeout + 10),
-                         on_node if progress is not None else None)
-    for i, res in enumerate(results):
-        doc, err = res.data, res.error or "no answer"
-        results[i] = None  # type: ignore[call-overload]  # this node's dumps: freed once saved
-        yield res.host, doc, err
-        del doc
+                         dataclasses.replace(target, timeout=timeout + 10), on_result,
+                         progress=progress)
+    return [r.host for r in results]
 
 
 def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,

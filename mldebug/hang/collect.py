@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import UsageError
-from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnNode, run, to_argv
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run, to_argv
 from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
@@ -43,18 +43,20 @@ class CollectOptions:
         return to_argv(self)
 
 
-def node_docs(opts: CollectOptions, target: FanoutOptions,
-              on_node: OnNode | None = None) -> list[NodeResult]:
-    """One JSON document per node (or an error saying why there is none)."""
+def node_docs(opts: CollectOptions, target: FanoutOptions, on_result: OnResult,
+              progress: bool = True) -> list[NodeResult]:
+    """Hand each node's JSON document (or an error saying why there is none) to ``on_result``
+    as that node answers; returns host and error per node (``mldebug.fanout.run``)."""
     if target.is_local:
         from mldebug.hang import node
 
         doc = node.collect(node.parser().parse_args(opts.node_args()))
-        return [NodeResult(doc["host"], data=doc)]
+        on_result(NodeResult(doc["host"], data=doc))
+        return [NodeResult(doc["host"])]
     # The node budget: two rounds of dumps (with --watch) plus the pause between them.
     node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
     return run(NodeJob(NODE_MODULES, opts, NODE_SCHEMA),
-               dataclasses.replace(target, timeout=node_timeout), on_node)
+               dataclasses.replace(target, timeout=node_timeout), on_result, progress=progress)
 
 
 def _opt_int(v: Any) -> int | None:
@@ -150,15 +152,46 @@ def collection_from_results(results: Sequence[NodeResult], watch: float | None =
 
 
 def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = False,
-            docs: Callable[..., list[NodeResult]] | None = None,
-            ) -> tuple[list[NodeResult], Collection]:
-    """Collect from every node of ``target``. The fan-out shows nodes answered / total on
-    stderr (a terminal only) unless ``progress`` is False. ``docs``: another way to get the
-    node documents with ``node_docs``'s signature (the ranks dumping themselves on a signal)."""
+            docs: Callable[..., list[NodeResult]] | None = None, out: Path | None = None,
+            ) -> tuple[list[NodeResult], Collection, list[Path]]:
+    """Collect from every node of ``target``, folding each node's answer into the collection
+    as it arrives (the raw document is dropped then: at 1,000 nodes the documents are ~150 MB).
+
+    The fan-out shows nodes answered / total on stderr (a terminal only) unless ``progress``
+    is False. ``docs``: another way to get the node documents with ``node_docs``'s signature
+    (the ranks dumping themselves on a signal). ``out``: a directory from ``prepare_out``
+    where each node's raw dumps are written as the node answers. Returns per node its host,
+    error and a slim document (each process without its stacks, for ``mldebug.capture.report``),
+    the collection, and the dump files written.
+    """
     node_docs_fn = docs or node_docs
-    quiet: OnNode | None = None if progress else (lambda host, ok: None)
-    results = node_docs_fn(opts, target, quiet)
-    return results, collection_from_results(results, watch=opts.watch or None)
+    coll = Collection(watch=opts.watch or None)
+    slim: dict[str, NodeResult] = {}
+    written: list[Path] = []
+
+    def on_result(r: NodeResult) -> None:
+        add_node_result(coll, r)
+        if out is not None:
+            written.extend(save_node(out, r))
+        slim[r.host] = NodeResult(r.host, data=slim_doc(r.data), error=r.error)
+
+    hosts = [r.host for r in node_docs_fn(opts, target, on_result, progress)]
+    coll.hosts = hosts
+    return [slim.get(h) or NodeResult(h, error="no answer") for h in hosts], coll, written
+
+
+_STACKS = ("dump", "dump_later", "workers")
+
+
+def slim_doc(doc: Any) -> dict[str, Any] | None:
+    """A node document without its stacks: what is left once the analysis has them."""
+    if not isinstance(doc, dict):
+        return None
+    procs = doc.get("processes")
+    return {**{k: v for k, v in doc.items() if k != "processes"},
+            "processes": [{k: v for k, v in p.items() if k not in _STACKS}
+                          if isinstance(p, dict) else p for p in procs]
+            if isinstance(procs, list) else procs}
 
 
 def slurm_scope_note(env: dict[str, str] | None = None) -> str | None:
@@ -208,28 +241,31 @@ def prepare_out(out: Path, *, force: bool) -> None:
                                   "directory\n")
 
 
-def save(out: Path, results: Sequence[NodeResult], report_dict: dict[str, Any],
-         report_text: str) -> list[Path]:
-    """Write raw per-process py-spy dumps and the report under ``out`` (see prepare_out)."""
+def save_node(out: Path, r: NodeResult) -> list[Path]:
+    """Write one node's raw per-process py-spy dumps under ``out/dumps`` (see prepare_out);
+    ``collect`` calls it as each node answers."""
+    if not isinstance(r.data, dict):
+        return []
     dumps = out / "dumps"
     dumps.mkdir(parents=True, exist_ok=True)
     written = []
-    for r in results:
-        if not isinstance(r.data, dict):
+    host = str(r.data.get("host") or r.host)
+    for p in r.data.get("processes") or ():
+        if not isinstance(p, dict) or p.get("dump") is None:
             continue
-        host = str(r.data.get("host") or r.host)
-        for p in r.data.get("processes") or ():
-            if not isinstance(p, dict) or p.get("dump") is None:
-                continue
-            ident = p.get("identity")
-            rank = ident.get("rank") if isinstance(ident, dict) else None
-            name = f"{host}-rank{rank}-{p.get('pid')}.json" if rank is not None else f"{host}-{p.get('pid')}.json"
-            path = dumps / name
-            path.write_text(json.dumps({"format": DUMP_FORMAT, "host": host, **p}, indent=1))
-            written.append(path)
+        ident = p.get("identity")
+        rank = ident.get("rank") if isinstance(ident, dict) else None
+        name = f"{host}-rank{rank}-{p.get('pid')}.json" if rank is not None else f"{host}-{p.get('pid')}.json"
+        path = dumps / name
+        path.write_text(json.dumps({"format": DUMP_FORMAT, "host": host, **p}, indent=1))
+        written.append(path)
+    return written
+
+
+def save_report(out: Path, report_dict: dict[str, Any], report_text: str) -> None:
+    """Write the report (JSON and text) beside the dumps under ``out``."""
     (out / "report.json").write_text(json.dumps(report_dict, indent=2))
     (out / "report.txt").write_text(report_text)
-    return written
 
 
 def _expand_inputs(paths: Iterable[str]) -> list[Path]:
