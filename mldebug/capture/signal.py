@@ -17,7 +17,6 @@ import os
 import pwd
 import re
 import signal as _signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -25,8 +24,8 @@ from typing import Any
 
 from mldebug.capture.privdir import check_private, read_bounded, registry_dir
 from mldebug.capture.stacks import parse_faulthandler
-from mldebug.hang.node import NODE_VERSION, find_ranks, list_processes, resolve_user
-from mldebug.nodekit import emit
+from mldebug.hang.node import NODE_VERSION, select_targets
+from mldebug.nodekit import emit, short_hostname
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
 MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
@@ -217,7 +216,7 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
 def collect(opts: argparse.Namespace) -> dict[str, Any]:
     """Find the ranks here, signal them, and return hang's per-node document."""
     start = time.monotonic()
-    host = socket.gethostname().split(".")[0]
+    host = short_hostname()
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
                            "errors": [], "python": sys.executable, "mode": "signal"}
     try:
@@ -225,16 +224,10 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
     except ValueError as e:
         doc["errors"].append({"pid": None, "error": str(e)})
         return doc
-    procs = list_processes()
-    uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
-    if opts.user:
-        uid = resolve_user(opts.user)
-        if uid is None:
-            doc["errors"].append({"pid": None, "error": f"no user {opts.user!r} on {host}"})
-            return doc
-    targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host,
-                                 slurm_job=opts.slurm_job)
+    procs, targets, errors, uid = select_targets(opts, host)
     doc["errors"].extend(errors)
+    if targets is None:
+        return doc
     uids = {p["uid"] for p in procs.values()} if uid is None else {uid}
     entries = registry_entries(uids, host)
     by_pid = {t["pid"]: t for t in targets}

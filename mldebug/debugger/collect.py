@@ -25,7 +25,8 @@ class NodeArgs:
     slurm_job: str | None = None
 # what runs on the node under ssh -t: the terminal client, or the Python 3.14 attach wrapper
 SCRIPTS = {
-    "client": ("mldebug.debugger.registry", "mldebug.debugger.wire", "mldebug.debugger.client"),
+    "client": ("mldebug.nodekit", "mldebug.debugger.registry", "mldebug.debugger.wire",
+               "mldebug.debugger.client"),
     "attach": ("mldebug.debugger.attach",),
 }
 

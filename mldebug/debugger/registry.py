@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import stat
 import time
 from typing import Any
+
+from mldebug.nodekit import short_hostname
 
 FORMAT = "mldebug.pdb.session/1"
 MAX_FILE = 64 * 1024  # a registration is a few hundred bytes; anything bigger is not ours
@@ -36,7 +37,7 @@ def default_dir() -> str:
 
 
 def short_host() -> str:
-    return socket.gethostname().split(".")[0]
+    return short_hostname()
 
 
 def check_private(path: str) -> None:

@@ -355,23 +355,33 @@ def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespac
         t.join()
 
 
+def select_targets(opts: argparse.Namespace, host: str) -> tuple[
+        dict[int, dict[str, Any]], list[dict[str, Any]] | None, list[dict[str, Any]], int | None]:
+    """The process table, the rank processes this run looks at (``--pid``, ``--pattern``,
+    ``--user``/``--all-users``, ``--slurm-job``), their errors, and the uid filter. Targets are
+    None when ``--user`` names nobody on this host."""
+    procs = list_processes()
+    uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
+    if opts.user:
+        uid = resolve_user(opts.user)
+        if uid is None:
+            return procs, None, [{"pid": None, "error": f"no user {opts.user!r} on {host}"}], None
+    targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host,
+                                 slurm_job=opts.slurm_job)
+    return procs, targets, errors, uid
+
+
 def collect(opts: argparse.Namespace) -> dict[str, Any]:
     """Find and dump the ranks on this node; the JSON document the caller receives."""
     start = time.monotonic()
     host = short_hostname()
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
                            "errors": [], "python": sys.executable}
-    procs = list_processes()
-    uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
-    if opts.user:
-        uid = resolve_user(opts.user)
-        if uid is None:
-            doc["errors"].append({"pid": None, "error": f"no user {opts.user!r} on {host}"})
-            doc["seconds"] = round(time.monotonic() - start, 3)
-            return doc
-    targets, errors = find_ranks(procs, pid=opts.pid, pattern=opts.pattern, uid=uid, host=host,
-                                 slurm_job=opts.slurm_job)
+    procs, targets, errors, _ = select_targets(opts, host)
     doc["errors"].extend(errors)
+    if targets is None:
+        doc["seconds"] = round(time.monotonic() - start, 3)
+        return doc
     py_spy = find_py_spy(opts.py_spy)
     doc["py_spy"] = py_spy
     if targets and py_spy is None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
 from mldebug.hang.node import find_ranks, list_processes
-from mldebug.nodekit import ArgumentParser, emit
+from mldebug.nodekit import ArgumentParser, emit, short_hostname
 
 
 def _kib_fields(path: str, names: tuple[str, ...]) -> dict[str, int]:
@@ -84,7 +83,7 @@ def node_memory() -> dict[str, int]:
 def collect(opts: argparse.Namespace) -> dict[str, Any]:
     """Find the ranks on this node and sample them; the JSON document the caller receives."""
     start = time.monotonic()
-    host = socket.gethostname().split(".")[0]
+    host = short_hostname()
     doc: dict[str, Any] = {"host": host, "processes": [], "errors": [], "gpu_source": None}
     uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
     targets, errors = find_ranks(list_processes(), pid=opts.pid, pattern=opts.pattern, uid=uid,
