@@ -201,3 +201,30 @@ def test_short_flags_users_type_from_habit():
     assert p.parse_args(["hang", "-x", "n1", "-w", "n[1-2]"]).exclude == "n1"
     assert p.parse_args(["dist-test", "--nproc_per_node", "2"]).nproc == 2
     assert p.parse_args(["dist-test", "--nproc-per-node", "2"]).nproc == 2
+
+
+def _tmpfs(path, *opts):
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=64k", *opts)), "tmpfs",
+                        str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+def test_a_read_only_or_full_output_is_one_clear_line_not_a_bug(tmp_path):
+    ro, full = tmp_path / "ro", tmp_path / "full"
+    _tmpfs(ro, "ro")
+    _tmpfs(full)
+    try:
+        (full / "fill").write_bytes(b"\0" * 60_000)
+        r = run_cli("hang", "--pattern", "zzz-none", "--out", str(ro / "x"))
+        assert r.returncode == 1 and "read-only" in r.stderr and "internal error" not in r.stderr, r.stderr
+        fixture = REPO / "tests" / "fixtures" / "log"
+        with open(full / "out.json", "w") as out:
+            r2 = subprocess.run([sys.executable, "-m", "mldebug", "log", str(fixture), "--json"],
+                                stdout=out, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        assert r2.returncode == 1, r2.stderr
+        assert "cannot write the output: the disk is full" in r2.stderr and "internal error" not in r2.stderr
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+        subprocess.run(["umount", str(full)], capture_output=True)

@@ -140,6 +140,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `mldebug ... | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a full disk or a read-only --out is the world's doing, not a bug
+        from pathlib import Path
+
+        from mldebug.outdir import write_error
+
+        known = write_error(Path(str(e.filename or "-")), e)
+        if known is None:
+            return _report_bug(e, debug)
+        if not e.filename:  # a write to an open file (stdout redirected, a dump): no path known
+            what = known.message.split(": ", 1)[1].rsplit(" (", 1)[0]
+            known = MldebugError(f"cannot write the output: {what}.",
+                                 "Free space on that file system, or write somewhere else "
+                                 "(another --out DIR, another redirection).")
+        _print_error(known)
+        return 1
     except Exception as e:
         return _report_bug(e, debug)
 
