@@ -98,6 +98,21 @@ def findings_to_json(findings: Iterable[Finding]) -> list[dict[str, Any]]:
     return [f.to_dict() for f in sort_findings(findings)]
 
 
+def finding_lines(findings: Iterable[Finding]) -> list[list[tuple[str, str]]]:
+    """Findings most severe first, as lines of (text, rich style) segments: the one layout,
+    printed by ``render_findings`` through rich and by plain-text writers without it."""
+    lines: list[list[tuple[str, str]]] = []
+    for f in sort_findings(findings):
+        head = [(f"{f.severity.value.upper():<7}", f.severity.style), (" ", ""), (f.title, "bold")]
+        if f.hosts:
+            head.append((f"  [{fold_hosts(f.hosts)}]", "dim"))  # node[1-64], not a list
+        lines.append(head)
+        lines.extend([("        " + d, "")] for d in f.detail.splitlines())
+        if f.fix:
+            lines.append([("        fix: ", "green"), (f.fix, "")])
+    return lines
+
+
 def render_findings(
     findings: Sequence[Finding], console: Console, *, empty: str = "No problems found."
 ) -> None:
@@ -107,18 +122,8 @@ def render_findings(
     if not findings:
         console.print(Text(empty, style="green"))
         return
-    for f in sort_findings(findings):
-        head = Text()
-        head.append(f"{f.severity.value.upper():<7}", style=f.severity.style)
-        head.append(" ")
-        head.append(f.title, style="bold")
-        if f.hosts:
-            head.append(f"  [{fold_hosts(f.hosts)}]", style="dim")  # node[1-64], not a list
-        console.print(head)
-        if f.detail:
-            for line in f.detail.splitlines():
-                console.print(Text("        " + line))
-        if f.fix:
-            fix = Text("        fix: ", style="green")
-            fix.append(f.fix)
-            console.print(fix)
+    for line in finding_lines(findings):
+        text = Text()
+        for part, style in line:
+            text.append(part, style=style or None)
+        console.print(text)

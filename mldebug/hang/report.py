@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from mldebug.findings import Finding, render_findings, sort_findings
+from mldebug.findings import Finding, finding_lines, render_findings
 from mldebug.hang.analyze import frame_kind, s_label
 from mldebug.hang.model import Group, Job, Report, StackFrame, fold_ranks, proc_label
 from mldebug.hosts import collapse
@@ -99,6 +99,8 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> lis
         lines.append([("Job ", "bold"), (job.key or "(unnamed)", "bold magenta"),
                       (f"  ({desc})", "")])
     lines.append([("Verdict: ", "bold"), (job.verdict.title, job.kind.style)])
+    if job.verdict.fix:
+        lines.append([("  fix: ", "green"), (job.verdict.fix, "")])
     cap = None if show_all else MAX_SUSPECTS
     for sus in job.suspects[:cap]:
         line: Line = [("  suspect ", "red"), (s_label(sus), "bold")]
@@ -195,22 +197,6 @@ def _hint_findings(report: Report) -> list[Finding]:
     """The findings not already shown as a job's verdict line."""
     skip = {j.verdict for j in report.jobs} | ({report.findings[0]} if not report.jobs else set())
     return [f for f in report.findings if f not in skip]
-
-
-def finding_lines(findings: list[Finding]) -> list[Line]:
-    """Findings as styled lines, laid out as ``mldebug.findings.render_findings`` prints them
-    (used where rich is not imported: piped output, --out)."""
-    lines: list[Line] = []
-    for f in sort_findings(findings):
-        head: Line = [(f"{f.severity.value.upper():<7}", f.severity.style), (" ", ""),
-                      (f.title, "bold")]
-        if f.hosts:
-            head.append((f"  [{', '.join(f.hosts)}]", "dim"))
-        lines.append(head)
-        lines.extend([("        " + d, "")] for d in f.detail.splitlines())
-        if f.fix:
-            lines.append([("        fix: ", "green"), (f.fix, "")])
-    return lines
 
 
 def all_lines(report: Report, *, show_all: bool = False) -> list[Line]:
