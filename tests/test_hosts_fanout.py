@@ -183,3 +183,34 @@ def test_srun_output_is_keyed_by_slurm_node_names():
     assert res["gpu01"].data == {"host": "ip-10-0-0-1", "processes": []}
     assert res["gpu02"].error == "no result; the node said: ModuleNotFoundError: x"
     assert "'processes' is dict, expected list" in (res["gpu03"].error or "")
+
+
+def test_twenty_thousand_hosts_never_hit_the_argument_size_limit(tmp_path, monkeypatch):
+    """A host list far beyond what an exec argument list holds (~15,000 long names made
+    'Argument list too long') travels to pdsh in a private file: a stand-in pdsh on PATH that
+    answers for every host of its -w ^FILE proves every host is reached and answered."""
+    import json as _json
+    import os as _os
+
+    from mldebug import fanout
+    from mldebug.hang.collect import NODE_MODULES, NODE_SCHEMA, CollectOptions
+
+    fake = tmp_path / "pdsh"
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import sys\n"
+        "w = sys.argv[sys.argv.index('-w') + 1]\n"
+        "assert w.startswith('^'), w\n"
+        "for h in open(w[1:]).read().split():\n"
+        "    print(h + ': MLDEBUG-JSON ' + '{\"host\": \"%s\", \"processes\": []}' % h)\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{_os.pathsep}{_os.environ['PATH']}")
+    hosts = [f"gpu-node-with-a-long-name-{i:05d}.cluster.example" for i in range(20_000)]
+    assert len(",".join(hosts)) > 131_072  # one '-w a,b,...' argument: over MAX_ARG_STRLEN
+    got: list[str] = []
+    results = fanout.run(fanout.NodeJob(NODE_MODULES, CollectOptions(), NODE_SCHEMA),
+                         fanout.FanoutOptions(hosts=hosts, fanout=1024, timeout=5),
+                         lambda r: got.append(r.host), progress=False)
+    assert len(results) == len(hosts) and not [r for r in results if r.error]
+    assert sorted(got) == sorted(hosts)
+    _json.dumps([r.host for r in results])
