@@ -51,3 +51,36 @@ class ArgumentParser(argparse.ArgumentParser):
         emit({"host": short_hostname(), "error": "bad node arguments: " + message})
         sys.stderr.write(self.format_usage())
         sys.exit(2)
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """At most ``limit`` bytes from an open file descriptor (a bounded read of outside data:
+    a file that grows, or a device like /dev/zero, never costs more than ``limit``)."""
+    chunks = []
+    left = limit
+    while left > 0:
+        b = os.read(fd, min(left, 1 << 20))
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write ``data`` through a random, exclusively created 0600 file in ``path``'s directory,
+    renamed over ``path``: readers never see half a file, and a symlink planted at ``path`` is
+    replaced, never written through."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=".mldebug-", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -185,6 +185,10 @@ def test_out_reused_is_refused_or_replaced_as_a_whole(tmp_path, monkeypatch):
         prepare_out(theirs, force=True)
     assert (theirs / "data.bin").exists()
     assert main(["hang", "--out", str(theirs), "--force", "--pattern", "nothing-xyz"]) == 2
+    monkeypatch.chdir(out)  # even a directory mldebug wrote is never replaced while it is the cwd
+    with pytest.raises(UsageError, match="it is the current directory"):
+        prepare_out(Path("."), force=True)
+    assert (out / ".mldebug-hang").exists()
 
 
 def test_inside_slurm_allocation_the_scope_is_said():

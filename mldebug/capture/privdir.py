@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 from mldebug.errors import MldebugError
+from mldebug.nodekit import read_fd
 
 
 def check_private(path: Path, uid: int | None = None) -> None:
@@ -66,15 +67,7 @@ def read_bounded(path: Path, limit: int = 64 << 20) -> bytes:
     """Read at most ``limit`` bytes of a file, never through a symlink."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        chunks = []
-        left = limit
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        return b"".join(chunks)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
 

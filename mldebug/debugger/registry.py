@@ -16,7 +16,7 @@ import stat
 import time
 from typing import Any
 
-from mldebug.nodekit import short_hostname
+from mldebug.nodekit import atomic_write, short_hostname
 
 FORMAT = "mldebug.pdb.session/1"
 MAX_FILE = 64 * 1024  # a registration is a few hundred bytes; anything bigger is not ours
@@ -94,18 +94,7 @@ def write(directory: str, doc: dict[str, Any]) -> str:
     """Write (or replace) a registration atomically: a random temporary name, O_EXCL, 0600."""
     check_private(directory)
     final = os.path.join(directory, file_name(doc["host"], doc["pid"], doc["port"]))
-    tmp = os.path.join(directory, f".tmp-{secrets.token_hex(8)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, final)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(final, json.dumps(doc).encode())
     return final
 
 

@@ -37,7 +37,7 @@ import time
 import zlib
 from typing import Any
 
-from mldebug.nodekit import ArgumentParser, emit, short_hostname
+from mldebug.nodekit import ArgumentParser, emit, read_fd, short_hostname
 
 REGISTRY_PREFIX = ".mldebug-fr-"
 
@@ -133,14 +133,7 @@ def read_in(dir_fd: int, name: str, owner: int, limit: int) -> tuple[bytes, int]
         st = os.fstat(fd)
         if st.st_size > limit:
             raise ValueError(f"{name} is {st.st_size} bytes, over the {limit}-byte limit")
-        chunks, left = [], limit + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        data = b"".join(chunks)
+        data = read_fd(fd, limit + 1)
         if len(data) > limit:
             raise ValueError(f"{name} grew over the {limit}-byte limit while read")
         return data, stat.S_IMODE(st.st_mode)

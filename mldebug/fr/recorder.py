@@ -23,7 +23,6 @@ import signal
 import socket
 import stat
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -295,17 +294,9 @@ def _die_by(signum: int) -> None:
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write through a random, exclusively created (O_EXCL, O_NOFOLLOW) 0600 temporary file
     renamed over ``path``: a symlink planted at ``path`` is replaced, never written through."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with open(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from mldebug.nodekit import atomic_write
+
+    atomic_write(str(path), data)
 
 
 def _raw_trace() -> bytes:

@@ -230,12 +230,13 @@ def prepare_out(out: Path, *, force: bool) -> None:
                 raise UsageError(f"--out {out} was not written by mldebug hang (no "
                                  f"{OUT_MARKER} inside); --force replaces only those.",
                                  "Pass a new directory.")
-            cwd = Path.cwd().resolve()
-            real = out.resolve()
-            if real in (cwd, *cwd.parents, Path("/"), Path.home().resolve()):
-                raise UsageError(f"--out {out} is the current directory or above it.",
+            from mldebug.outdir import protected_reason
+
+            reason = protected_reason(out)  # the same rule as every other --force
+            if reason:
+                raise UsageError(f"--out {out} is never replaced: {reason}.",
                                  "Pass a new directory.")
-            shutil.rmtree(real)
+            shutil.rmtree(out.resolve())
     out.mkdir(parents=True, exist_ok=True)
     (out / OUT_MARKER).write_text("written by mldebug hang --out; --force may replace this "
                                   "directory\n")
