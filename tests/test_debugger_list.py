@@ -18,6 +18,7 @@ from mldebug.debugger.connect import parse_spec
 from mldebug.debugger.hooks import wanted_ranks
 from mldebug.debugger.report import text_lines
 from mldebug.errors import MldebugError, UsageError
+from mldebug.findings import fold_hosts
 
 
 def node_doc(host: str, *sessions: dict) -> dict:
@@ -41,7 +42,7 @@ def test_sessions_errors_and_findings_from_node_answers():
         ("node2", "unreachable: ssh con"), ("node3", "answered a malformed"),
         ("node4", "/tmp/mldebug-pdb-0 i")]
     [f] = sl.findings
-    assert f.code == "pdb-node-error" and f.hosts == ("node[2-4]",) and f.fix
+    assert f.code == "pdb-node-error" and fold_hosts(f.hosts) == "node[2-4]" and f.fix
     doc = json.loads(json.dumps(sl.to_dict()))
     assert doc["schema"] == "mldebug.pdb.list/1" and doc["findings"][0]["code"] == "pdb-node-error"
     assert "token" not in json.dumps(doc)

@@ -13,7 +13,6 @@ from typing import Any
 from mldebug.debugger.model import NodeError, Session, SessionList, Skipped
 from mldebug.errors import MldebugError
 from mldebug.findings import Finding, Severity
-from mldebug.hosts import collapse
 from mldebug.render import fold_ints
 
 
@@ -79,7 +78,7 @@ def findings(sl: SessionList) -> list[Finding]:
             detail="\n".join(f"{e.host}: {e.reason}" for e in sl.errors[:5]),
             fix="Sessions there are not listed; check ssh to those nodes (mldebug hang "
                 "--nodes reaches them the same way).",
-            code="pdb-node-error", hosts=(collapse([e.host for e in sl.errors]),)))
+            code="pdb-node-error", hosts=tuple(e.host for e in sl.errors)))
     if not sl.sessions:
         found.append(Finding(
             Severity.INFO, "no debugger session is open",
@@ -109,7 +108,7 @@ def findings(sl: SessionList) -> list[Finding]:
             detail="\n".join(f"{s.host}: {s.file}: {s.reason}" for s in sl.skipped[:5]),
             fix="Stale ones belong to ranks that ended without closing their session; they "
                 "are harmless and may be removed.", code="pdb-skipped-registration",
-            hosts=(collapse([s.host for s in sl.skipped]),)))
+            hosts=tuple(s.host for s in sl.skipped)))
     return found
 
 

@@ -17,18 +17,18 @@ from pathlib import Path
 from mldebug.errors import UsageError
 from mldebug.log.model import ParsedLogs
 from mldebug.log.parse import MAX_LINE, LogParser
+from mldebug.names import trailing_number
 
 MAX_FILES = 100_000
 MAX_DEPTH = 6
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d{1,7})(?!.*\d)", re.IGNORECASE)
 
 
 def rank_from_path(path: Path) -> int | None:
     """The rank a per-rank log belongs to, when its path says so; else None (the lines'
     prefixes decide)."""
-    m = _RANK_IN_NAME.search(path.stem)
-    if m:
-        return int(m.group(1))
+    number = trailing_number(path.stem)  # the rule hang and fr use for file names
+    if number is not None and re.search(r"rank[_-]?\d+$", path.stem, re.IGNORECASE):
+        return number
     if path.parent.name.isdigit() and path.name in ("stdout.log", "stderr.log", "error.json"):
         return int(path.parent.name)
     return None

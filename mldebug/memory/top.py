@@ -91,9 +91,7 @@ def _fold(ranks: list[RankMemory]) -> str:
 
 
 def _hosts(ranks: list[RankMemory]) -> tuple[str, ...]:
-    from mldebug.hosts import collapse
-
-    return (collapse(sorted({r.host for r in ranks})),)
+    return tuple(sorted({r.host for r in ranks}))  # folded when rendered (findings.fold_hosts)
 
 
 def analyze_top(results: Sequence[NodeResult], watch: float = 0.0, rows: int = 10) -> TopReport:
@@ -125,14 +123,12 @@ def analyze_top(results: Sequence[NodeResult], watch: float = 0.0, rows: int = 1
         rep.findings += _imbalance(job, ranks, "rss")
         rep.findings += _imbalance(job, ranks, "gpu")
     if rep.unanswered:
-        from mldebug.hosts import collapse
-
         reasons = sorted(set(rep.unanswered.values()))
         rep.findings.append(Finding(
             Severity.WARNING, f"{len(rep.unanswered)} node(s) did not answer",
             "; ".join(reasons[:3]), "Check that the nodes are up and reachable over ssh "
             "(or raise --timeout).", code="mem-node-unanswered",
-            hosts=(collapse(sorted(rep.unanswered)),)))
+            hosts=tuple(sorted(rep.unanswered))))
     if not rep.processes and not rep.unanswered:
         rep.findings.append(Finding(
             Severity.INFO, "no rank processes found",
