@@ -210,3 +210,12 @@ def test_parser_never_raises_on_garbage() -> None:
         assert time.monotonic() - t < 2.0
 
     check()
+
+
+def test_no_verdict_when_no_rule_matches_only_notes() -> None:
+    """NCCL warnings alone are notes, not a verdict: JSON 'verdict' is null, no culprit."""
+    lines = ["host1:1:2 [0] transport/net_ib.cc:12 NCCL WARN NET/IB : Got completion with error 12"]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is None and report.culprits == []
+    assert report.to_dict()["verdict"] is None
+    assert [f.code for f in report.findings] == ["log-nccl-warn"]

@@ -169,3 +169,19 @@ def test_driver_older_than_the_runtime_from_the_numbers():
             "n1:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n")
     [f] = by_code(analyze([parse_text(text)]))["nccl-log-cuda-driver"]
     assert "CUDA 11.4" in f.detail and f.hosts == ("n1",)
+
+
+def test_pytorch_watchdog_lines_point_to_mldebug_log(tmp_path):
+    """A log with PyTorch's watchdog timeout but no NCCL_DEBUG lines is not 'empty'."""
+    from mldebug.cli import main
+
+    src = Path(__file__).parent / "fixtures" / "log" / "basicsr-737-same-collective.log"
+    import contextlib
+    import io
+    import json as _json
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["nccl-log", str(src), "--json"]) == 0
+    codes = [f["code"] for f in _json.loads(buf.getvalue())["findings"]]
+    assert "nccl-log-torch-watchdog" in codes and "nccl-log-empty" not in codes

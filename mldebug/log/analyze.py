@@ -326,4 +326,4 @@ def analyze(parsed: ParsedLogs) -> LogReport:
             "whole output; `-` reads standard input.", code="log-nothing"))
     findings += _nccl_findings(parsed)
     findings += _launcher_note(parsed, culprits)
-    return LogReport(parsed, findings, culprits)
+    return LogReport(parsed, findings, culprits, verdict.finding if verdict else None)

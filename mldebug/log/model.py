@@ -115,10 +115,8 @@ class LogReport:
     parsed: ParsedLogs
     findings: list[Finding]
     culprits: list[int] = field(default_factory=list)
-
-    @property
-    def verdict(self) -> Finding | None:
-        return self.findings[0] if self.findings else None
+    verdict: Finding | None = None  # the verdict rule's finding (also first in findings); None
+    # when no rule matched: then the findings are only notes (NCCL warnings, nothing found)
 
     def to_dict(self) -> dict[str, Any]:
         p = self.parsed

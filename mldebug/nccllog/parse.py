@@ -86,6 +86,8 @@ SIGNALS: dict[str, tuple[str, ...]] = {
     "cuda driver too old": ("CUDA driver version is insufficient",),
     "no kernel for gpu": ("no kernel image is available", "named symbol not found",
                           "maxSharedMem", "unknown compute capability"),
+    # PyTorch's ProcessGroupNCCL watchdog, not NCCL itself: `mldebug log` reads these
+    "torch watchdog": ("Watchdog caught collective operation timeout", "last enqueued NCCL work"),
 }
 _NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in needles]
 

@@ -567,6 +567,19 @@ def rule_odd_interfaces(ctx: Context) -> list[Finding]:
                "or exclude the odd nodes.", (p.host for p in odd))]
 
 
+def rule_torch_watchdog(ctx: Context) -> list[Finding]:
+    """PyTorch's NCCL watchdog lines are about ranks, not the network: point to the command
+    that reads them across ranks."""
+    sig = ctx.signals.get("torch watchdog")
+    if sig is None:
+        return []
+    return [_f(Severity.WARNING, "nccl-log-torch-watchdog",
+               f"PyTorch's NCCL watchdog reported a collective timeout ({sig.count} line(s))",
+               sig.examples[0][:300] if sig.examples else "",
+               "run `mldebug log` on the same files: it compares the ranks' sequence numbers "
+               "and names the rank that never reached the collective or failed first.")]
+
+
 RULES: list[Callable[[Context], list[Finding]]] = [
     rule_shm,
     rule_gdr,
@@ -588,6 +601,7 @@ RULES: list[Callable[[Context], list[Finding]]] = [
     rule_virtual_interfaces,
     rule_link_local_addresses,
     rule_odd_interfaces,
+    rule_torch_watchdog,
 ]
 
 
