@@ -238,3 +238,13 @@ def test_render_through_a_rich_console_prints_verdict_and_findings_with_fixes():
     assert "Verdict: All 4 ranks are in the same place" in out
     assert "HINT" in out and "fix: Run again with --locals" in out
     assert all(k.style for k in VerdictKind)  # every kind has a style: no KeyError possible
+
+
+def test_a_paste_read_twice_counts_each_process_once_in_the_wording():
+    from mldebug.hang.analyze import analyze
+    from mldebug.hang.model import Collection
+
+    text = (Path(__file__).parent / "fixtures" / "hang" / "pasted_accelerate_3104.txt").read_text()
+    report = analyze(Collection(processes=parse_text_dump(text + "\n" + text)))
+    verdict = report.to_dict()["findings"][0]["title"]
+    assert ":42 (x2)" in verdict and ":42, ?:42" not in verdict

@@ -25,6 +25,7 @@ from mldebug.hang.model import (
     Thread,
     VerdictKind,
     fold_ranks,
+    join_labels,
     main_thread,
     proc_label,
 )
@@ -433,9 +434,8 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     sit.suspects = suspects
     text, kind = v.text, v.kind
     if not text and suspects:
-        names = ", ".join(s_label(s) for s in suspects[:8])
-        more = f" and {len(suspects) - 8} more" if len(suspects) > 8 else ""
-        text = (f"Suspect{'s' if len(suspects) > 1 else ''}: {names}{more} - "
+        names = join_labels(s_label(s) for s in suspects)
+        text = (f"Suspect{'s' if len(suspects) > 1 else ''}: {names} - "
                 f"{suspects[0].reason}.")
     if missing:
         miss = fold_ranks(missing)

@@ -84,6 +84,17 @@ class Process:
         return main_thread(self.threads, self.pid)
 
 
+def join_labels(labels: Iterable[str], limit: int = 8) -> str:
+    """``a, b, c and N more``: at most ``limit`` labels, repeats counted once (``pid 42 (x10)``,
+    as when the same paste is read twice). One wording for every list of processes."""
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    shown = [f"{k} (x{n})" if n > 1 else k for k, n in list(counts.items())[:limit]]
+    more = f" and {len(counts) - limit} more" if len(counts) > limit else ""
+    return ", ".join(shown) + more
+
+
 def fold_ranks(ranks: Iterable[int], limit: int = 12) -> str:
     """Ranks folded into ranges (``0-3,7``), at most ``limit`` ranges then "and N more"."""
     from mldebug.render import fold_ints

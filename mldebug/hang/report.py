@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from mldebug.findings import Finding, finding_lines, render_findings
 from mldebug.hang.analyze import frame_kind, s_label
-from mldebug.hang.model import Group, Job, Report, StackFrame, fold_ranks, proc_label
+from mldebug.hang.model import Group, Job, Report, StackFrame, fold_ranks, join_labels, proc_label
 from mldebug.hosts import collapse
 from mldebug.render import Line, write_lines
 
@@ -84,8 +84,7 @@ def fold_groups(groups: list[Group]) -> list[_Shown]:
 def _who(ranks: list[int], pids: list[tuple[str, int]]) -> str:
     if ranks and len(ranks) == len(pids):
         return f"rank{'s' if len(ranks) > 1 else ''} {fold_ranks(ranks)}"
-    shown = ", ".join(proc_label(h, p) for h, p in pids[:6])
-    return shown + (f" and {len(pids) - 6} more" if len(pids) > 6 else "")
+    return join_labels((proc_label(h, p) for h, p in pids), 6)
 
 
 def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> list[Line]:
@@ -185,8 +184,7 @@ def report_lines(report: Report, *, show_all: bool = False) -> list[Line]:
                 (e.host or "?") + (f" pid {e.pid}" if e.pid is not None else ""))
         cap = None if show_all else MAX_ERRORS
         for msg, who in list(by_msg.items())[:cap]:
-            names = collapse(who) if all(" " not in w for w in who) else ", ".join(who[:4]) + (
-                f" and {len(who) - 4} more" if len(who) > 4 else "")
+            names = collapse(who) if all(" " not in w for w in who) else join_labels(who, 4)
             lines.append([(f"  {names}: {msg}", "")])
         if cap is not None and len(by_msg) > cap:
             lines.append([(f"  ... {len(by_msg) - cap} more kinds of error (--all)", "dim")])

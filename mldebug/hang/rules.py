@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from mldebug.findings import Finding, Severity
 from mldebug.hang.analyze import user_frames
-from mldebug.hang.model import Group, Process, Suspect, VerdictKind, fold_ranks, proc_label
+from mldebug.hang.model import (
+    Group,
+    Process,
+    Suspect,
+    VerdictKind,
+    fold_ranks,
+    join_labels,
+    proc_label,
+)
 from mldebug.hosts import collapse
 
 
@@ -57,8 +65,7 @@ def ranks_text(groups: list[Group], idx: list[int], limit: int = 8) -> str:
     pids = [hp for i in idx for hp in groups[i].pids]
     if ranks and len(ranks) == len(pids):
         return ("rank " if len(ranks) == 1 else "ranks ") + fold_ranks(ranks)
-    more = f" and {len(pids) - limit} more" if len(pids) > limit else ""
-    return ", ".join(proc_label(h, pid) for h, pid in pids[:limit]) + more
+    return join_labels((proc_label(h, pid) for h, pid in pids), limit)
 
 
 def place(g: Group) -> str:
@@ -337,7 +344,7 @@ def thread_deadlock(s: Situation) -> list[Finding]:
             stuck.append(p)
     if not stuck:
         return []
-    who = ", ".join(x.label for x in stuck[:8]) + (f" and {len(stuck) - 8} more" if len(stuck) > 8 else "")
+    who = join_labels(x.label for x in stuck)
     return [_f("thread-deadlock", f"Possible deadlock between threads in {who}: two or more "
                "threads each wait on a lock and no thread runs.",
                "Two threads that take two locks in opposite order wait for each other forever.",
