@@ -14,7 +14,8 @@ the ratio is a lower bound (">").
 
 ``--distinct``: a pipeline-parallel-like set where every rank records its own timeline
 (sends to the next stage, receives from the previous, an all_reduce every 10th entry), so
-no two files share a timeline. ``--scaling``: the pure analysis (no files) of SPMD sets of
+no two files share a timeline; rank RANKS//3 sends one activation of the wrong size near
+the end, so the answer is [RANKS//3, RANKS//3 + 1], kind p2p. ``--scaling``: the pure analysis (no files) of SPMD sets of
 that many ranks x 200 entries, one culprit; prints the time ratio between the sizes.
 
 Not a test: prints figures, asserts nothing.
@@ -64,31 +65,14 @@ def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
     return d
 
 
-def distinct_rank(ranks: int, entries: int, r: int) -> dict:
-    """One pipeline stage's dump: p2p with its neighbours, an all_reduce every 10th entry."""
-    out, seq, p2p = [], 0, 0
-    frames = synth.user_frames("stage_step", 30 + r % 7)
-    for i in range(entries):
-        if i % 10 >= 8:  # sends (even) and receives (odd) stay equal in number
-            seq += 1
-            out.append(synth.entry(seq, "all_reduce", sizes=((1024,),), frames=frames))
-        else:
-            p2p += 1
-            peer = (r + 1) % ranks if i % 2 else (r - 1) % ranks
-            op = "send" if i % 2 else "recv"
-            src, dst = (r, peer) if op == "send" else (peer, r)
-            e = synth.p2p(op, src, dst, p2p, sizes=((256, 1024),), frames=frames)
-            out.append(e)
-    return synth.dump(r, out, world=ranks)
-
-
 def make_distinct(root: Path, ranks: int, entries: int) -> Path:
-    d = root / f"fr-distinct-{ranks}x{entries}"
+    d = root / f"fr-distinct-{ranks}x{entries}-c{ranks // 3}"
     if (d / f"fr_rank{ranks - 1}").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
-        (d / f"fr_rank{r}").write_bytes(pickle.dumps(distinct_rank(ranks, entries, r), protocol=4))
+        doc = synth.pipeline_rank(ranks, entries, r, culprit=ranks // 3)
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=4))
     return d
 
 
@@ -97,20 +81,14 @@ import sys, time
 sys.path.insert(0, sys.argv[2])
 import fr_synth as synth
 from mldebug.fr.analyze import analyze
-from mldebug.fr.loader import _entry
-from mldebug.fr.model import DumpSet, RankDump, Timeline
+from mldebug.fr.loader import from_docs
 ranks, n = int(sys.argv[1]), 200
 good = synth.spmd_rank(ranks, n, 1, fault="skip", culprit=0, at=150)
 bad = synth.spmd_rank(ranks, n, 0, fault="skip", culprit=0, at=150)
-ds = DumpSet()
-ds.timelines = [Timeline(list(range(1, ranks)), [_entry(e) for e in good["entries"]]),
-                Timeline([0], [_entry(e) for e in bad["entries"]])]
-for r in range(ranks):
-    ds.dumps[r] = RankDump(rank=r, file=f"fr_rank{r}", version="2.10", world_size=ranks,
-                           timeline=0 if r else 1, entry_count=n)
+ds = from_docs((f"fr_rank{r}", dict(bad if r == 0 else good, rank=r)) for r in range(ranks))
 t = time.perf_counter()
 a = analyze(ds)
-print("analysis_s", time.perf_counter() - t, "culprits", a.culprits)
+print("analysis_s", time.perf_counter() - t, "culprits", a.culprits, "timelines", a.timelines)
 """
 
 

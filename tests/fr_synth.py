@@ -163,3 +163,33 @@ def spmd_rank(world: int, n: int, rank: int, *, fault: str | None = None, culpri
             entries.append(entry(seq, "all_reduce", backend=backend, sizes=((size,),),
                                  state=state, frames=frames_ar))
     return dump(rank, entries, world=world)
+
+
+def pipeline_rank(ranks: int, entries: int, r: int, culprit: int | None = None,
+                  fault: str = "size") -> dict[str, Any]:
+    """One pipeline stage's dump, a timeline no other rank shares: it receives from the
+    previous stage and sends to the next (p2p, default group), with an all_reduce at every
+    9th and 10th entry; its call site's line depends on the rank (7 variants).
+    ``culprit`` near the end sends an activation of the wrong size (``fault="size"``),
+    skips one send (``fault="skip"``) or all-reduces a tensor of another size
+    (``fault="collective"``)."""
+    out: list[dict[str, Any]] = []
+    seq = p2p_seq = 0
+    frames = user_frames("stage_step", 30 + r % 7)
+    for i in range(entries):
+        bad = r == culprit and i == entries - 9
+        if i % 10 >= 8:  # sends (odd i) and receives (even i) stay equal in number
+            seq += 1
+            odd = r == culprit and fault == "collective" and i == entries - 11
+            out.append(entry(seq, "all_reduce", sizes=((512,),) if odd else ((1024,),),
+                             frames=frames))
+            continue
+        p2p_seq += 1
+        send = i % 2 == 1
+        if bad and fault == "skip" and send:
+            continue
+        peer = (r + 1) % ranks if send else (r - 1) % ranks
+        src, dst = (r, peer) if send else (peer, r)
+        size = ((128, 1024),) if bad and fault == "size" and send else ((256, 1024),)
+        out.append(p2p("send" if send else "recv", src, dst, p2p_seq, sizes=size, frames=frames))
+    return dump(r, out, world=ranks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import fr_synth as synth
+import pytest
 
 from mldebug.fr.analyze import analyze, call_site, is_torch_frame
 from mldebug.fr.loader import load
@@ -257,3 +258,34 @@ def test_empty_p2p_batch_on_a_rank_without_peers_is_not_a_mismatch(tmp_path):
              for r, extra in ((0, p2p0), (1, []), (2, p2p2))}
     a = run(tmp_path, dumps)
     assert a.mismatches == []
+
+
+@pytest.mark.parametrize(("fault", "culprits", "kind"), [
+    ("size", [25, 26], "p2p"), ("skip", [25], "p2p"), ("collective", [25], "size")])
+def test_pipeline_stages_each_with_its_own_timeline(tmp_path, fault, culprits, kind):
+    """Every rank records a different timeline (a pipeline job): loaded by the worker pool
+    and in one process alike, each timeline kept once as columns, and the fault named."""
+    from mldebug.fr.analyze import _per_timeline, _Pg
+    from mldebug.fr.loader import load_files
+
+    ranks = 72  # 64 files or more: the worker pool's path
+    files = synth.write(tmp_path, {r: synth.pipeline_rank(ranks, 120, r, culprit=25, fault=fault)
+                                   for r in range(ranks)})
+    serial, pooled = load_files(files, workers=1), load_files(files, workers=2)
+    a, b = analyze(serial), analyze(pooled)
+    assert a.to_dict() == b.to_dict()
+    assert a.timelines == ranks and a.culprits == culprits, a.mismatches
+    assert a.mismatches[0].kind == kind
+    # the stages agree on the all_reduces of the default group: compared once per call site
+    # variant (7), not once per rank
+    merged = _per_timeline(serial, _Pg("0", "default_pg", 0, list(range(ranks)), "pg_config"),
+                           set())
+    assert len(merged) == (8 if fault == "collective" else 7)
+    assert sum(len(rs) for rs, _ in merged) == ranks
+    # entries are built on demand, equal to what the dump says
+    from mldebug.fr.loader import _entry
+
+    raw = synth.pipeline_rank(ranks, 120, 3, culprit=25, fault=fault)["entries"]
+    got = serial.entries_of(3)
+    assert len(got) == 120 and list(got) == [_entry(x) for x in raw]
+    assert got[-1].frames[2].line == 30 + 3 % 7 and got[-2:] == [_entry(x) for x in raw[-2:]]

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from mldebug.fr.model import (
     ALL_TO_ALL,
-    P2P_OPS,
     ROOT_INPUT_ONLY,
     ROOT_OUTPUT_ONLY,
     Analysis,
@@ -29,6 +29,8 @@ from mldebug.fr.model import (
     Lag,
     Mismatch,
     SignatureGroup,
+    Static,
+    Timeline,
 )
 
 _TORCH_FRAME = re.compile(
@@ -63,7 +65,7 @@ def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape) if shape else 1
 
 
-def signature(e: Entry) -> tuple[object, ...]:
+def signature(e: Entry | Static) -> tuple[object, ...]:
     """What must agree across the ranks of one collective (torch's per-type rules)."""
     ins = None if e.op in ALL_TO_ALL or e.op in ROOT_INPUT_ONLY else e.input_sizes
     outs = None if e.op in ALL_TO_ALL or e.op in ROOT_OUTPUT_ONLY else e.output_sizes
@@ -83,7 +85,7 @@ def _fmt_sizes(sizes: tuple[tuple[int, ...], ...]) -> str:
     return "[" + ",".join("[" + ",".join(map(str, s)) + "]" for s in sizes) + "]"
 
 
-def syntax_error(e: Entry, group_size: int) -> str | None:
+def syntax_error(e: Entry | Static, group_size: int) -> str | None:
     """A rule one rank's own entry breaks (torch's shape and dtype rules), else None."""
     if e.op in _GATHER_LIKE and e.input_sizes and e.output_sizes:
         i, o = _numel(e.input_sizes[0]), sum(_numel(s) for s in e.output_sizes)
@@ -148,11 +150,10 @@ def _groups(ds: DumpSet, world: int) -> list[_Pg]:
     seen: dict[str, tuple[str, int | None]] = {}
     users: dict[str, set[int]] = defaultdict(set)
     for tl in ds.timelines:
-        names: dict[str, tuple[str, int | None]] = {}
-        for e in tl.entries:
-            names.setdefault(e.pg_name, (e.pg_desc, e.pg_id))
-        for name, v in names.items():
-            seen.setdefault(name, v)
+        for sid in sorted(set(tl.sid)):  # ids are numbered in order of first appearance
+            st = ds.statics[sid]
+            seen.setdefault(st.pg_name, (st.pg_desc, st.pg_id))
+        for name in tl.groups:
             users[name].update(tl.ranks)
     config: dict[str, tuple[str, tuple[int, ...]]] = {}
     for d in ds.dumps.values():
@@ -223,54 +224,116 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
     return result
 
 
-def _members_by_timeline(ds: DumpSet, pg: _Pg, skip: set[int]) -> list[tuple[int, list[int]]]:
+class SeqMap(Mapping[int, list[Entry]]):
+    """One timeline's collectives in one group: seq -> its entries (several when coalesced),
+    built as ``Entry`` objects only when read; ``sids`` gives their static ids for free."""
+
+    def __init__(self, tl: Timeline, pg: str) -> None:
+        self.tl = tl
+        gi = tl.groups.get(pg)
+        self._gi = gi
+        self._pos = gi.positions() if gi is not None else {}
+        self.first = gi.seqs[0] if gi is not None and gi.seqs else None
+        self.last = gi.seqs[-1] if gi is not None and gi.seqs else None
+        self._cache: dict[int, list[Entry]] = {}
+
+    def _range(self, seq: int) -> array[int] | None:
+        k = self._pos.get(seq)
+        if k is None or self._gi is None:
+            return None
+        return self._gi.order[self._gi.starts[k]:self._gi.starts[k + 1]]
+
+    def sids(self, seq: int) -> tuple[int, ...] | None:
+        idx = self._range(seq)
+        return None if idx is None else tuple(map(self.tl.sid.__getitem__, idx))
+
+    def key(self) -> bytes:
+        """Equal for timelines that recorded the same collectives in this group."""
+        gi = self._gi
+        if gi is None:
+            return b""
+        return b"".join((gi.seqs.tobytes(), b"|", gi.starts.tobytes(), b"|",
+                         array("i", map(self.tl.sid.__getitem__, gi.order)).tobytes(), b"|",
+                         array("i", map(self.tl.state.__getitem__, gi.order)).tobytes()))
+
+    def __getitem__(self, seq: int) -> list[Entry]:
+        got = self._cache.get(seq)
+        if got is None:
+            idx = self._range(seq)
+            if idx is None:
+                raise KeyError(seq)
+            got = self._cache[seq] = [self.tl.entry(i) for i in idx]
+        return got
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._pos
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._gi.seqs if self._gi is not None else ())
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+
+PerTimeline = list[tuple[list[int], SeqMap]]
+
+
+def _per_timeline(ds: DumpSet, pg: _Pg, skip: set[int]) -> PerTimeline:
+    """The group's members by what they recorded in it: timelines whose collectives in this
+    group are the same (a pipeline job's stages differ elsewhere) are merged into one."""
     members = set(pg.ranks)
-    out = []
-    for i, tl in enumerate(ds.timelines):
-        rs = sorted(r for r in tl.ranks if r in members and r not in skip)
-        if rs:
-            out.append((i, rs))
-    return out
+    merged: dict[bytes, tuple[list[int], SeqMap]] = {}
+    for tl in ds.timelines:
+        rs = [r for r in tl.ranks if r in members and r not in skip]
+        if not rs:
+            continue
+        sm = SeqMap(tl, pg.name)
+        got = merged.get(key := sm.key())
+        if got is None:
+            merged[key] = (rs, sm)
+        else:
+            got[0].extend(rs)
+    return [(sorted(rs), sm) for rs, sm in merged.values()]
 
 
 def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
                          skip: set[int]) -> tuple[Mismatch | None, GroupSummary]:
-    per_tl: list[tuple[list[int], dict[int, list[Entry]]]] = []
-    for i, rs in _members_by_timeline(ds, pg, skip):
-        seqmap: dict[int, list[Entry]] = defaultdict(list)
-        for e in ds.timelines[i].entries:
-            if e.pg_name == pg.name and not e.is_p2p and e.op not in P2P_OPS:
-                seqmap[e.seq].append(e)
-        per_tl.append((rs, dict(seqmap)))
+    per_tl = _per_timeline(ds, pg, skip)
     summary = GroupSummary(pg.name, pg.desc, pg.ranks, pg.membership, None, None)
     with_entries = [sm for _, sm in per_tl if sm]
     if not with_entries:
         return None, summary
-    start = max(min(sm) for sm in with_entries)
-    end = max(max(sm) for sm in with_entries)
+    start = max(sm.first for sm in with_entries if sm.first is not None)
+    end = max(sm.last for sm in with_entries if sm.last is not None)
     summary.compared_from, summary.compared_to = start, end
     all_seqs = sorted({s for sm in with_entries for s in sm if s >= start})
     size = len(pg.ranks)
+    sig_of: dict[tuple[int, ...], tuple[object, ...]] = {}
+    err_of: dict[int, str | None] = {}
+    statics = ds.statics
     for seq in all_seqs:
-        present: dict[tuple[object, ...], list[tuple[list[int], list[Entry]]]] = defaultdict(list)
+        present: dict[tuple[object, ...], list[tuple[list[int], SeqMap]]] = defaultdict(list)
         absent: list[int] = []
-        syntax: list[tuple[list[int], list[Entry], str]] = []
+        syntax: list[tuple[list[int], SeqMap, str]] = []
         for rs, sm in per_tl:
-            ents = sm.get(seq)
-            if ents is None:
-                if not sm or seq > max(sm):
+            sids = sm.sids(seq)
+            if sids is None:
+                if sm.last is None or seq > sm.last:
                     absent.extend(rs)
                 continue
-            sig = tuple(signature(e) for e in ents)
-            present[sig].append((rs, ents))
-            for e in ents:
-                err = syntax_error(e, size)
-                if err:
-                    syntax.append((rs, ents, err))
+            sig = sig_of.get(sids)
+            if sig is None:
+                sig = sig_of[sids] = tuple(signature(statics[i]) for i in sids)
+            present[sig].append((rs, sm))
+            for i in sids:
+                if i not in err_of:
+                    err_of[i] = syntax_error(statics[i], size)
+                if err_of[i]:
+                    syntax.append((rs, sm, err_of[i] or ""))
                     break
         if syntax:
             culprits = sorted(r for rs, _, _ in syntax for r in rs)
-            groups = [_sig_group(rs, ents, frames) for rs, ents, _ in syntax]
+            groups = [_sig_group(rs, sm[seq], frames) for rs, sm, _ in syntax]
             why = "; ".join(f"rank(s) {_fold(rs)}: {err}" for rs, _, err in syntax)
             return Mismatch(pg.name, pg.desc, seq, "syntax", culprits,
                             f"the entry breaks the collective's own shape/dtype rule: {why}",
@@ -279,13 +342,14 @@ def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
             (only,) = present
             first = only[0] if only else None
             if isinstance(first, tuple) and first[0] in ALL_TO_ALL:
-                m = _alltoall_check(pg, seq, present[only], frames)
+                m = _alltoall_check(pg, seq, _entries_at(present[only], seq), frames)
                 if m is not None:
                     return m, summary
             continue
+        found = {sig: _entries_at(items, seq) for sig, items in present.items()}
         if len(present) == 1 and absent:
-            return _missing(pg, seq, present, absent, per_tl, frames), summary
-        return _divergence(pg, seq, present, absent, per_tl, frames), summary
+            return _missing(pg, seq, found, absent, per_tl, frames), summary
+        return _divergence(pg, seq, found, absent, per_tl, frames), summary
     nodump = sorted(r for r in pg.ranks if r not in ds.dumps)
     if nodump:
         last = [(rs, sm[end]) for rs, sm in per_tl if end in sm]
@@ -298,6 +362,11 @@ def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
                         [_sig_group(rs, ents, frames),
                          SignatureGroup(nodump, "(no dump)")]), summary
     return None, summary
+
+
+def _entries_at(items: list[tuple[list[int], SeqMap]],
+                seq: int) -> list[tuple[list[int], list[Entry]]]:
+    return [(rs, sm[seq]) for rs, sm in items]
 
 
 def _fold(rs: Sequence[int]) -> str:
@@ -319,7 +388,7 @@ def _merge(items: list[tuple[list[int], list[Entry]]]) -> tuple[list[int], list[
 
 
 def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[list[int], list[Entry]]]],
-             absent: list[int], per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+             absent: list[int], per_tl: PerTimeline,
              frames: int) -> Mismatch:
     (items,) = present.values()
     rs, ents = _merge(items)
@@ -331,7 +400,7 @@ def _missing(pg: _Pg, seq: int, present: dict[tuple[object, ...], list[tuple[lis
     for trs, sm in per_tl:
         for r in trs:
             if r in absent_set:
-                last[r] = max(sm) if sm else None
+                last[r] = sm.last
     last_txt = ", ".join(f"rank {r}: #{v}" if v is not None else f"rank {r}: none"
                          for r, v in sorted(last.items())[:8])
     if len(rs) < len(absent):
@@ -367,7 +436,7 @@ def _site(ents: list[Entry]) -> tuple[str, ...]:
 
 
 def call_site_tiebreak(seq: int, sides: list[list[int]],
-                       per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                       per_tl: PerTimeline,
                        ) -> tuple[list[int], str, int] | None:
     """Break a tie between two equally large sides by where their calls came from.
 
@@ -414,7 +483,7 @@ def call_site_tiebreak(seq: int, sides: list[list[int]],
 
 def _divergence(pg: _Pg, seq: int,
                 present: dict[tuple[object, ...], list[tuple[list[int], list[Entry]]]],
-                absent: list[int], per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                absent: list[int], per_tl: PerTimeline,
                 frames: int) -> Mismatch:
     merged = sorted(((sig, *_merge(items)) for sig, items in present.items()),
                     key=lambda t: (-len(t[1]), t[1][0]))
@@ -459,7 +528,7 @@ def _divergence(pg: _Pg, seq: int,
 
 
 def _began_at(seq: int, majority: list[int], culprits: list[int],
-              per_tl: list[tuple[list[int], dict[int, list[Entry]]]]) -> int | None:
+              per_tl: PerTimeline) -> int | None:
     """The latest earlier seq where the culprit's call sites differ from the majority's.
 
     An extra or missing call of the same op and size looks like the others' until the op
@@ -487,11 +556,11 @@ def _began_at(seq: int, majority: list[int], culprits: list[int],
 
 
 def _extra_call(seq: int, tied: list[tuple[tuple[object, ...], list[int], list[Entry]]],
-                per_tl: list[tuple[list[int], dict[int, list[Entry]]]],
+                per_tl: PerTimeline,
                 span: int = 4) -> list[int] | None:
     """In a tie, the side whose timeline from #seq+1 on repeats another side's from #seq."""
     def sigs(rank: int, start: int) -> list[tuple[object, ...]]:
-        sm = next((m for rs, m in per_tl if rank in rs), {})
+        sm: Mapping[int, list[Entry]] = next((m for rs, m in per_tl if rank in rs), {})
         out: list[tuple[object, ...]] = []
         for k in range(start, start + span):
             if k not in sm:
@@ -533,33 +602,62 @@ def _alltoall_check(pg: _Pg, seq: int, items: list[tuple[list[int], list[Entry]]
 
 
 def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
+    """Pair each rank's sends to a peer with that peer's receives from it, in order; the
+    first pair that is missing or disagrees on size or dtype is the finding. Compared by
+    static id (ids of equal send and receive shapes are equal), so the 1.6 million send/recv
+    entries of a 1,024-stage pipeline job cost a few array comparisons per pair."""
     members = sorted(pg.ranks)
-    sends: dict[tuple[int, int], list[Entry]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[Entry]] = defaultdict(list)
+    statics = ds.statics
+    # static id -> id of what must match on the other side (a send's input sizes and dtypes,
+    # a receive's output ones), as a list indexed by static id
+    shape_id: dict[tuple[object, ...], int] = {}
+    shape_of = [shape_id.setdefault(
+        (st.input_sizes, frozenset(st.input_dtypes)) if st.op == "send"
+        else (st.output_sizes, frozenset(st.output_dtypes)), len(shape_id)) for st in statics]
+    # (src, dst) -> (timeline, entry indices): a rank's entries live in one timeline
+    sends: dict[tuple[int, int], tuple[Timeline, array[int]]] = {}
+    recvs: dict[tuple[int, int], tuple[Timeline, array[int]]] = {}
     for tl in ds.timelines:
-        mine = [e for e in tl.entries if e.pg_name == pg.name and e.op in P2P_OPS]
-        if not mine:
+        gi = tl.groups.get(pg.name)
+        if gi is None or not gi.p2p:
             continue
         for r in tl.ranks:
-            for e in mine:
-                peer_local = e.dst if e.op == "send" else e.src
-                if peer_local is None or not 0 <= peer_local < len(members):
+            for (send, peer_local), idx in gi.p2p.items():
+                if not 0 <= peer_local < len(members):
                     continue
                 peer = members[peer_local]
-                (sends[(r, peer)] if e.op == "send" else recvs[(peer, r)]).append(e)
+                if send:
+                    sends[(r, peer)] = (tl, idx)
+                else:
+                    recvs[(peer, r)] = (tl, idx)
+
+    def shapes(side: tuple[Timeline, array[int]] | None) -> array[int]:
+        if side is None:
+            return array("i")
+        tl, idx = side
+        return array("i", map(shape_of.__getitem__, map(tl.sid.__getitem__, idx)))
+
+    def entries(side: tuple[Timeline, array[int]] | None) -> _LazyEntries:
+        return _LazyEntries(side)
+
     issues: list[Mismatch] = []
-    for pair in sorted(set(sends) | set(recvs)):
+    for pair in sorted(sends.keys() | recvs.keys()):
         src, dst = pair
-        s, rv = sends.get(pair, []), recvs.get(pair, [])
-        for i in range(max(len(s), len(rv))):
-            if i >= len(s) or i >= len(rv):
+        a_ids, b_ids = shapes(sends.get(pair)), shapes(recvs.get(pair))
+        if a_ids == b_ids:
+            continue
+        s_ents, rv = entries(sends.get(pair)), entries(recvs.get(pair))
+        for i in range(max(len(s_ents), len(rv))):
+            if i < len(s_ents) and i < len(rv) and a_ids[i] == b_ids[i]:
+                continue
+            if i >= len(s_ents) or i >= len(rv):
                 # one side posted more than the other: the other skipped one, or it has an extra
-                if i >= len(s):
+                if i >= len(s_ents):
                     op, other, toward, back, poster, peer, e, theirs = (
-                        "recv", "send", "from", "to", dst, src, rv[i], len(s))
+                        "recv", "send", "from", "to", dst, src, rv[i], len(s_ents))
                 else:
                     op, other, toward, back, poster, peer, e, theirs = (
-                        "send", "recv", "to", "from", src, dst, s[i], len(rv))
+                        "send", "recv", "to", "from", src, dst, s_ents[i], len(rv))
                 issues.append(Mismatch(pg.name, pg.desc, e.p2p_seq, "p2p", [peer], (
                     f"rank {poster} posted {op} #{i + 1} {toward} rank {peer}, which never "
                     f"posted the matching {other} (it posted {theirs}): rank {peer} skipped a "
@@ -567,7 +665,7 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
                     [_sig_group([poster], [e], frames),
                      SignatureGroup([peer], f"(no matching {other} {back} {poster})")], p2p=True))
                 break
-            a, b = s[i], rv[i]
+            a, b = s_ents[i], rv[i]
             if a.input_sizes != b.output_sizes or set(a.input_dtypes) != set(b.output_dtypes):
                 issues.append(Mismatch(pg.name, pg.desc, a.p2p_seq, "p2p", [src, dst], (
                     f"send #{i + 1} from rank {src} ({describe(a)}) and the matching recv on "
@@ -579,15 +677,38 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
     return min(issues, key=lambda m: m.seq)
 
 
+class _LazyEntries:
+    """The entries of one side of a send/recv pair, built when looked at."""
+
+    def __init__(self, side: tuple[Timeline, array[int]] | None) -> None:
+        self._side = side
+
+    def __len__(self) -> int:
+        return len(self._side[1]) if self._side else 0
+
+    def __getitem__(self, i: int) -> Entry:
+        if self._side is None:
+            raise IndexError(i)
+        tl, idx = self._side
+        return tl.entry(idx[i])
+
+
 def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[Lag]:
     enq: dict[int, int] = {}
     done: dict[int, int | None] = {}
     members = set(pg.ranks)  # membership tests per rank: a set, not the list (16k ranks)
+    completed = ds.states.index("completed") if "completed" in ds.states else -1
     for tl in ds.timelines:
-        mine = [e for e in tl.entries if e.pg_name == pg.name and not e.is_p2p]
-        ids = {e.pg_id for e in mine if e.pg_id is not None}
-        last_e = max((e.seq for e in mine), default=None)
-        last_c = max((e.seq for e in mine if e.state == "completed"), default=None)
+        gi = tl.groups.get(pg.name)
+        if gi is None or not gi.order:
+            ids: set[int] = set()
+            last_e = last_c = None
+        else:
+            ids = {i for i in (ds.statics[s].pg_id for s in set(map(tl.sid.__getitem__, gi.order)))
+                   if i is not None}
+            last_e = gi.seqs[-1]
+            last_c = next((tl.seq[i] for i in reversed(gi.order) if tl.state[i] == completed),
+                          None)
         for r in tl.ranks:
             if r not in members or r in skip:
                 continue

@@ -325,9 +325,9 @@ def last_seqs(files: list[Path]) -> dict[str, int]:
     ds = load_files(files)
     since: dict[str, int] = {}
     for tl in ds.timelines:
-        for e in tl.entries:
-            if not e.is_p2p and e.seq > since.get(e.pg_name, -1):
-                since[e.pg_name] = e.seq
+        for pg, gi in tl.groups.items():
+            if gi.seqs and gi.seqs[-1] > since.get(pg, -1):
+                since[pg] = gi.seqs[-1]
     return since
 
 

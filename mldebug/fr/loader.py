@@ -4,9 +4,10 @@ Dumps come from other machines, so they are never given to ``pickle.load``: the 
 here builds plain containers, numbers and strings only and refuses anything that names a
 Python object. JSON dumps (``_dump_fr_trace_json``) are read too.
 
-Ranks that recorded the same timeline share one copy (see ``model``): each file's entries are
-projected onto the fields analysis compares, and compared, at C speed, with the timelines
-already kept; only a new timeline is normalised into ``Entry`` objects.
+Ranks that recorded the same timeline share one copy (see ``model``). Each file becomes
+columns: an entry is the index of its static part (op, group, sizes, dtypes, call site;
+found by its pickled raw fields, at C speed, and normalised once per distinct value) plus
+its numbers. A fingerprint of the columns finds the ranks that share a timeline.
 """
 
 from __future__ import annotations
@@ -21,13 +22,26 @@ import re
 import stat
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from mldebug.fr.model import CallFrame, DumpSet, Entry, LoadProblem, PgStatus, RankDump, Timeline
+from mldebug.fr.model import (
+    NOT_RECORDED,
+    P2P_OPS,
+    CallFrame,
+    DumpSet,
+    Entry,
+    GroupIndex,
+    LoadProblem,
+    PgStatus,
+    RankDump,
+    Static,
+    Timeline,
+)
 from mldebug.names import trailing_number
 
 # Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
@@ -72,22 +86,6 @@ def safe_loads(data: bytes) -> Any:
 
 
 
-# Fields that decide whether two ranks recorded the same timeline (time stamps, record and
-# thread ids are excluded: they differ between ranks that did the same thing).
-_PROJ_KEYS = ("process_group", "collective_seq_id", "p2p_seq_id", "profiling_name",
-              "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "state",
-              "is_p2p", "frames")
-_proj = itemgetter(*_PROJ_KEYS)
-
-
-def _project(entries: list[dict[str, Any]]) -> list[Any]:
-    try:
-        return list(map(_proj, entries))
-    except (KeyError, TypeError):  # older versions lack some fields
-        return [tuple(e.get(k) for k in _PROJ_KEYS) if isinstance(e, dict) else e
-                for e in entries]
-
-
 def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
     """Files named directly, plus every regular, non-hidden file inside named directories."""
     files: list[Path] = []
@@ -110,9 +108,11 @@ def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
 def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpSet:
     """Load every dump; unreadable, empty, truncated or unsafe files become problems.
 
-    Large sets are scanned by ``workers`` processes (default: up to 8, one per CPU, when
-    there are 64 files or more); each returns only a fingerprint of the file's timeline, and
-    one file per distinct timeline is then read in full here.
+    Large sets are read by ``workers`` processes (default: up to 8, one per CPU, when there
+    are 64 files or more). Each worker turns a file into compact columns (see ``_scan``) and
+    sends back only its fingerprint when it already sent a file with the same timeline, so
+    an SPMD job's 1,024 identical timelines cross the pipe a few times, and a pipeline
+    job's 1,024 different ones are built in parallel and cross it as arrays.
     """
     files = [str(p) for p in paths]
     if workers is None:
@@ -123,13 +123,35 @@ def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpS
         if workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                return _assemble(list(pool.map(
-                    _scan_light, files, chunksize=max(1, len(files) // (workers * 4)))))
-        return _assemble(_scan(f, keep=True) for f in files)  # one file's entries at a time
+            with ProcessPoolExecutor(max_workers=workers, initializer=_forget_seen) as pool:
+                return _assemble(pool.map(_scan, files,
+                                          chunksize=max(1, len(files) // (workers * 8))))
+        _forget_seen()
+        try:
+            return _assemble(map(_scan, files))
+        finally:
+            _forget_seen()
     finally:
         if was_enabled:
             gc.enable()
+
+
+@dataclass
+class _Part:
+    """One file's timeline as columns, with its own table of statics (local ids)."""
+
+    keys: list[bytes]  # local static id -> its raw fields, pickled (the cross-file key)
+    statics: list[Static]
+    states: list[str]  # local state id -> name
+    sid: array[int]
+    seq: array[int]
+    p2p_seq: array[int]
+    record_id: array[int]
+    state: array[int]
+    started: array[int]
+    completed: array[int]
+    timeout: array[int]
+    groups: dict[str, GroupIndex]
 
 
 @dataclass
@@ -138,11 +160,15 @@ class _Scanned:
     error: str | None = None
     dump: RankDump | None = None
     fingerprint: bytes = b""
-    raw_entries: list[dict[str, Any]] | None = None
+    part: _Part | None = None  # None: this process already returned this timeline
 
 
-def _scan_light(path: str) -> _Scanned:
-    return _scan(path, keep=False)
+# Fingerprints of the timelines this process has returned in full (a worker's memory).
+_seen: set[bytes] = set()
+
+
+def _forget_seen() -> None:
+    _seen.clear()
 
 
 def _read_bounded(name: str) -> bytes:
@@ -158,9 +184,9 @@ def _read_bounded(name: str) -> bytes:
     return data
 
 
-def _scan(name: str, keep: bool) -> _Scanned:
+def _scan(name: str) -> _Scanned:
     try:
-        return _scan_checked(name, keep)
+        return _scan_checked(name)
     except (BadDump, KeyError, TypeError, ValueError, AttributeError, OverflowError,
             RecursionError, MemoryError) as e:
         return _Scanned(name, f"malformed ({type(e).__name__}: {_short(e)}); skipped")
@@ -173,7 +199,7 @@ def _short(e: BaseException) -> str:
         return "?"
 
 
-def _scan_checked(name: str, keep: bool) -> _Scanned:
+def _scan_checked(name: str) -> _Scanned:
     try:
         data = _read_bounded(name)
     except OSError as e:
@@ -181,26 +207,198 @@ def _scan_checked(name: str, keep: bool) -> _Scanned:
     doc, err = _decode(data)
     if err is not None or doc is None:
         return _Scanned(name, err or "unreadable")
+    return _scan_doc(name, doc, len(data))
+
+
+def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
     rank, rank_from = _rank_of(doc, name)
     if rank is None:
         return _Scanned(name, "the dump does not say its rank and the file name ends in no "
                         "number; rename it to end in the rank, e.g. fr_rank3")
-    raw_entries = doc.get("entries") or []
-    if not isinstance(raw_entries, list):
+    raw = doc.get("entries") or []
+    if not isinstance(raw, list):
         return _Scanned(name, "'entries' is not a list; not a flight-recorder dump")
-    if len(raw_entries) > MAX_ENTRIES:
-        return _Scanned(name, f"{len(raw_entries)} entries, over the {MAX_ENTRIES} limit; skipped")
-    _check_budget(raw_entries, len(data))
-    dump = _rank_dump(doc, rank, rank_from, name, len(raw_entries))
-    dump.created = array("q", [_stamp(e) for e in raw_entries])
-    fp = hashlib.blake2b(pickle.dumps(_project(raw_entries), protocol=4),
-                         digest_size=20).digest()
-    return _Scanned(name, dump=dump, fingerprint=fp, raw_entries=raw_entries if keep else None)
+    if len(raw) > MAX_ENTRIES:
+        return _Scanned(name, f"{len(raw)} entries, over the {MAX_ENTRIES} limit; skipped")
+    if not all(map(isinstance, raw, repeat(dict))):
+        bad = next(e for e in raw if not isinstance(e, dict))
+        return _Scanned(name, f"malformed entry (an entry is a {type(bad).__name__}, not a "
+                        "mapping); not a flight-recorder dump of a known version; skipped")
+    dump = _rank_dump(doc, rank, rank_from, name, len(raw))
+    dump.created = _column(raw, "time_created_ns", _stamp)
+    keys, sid = _static_ids(raw, nbytes)
+    seq = _column(raw, "collective_seq_id", _collective_seq)
+    p2p_seq = _column(raw, "p2p_seq_id", _p2p_seq)
+    states, state = _states(raw)
+    fp = hashlib.blake2b(digest_size=20)
+    for k in keys:
+        fp.update(k)
+    for col in (sid, seq, p2p_seq, state):
+        fp.update(col.tobytes())
+    fp.update("\0".join(states).encode("utf-8", "surrogatepass"))
+    digest = fp.digest()
+    if digest in _seen:
+        return _Scanned(name, dump=dump, fingerprint=digest)
+    try:
+        statics = [_static(raw[first]) for first in _firsts(sid, len(keys))]
+    except (BadDump, KeyError, TypeError, ValueError, AttributeError, OverflowError,
+            RecursionError) as e:
+        return _Scanned(name, f"malformed entry ({type(e).__name__}: {_short(e)}); not a "
+                        "flight-recorder dump of a known version; skipped")
+    part = _Part(keys, statics, states, sid, seq, p2p_seq,
+                 _column(raw, "record_id", _record_id), state,
+                 _column(raw, "time_discovered_started_ns", _time("time_discovered_started_ns")),
+                 _column(raw, "time_discovered_completed_ns", _time("time_discovered_completed_ns")),
+                 _column(raw, "timeout_ms", _time("timeout_ms")), _group_index(statics, sid, seq))
+    _seen.add(digest)
+    return _Scanned(name, dump=dump, fingerprint=digest, part=part)
+
+
+def _static_ids(raw: list[dict[str, Any]], nbytes: int) -> tuple[list[bytes], array[int]]:
+    """Each entry's static fields, pickled (C speed) as the key that finds the entries that
+    share them; the key's index is the entry's local static id.
+
+    The keys' total size is bounded by the file's: a "memo bomb" (one list referenced by
+    millions of entries, a few bytes each in the file) would make every key large.
+    """
+    try:
+        return _static_ids_with(raw, nbytes, _static_key)
+    except KeyError:  # older versions lack some fields
+        return _static_ids_with(raw, nbytes, _static_key_of_old)
+
+
+def _static_key_of_old(e: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(e.get(f) for f in _STATIC_KEYS)
+
+
+def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
+                     key: Callable[[dict[str, Any]], Any]) -> tuple[list[bytes], array[int]]:
+    budget = 64 * nbytes + 100_000
+    ids: dict[bytes, int] = {}
+    get = ids.get
+    dumps = pickle.dumps
+    out: list[int] = []
+    append = out.append
+    for e in raw:
+        k = dumps(key(e), 4)
+        budget -= len(k)
+        if budget < 0:
+            raise BadDump("the entries expand to far more data than the file holds (shared "
+                          "references repeated: a pickle 'memo bomb'); refused")
+        got = get(k)
+        if got is None:
+            got = ids[k] = len(ids)
+        append(got)
+    return list(ids), array("i", out)
+
+
+def _firsts(sid: array[int], n: int) -> list[int]:
+    """The index of the first entry with each local static id 0..n-1."""
+    firsts = [-1] * n
+    missing = n
+    for i, s in enumerate(sid):
+        if firsts[s] < 0:
+            firsts[s] = i
+            missing -= 1
+            if not missing:
+                break
+    return firsts
+
+
+def _column(raw: list[dict[str, Any]], key: str, conv: Any) -> array[int]:
+    """One number per entry: at C speed when every entry holds a plain integer in range,
+    else entry by entry through ``conv`` (None, absent, older names, bad values)."""
+    try:
+        col = array("q", map(itemgetter(key), raw))
+        if not col or (-MAX_INT < min(col) and max(col) < MAX_INT):
+            return col
+    except (KeyError, TypeError, OverflowError):
+        pass
+    return array("q", [conv(e) for e in raw])
+
+
+def _collective_seq(e: dict[str, Any]) -> int:
+    return _seq(e.get("collective_seq_id", e.get("seq_id", -1)), -1)
+
+
+def _p2p_seq(e: dict[str, Any]) -> int:
+    return _seq(e.get("p2p_seq_id") or 0, 0)
+
+
+def _record_id(e: dict[str, Any]) -> int:
+    return _seq(e.get("record_id"), -1)
+
+
+def _time(key: str) -> Callable[[dict[str, Any]], int]:
+    def conv(e: dict[str, Any]) -> int:
+        v = _int(e.get(key))
+        return NOT_RECORDED if v is None else v
+    return conv
+
+
+def _states(raw: list[dict[str, Any]]) -> tuple[list[str], array[int]]:
+    """The state names in order of appearance and each entry's index into them."""
+    ids: dict[Any, int] = {}
+    names: list[str] = []
+    by_name: dict[str, int] = {}
+    out = array("i", bytes(4 * len(raw)))
+    for i, e in enumerate(raw):
+        v = e.get("state")
+        try:
+            got = ids.get(v)
+        except TypeError:  # a list where a name belongs
+            v, got = None, ids.get(None)
+        if got is None:
+            name = sys.intern(_text(v or "?", 64))
+            got = by_name.get(name)
+            if got is None:
+                got = by_name[name] = len(names)
+                names.append(name)
+            ids[v] = got
+        out[i] = got
+    return names, out
+
+
+def _group_index(statics: list[Static], sid: array[int], seq: array[int]) -> dict[str, GroupIndex]:
+    """Per process group: its collectives sorted by sequence number, its sends and receives
+    by peer (group-local); entries that are neither (e.g. a coalesced p2p batch) are left out."""
+    coll: dict[str, list[int]] = {}
+    p2p: dict[str, dict[tuple[bool, int], list[int]]] = {}
+    ignored: list[int] = []
+    where = []
+    for st in statics:
+        if st.collective:
+            where.append(coll.setdefault(st.pg_name, []))
+            continue
+        peers = p2p.setdefault(st.pg_name, {})
+        send = st.op == "send"
+        peer = st.dst if send else st.src
+        where.append(peers.setdefault((send, peer), []) if st.op in P2P_OPS and peer is not None
+                     else ignored)
+    for i, s in enumerate(sid):
+        where[s].append(i)
+    out: dict[str, GroupIndex] = {}
+    for pg in coll.keys() | p2p.keys():
+        order = sorted(coll.get(pg, ()), key=seq.__getitem__)  # stable: coalesced keep order
+        seqs, starts = array("q"), array("i")
+        last = None
+        for k, i in enumerate(order):
+            v = seq[i]
+            if v != last:
+                seqs.append(v)
+                starts.append(k)
+                last = v
+        starts.append(len(order))
+        out[pg] = GroupIndex(seqs, starts, array("i", order),
+                             {key: array("i", idx) for key, idx in p2p.get(pg, {}).items()
+                              if idx})
+    return out
 
 
 def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
     ds = DumpSet()
-    static_cache: dict[bytes, tuple[Any, ...]] = {}
+    gid: dict[bytes, int] = {}
+    state_id: dict[str, int] = {}
     by_fp: dict[bytes, int] = {}
     for sc in scanned:
         if sc.error is not None or sc.dump is None:
@@ -214,27 +412,58 @@ def _assemble(scanned: Iterable[_Scanned]) -> DumpSet:
         if idx is not None:
             ds.timelines[idx].ranks.append(dump.rank)
         else:
-            raw = sc.raw_entries
-            if raw is None:  # scanned by a worker: read this timeline's file in full
-                again = _scan(sc.file, keep=True)
-                raw = again.raw_entries or []
-            try:
-                entries = [_entry(e, static_cache) for e in raw]
-            except (KeyError, TypeError, ValueError, AttributeError, OverflowError,
-                    RecursionError) as e:
-                ds.problems.append(LoadProblem(sc.file, f"malformed entry ({type(e).__name__}: "
-                                               f"{_short(e)}); not a flight-recorder dump of a "
-                                               "known version; skipped"))
-                continue
+            part = sc.part
+            if part is None:  # returned light by a worker that saw it first: read it here
+                _seen.discard(sc.fingerprint)
+                again = _scan(sc.file)
+                _seen.discard(sc.fingerprint)
+                if again.part is None:
+                    ds.problems.append(LoadProblem(sc.file, again.error or "unreadable"))
+                    continue
+                part = again.part
             idx = by_fp[sc.fingerprint] = len(ds.timelines)
-            ds.timelines.append(Timeline([dump.rank], entries))
+            ds.timelines.append(_timeline(ds, part, dump, gid, state_id))
         dump.timeline = idx
         ds.dumps[dump.rank] = dump
     return ds
 
 
+def _timeline(ds: DumpSet, part: _Part, dump: RankDump, gid: dict[bytes, int],
+              state_id: dict[str, int]) -> Timeline:
+    """A worker's part with its local static and state ids turned into the set's."""
+    trans = []
+    for key, st in zip(part.keys, part.statics, strict=True):
+        g = gid.get(key)
+        if g is None:
+            g = gid[key] = len(ds.statics)
+            ds.statics.append(st)
+        trans.append(g)
+    strans = []
+    for name in part.states:
+        g = state_id.get(name)
+        if g is None:
+            g = state_id[name] = len(ds.states)
+            ds.states.append(name)
+        strans.append(g)
+    sid = array("i", map(trans.__getitem__, part.sid))
+    state = array("i", map(strans.__getitem__, part.state))
+    return Timeline([dump.rank], ds.statics, ds.states, sid, part.seq, part.p2p_seq,
+                    part.record_id, state, part.started, part.completed, part.timeout,
+                    dump.created, part.groups)
+
+
 def load(inputs: Sequence[str | Path]) -> DumpSet:
     return load_files(expand_inputs(inputs))
+
+
+def from_docs(docs: Iterable[tuple[str, dict[str, Any]]]) -> DumpSet:
+    """A DumpSet from dumps already in memory, (name, document) pairs (tests, benchmarks,
+    tools that hold trusted documents): the same checks and columns as files get."""
+    _forget_seen()
+    try:
+        return _assemble(_scan_doc(name, doc, MAX_FILE_BYTES) for name, doc in docs)
+    finally:
+        _forget_seen()
 
 
 def _decode(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
@@ -409,32 +638,6 @@ def _sizes_raw(v: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(out)
 
 
-def _check_budget(entries: list[Any], nbytes: int) -> None:
-    """Refuse a pickle whose shared references (memo) expand far beyond its bytes.
-
-    A real dump spends bytes on every size and frame it holds; a "memo bomb" repeats one
-    list by reference millions of times. The work per entry is bounded by the sizes and
-    frames it lists, so their total is checked against the file's size first.
-    """
-    budget = 64 * nbytes + 100_000
-    seen: set[int] = set()
-    for e in entries:
-        if not isinstance(e, dict):
-            continue
-        for key in ("input_sizes", "output_sizes", "frames"):
-            v = e.get(key)
-            if isinstance(v, (list, tuple)) and id(v) not in seen:
-                seen.add(id(v))
-                budget -= len(v)
-                for s in v[:MAX_TENSORS + 1]:
-                    if isinstance(s, (list, tuple, dict)):
-                        budget -= len(s)
-        budget -= 1
-        if budget < 0:
-            raise BadDump("the entries expand to far more data than the file holds (shared "
-                          "references repeated: a pickle 'memo bomb'); refused")
-
-
 _frame_cache: dict[tuple[str, str, int], CallFrame] = {}
 
 
@@ -498,7 +701,7 @@ _STATIC_KEYS = ("profiling_name", "process_group", "pg_id", "input_sizes", "outp
 _static_key = itemgetter(*_STATIC_KEYS)
 
 
-def _static(e: dict[str, Any]) -> tuple[Any, ...]:
+def _static(e: dict[str, Any]) -> Static:
     """The fields many entries share (op, group, sizes, dtypes, frames), normalised."""
     pg = e.get("process_group") or (_text(e.get("pg_id", "?")), "")
     if isinstance(pg, (list, tuple)) and pg:
@@ -508,38 +711,24 @@ def _static(e: dict[str, Any]) -> tuple[Any, ...]:
     prof = sys.intern(_text(e.get("profiling_name") or "", 1024))
     backend, op, src, dst = parse_profiling_name(prof)
     is_p2p = bool(e.get("is_p2p", op in ("send", "recv")))
-    return (_int(e.get("pg_id")), sys.intern(pg_name), pg_desc, prof, sys.intern(backend),
-            sys.intern(op), _sizes(e.get("input_sizes")), _sizes(e.get("output_sizes")),
-            _intern(_texts(e.get("input_dtypes"))), _intern(_texts(e.get("output_dtypes"))),
-            is_p2p, _frames(e.get("frames")), src, dst)
+    return Static(_int(e.get("pg_id")), sys.intern(pg_name), pg_desc, prof, sys.intern(backend),
+                  sys.intern(op), _sizes(e.get("input_sizes")), _sizes(e.get("output_sizes")),
+                  _intern(_texts(e.get("input_dtypes"))), _intern(_texts(e.get("output_dtypes"))),
+                  is_p2p, _frames(e.get("frames")), src, dst)
 
 
-def _entry(e: dict[str, Any], cache: dict[bytes, tuple[Any, ...]] | None = None) -> Entry:
-    """One normalised Entry; ``cache`` shares the static part between entries that recorded
-    the same call (keyed by its pickled raw fields: C speed, no per-field Python work)."""
+def _entry(e: dict[str, Any]) -> Entry:
+    """One raw entry as an ``Entry`` (tests and tools; loading builds columns instead)."""
     if not isinstance(e, dict):
         raise BadDump(f"an entry is a {type(e).__name__}, not a mapping")
-    st: tuple[Any, ...] | None = None
-    key = b""
-    if cache is not None:
-        try:
-            key = pickle.dumps(_static_key(e), protocol=4)
-            st = cache.get(key)
-        except (KeyError, TypeError, pickle.PicklingError, RecursionError):
-            key = b""
-    if st is None:
-        st = _static(e)
-        if key:
-            cache[key] = st  # type: ignore[index]
-    seq = e.get("collective_seq_id", e.get("seq_id", -1))
-    (pg_id, pg_name, pg_desc, prof, backend, op, ins, outs, ind, outd, is_p2p, frames, src,
-     dst) = st
+    st = _static(e)
     return Entry(
-        record_id=_seq(e.get("record_id"), -1), pg_id=pg_id, pg_name=pg_name, pg_desc=pg_desc,
-        seq=_seq(seq, -1), p2p_seq=_seq(e.get("p2p_seq_id") or 0, 0), profiling_name=prof,
-        backend=backend, op=op, input_sizes=ins, output_sizes=outs, input_dtypes=ind,
-        output_dtypes=outd, state=sys.intern(_text(e.get("state") or "?", 64)), is_p2p=is_p2p,
-        frames=frames, src=src, dst=dst, time_created_ns=_int(e.get("time_created_ns")),
+        record_id=_record_id(e), pg_id=st.pg_id, pg_name=st.pg_name, pg_desc=st.pg_desc,
+        seq=_collective_seq(e), p2p_seq=_p2p_seq(e), profiling_name=st.profiling_name,
+        backend=st.backend, op=st.op, input_sizes=st.input_sizes, output_sizes=st.output_sizes,
+        input_dtypes=st.input_dtypes, output_dtypes=st.output_dtypes,
+        state=sys.intern(_text(e.get("state") or "?", 64)), is_p2p=st.is_p2p, frames=st.frames,
+        src=st.src, dst=st.dst, time_created_ns=_int(e.get("time_created_ns")),
         time_started_ns=_int(e.get("time_discovered_started_ns")),
         time_completed_ns=_int(e.get("time_discovered_completed_ns")),
         timeout_ms=_int(e.get("timeout_ms")))

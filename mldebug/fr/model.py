@@ -9,8 +9,9 @@ what 1,024 copies of the same one would.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from mldebug.findings import Finding
 
@@ -93,10 +94,133 @@ class RankDump:
     created: array[int] = field(default_factory=lambda: array("q"))
 
 
+NOT_RECORDED = -(1 << 63)  # a number column's "the dump did not say"
+
+
+@dataclass(frozen=True, slots=True)
+class Static:
+    """The fields that many entries share (op, group, sizes, dtypes, call site), normalised
+    once: a timeline stores only the index of its entry's Static."""
+
+    pg_id: int | None
+    pg_name: str
+    pg_desc: str
+    profiling_name: str
+    backend: str
+    op: str
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+    is_p2p: bool
+    frames: tuple[CallFrame, ...]
+    src: int | None
+    dst: int | None
+
+    @property
+    def collective(self) -> bool:
+        return not self.is_p2p and self.op not in P2P_OPS
+
+
 @dataclass
+class GroupIndex:
+    """One process group's entries in one timeline: the collectives by sequence number
+    (``seqs`` sorted, the entries of ``seqs[k]`` are ``order[starts[k]:starts[k+1]]``;
+    several when coalesced) and the sends and receives by (is a send, group-local peer),
+    each in the order posted."""
+
+    seqs: array[int]
+    starts: array[int]
+    order: array[int]
+    p2p: dict[tuple[bool, int], array[int]]
+
+    def positions(self) -> dict[int, int]:
+        return dict(zip(self.seqs, range(len(self.seqs)), strict=True))
+
+
 class Timeline:
-    ranks: list[int]
-    entries: list[Entry]
+    """The entries one or more ranks recorded, stored as columns.
+
+    A pipeline-parallel job records as many timelines as it has ranks, so entries are not
+    kept as objects: each is an index into the shared ``statics`` table plus its numbers
+    (sequence ids, state, times), about 60 bytes. ``entries`` builds ``Entry`` objects on
+    demand for the few places that show them; analysis reads the columns and ``groups``.
+    """
+
+    __slots__ = ("ranks", "statics", "states", "sid", "seq", "p2p_seq", "record_id", "state",
+                 "started", "completed", "timeout", "created", "groups")
+
+    def __init__(self, ranks: list[int], statics: list[Static], states: list[str],
+                 sid: array[int], seq: array[int], p2p_seq: array[int], record_id: array[int],
+                 state: array[int], started: array[int], completed: array[int],
+                 timeout: array[int], created: array[int],
+                 groups: dict[str, GroupIndex]) -> None:
+        self.ranks = ranks
+        self.statics = statics  # shared by every timeline of a DumpSet
+        self.states = states  # shared too: state id -> name
+        self.sid, self.seq, self.p2p_seq, self.record_id = sid, seq, p2p_seq, record_id
+        self.state, self.started, self.completed, self.timeout = state, started, completed, timeout
+        self.created = created  # the first rank's enqueue times
+        self.groups = groups  # process group name -> its entries here
+
+    def __len__(self) -> int:
+        return len(self.sid)
+
+    def entry(self, i: int) -> Entry:
+        st = self.statics[self.sid[i]]
+        return Entry(
+            record_id=self.record_id[i], pg_id=st.pg_id, pg_name=st.pg_name,
+            pg_desc=st.pg_desc, seq=self.seq[i], p2p_seq=self.p2p_seq[i],
+            profiling_name=st.profiling_name, backend=st.backend, op=st.op,
+            input_sizes=st.input_sizes, output_sizes=st.output_sizes,
+            input_dtypes=st.input_dtypes, output_dtypes=st.output_dtypes,
+            state=self.states[self.state[i]], is_p2p=st.is_p2p, frames=st.frames, src=st.src,
+            dst=st.dst, time_created_ns=_opt(self.created, i, -1),
+            time_started_ns=_opt(self.started, i), time_completed_ns=_opt(self.completed, i),
+            timeout_ms=_opt(self.timeout, i))
+
+    @property
+    def entries(self) -> EntryView:
+        return EntryView(self)
+
+    def static(self, i: int) -> Static:
+        return self.statics[self.sid[i]]
+
+
+def _opt(col: array[int], i: int, absent: int = NOT_RECORDED) -> int | None:
+    v = col[i] if i < len(col) else absent
+    return None if v == absent else v
+
+
+class EntryView(Sequence[Entry]):
+    """A timeline's entries as ``Entry`` objects, built when read (not kept)."""
+
+    __slots__ = ("_tl",)
+
+    def __init__(self, tl: Timeline) -> None:
+        self._tl = tl
+
+    def __len__(self) -> int:
+        return len(self._tl.sid)
+
+    @overload
+    def __getitem__(self, i: int) -> Entry: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Entry]: ...
+
+    def __getitem__(self, i: int | slice) -> Entry | list[Entry]:
+        n = len(self._tl.sid)
+        if isinstance(i, slice):
+            return [self._tl.entry(k) for k in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self._tl.entry(i)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return map(self._tl.entry, range(len(self._tl.sid)))
 
 
 @dataclass
@@ -117,7 +241,10 @@ class DumpSet:
     problems: list[LoadProblem] = field(default_factory=list)
     duplicates: dict[int, list[str]] = field(default_factory=dict)
 
-    def entries_of(self, rank: int) -> list[Entry]:
+    statics: list[Static] = field(default_factory=list)  # shared by the timelines
+    states: list[str] = field(default_factory=list)
+
+    def entries_of(self, rank: int) -> EntryView:
         return self.timelines[self.dumps[rank].timeline].entries
 
 
