@@ -97,6 +97,34 @@ def test_dump_and_abort_with_the_gil_held_fails_the_job_with_the_same_code(tmp_p
         assert "exiting with code" not in text and "will exit with code 1" not in text
         [raw] = (tmp_path / "cap" / "faulthandler").glob("*-rank1-*.gil.txt")
         assert 'in hold_gil\n' in raw.read_text() and 'in validate\n' in raw.read_text()
+        # no Python ran after the dump: hang analyze reads faulthandler's text itself
+        saved = report("hang", "analyze", str(tmp_path / "cap"))
+        [proc] = saved["processes"]
+        assert proc["rank"] == 1 and saved["groups"][0]["where"].startswith("hold_gil (")
+    finally:
+        job.stop()
+
+
+def test_gil_held_rank_known_only_by_faulthandler_text_gets_the_live_verdict(tmp_path):
+    # rank 2 holds the GIL for longer than the test: its stacks exist only as faulthandler's
+    # text in cap/faulthandler/, the others' as JSON; the analysis must match a live hang
+    env = job_env(tmp_path, STALL_TIMEOUT="2", BLOCK="gil", GIL_SECONDS="120")
+    job = torchrun(RECIPE, 3, tmp_path / "log", env=env)
+    try:
+        job.wait_ready(settle=0)
+        cap = tmp_path / "cap"
+        wait_files(cap / "dumps", 2)
+        deadline = time.monotonic() + 60
+        while not any(f.stat().st_size for f in (cap / "faulthandler").glob("*.gil.txt")):
+            assert time.monotonic() < deadline, list((cap / "faulthandler").iterdir())
+            time.sleep(0.5)
+        assert not list((cap / "dumps").glob("*-rank2-*.json"))
+        saved = report("hang", "analyze", str(cap))
+        live = report("hang", "--pid", str(job.pid))
+        assert [s["rank"] for s in saved["suspects"]] == [2], saved["verdict"]
+        assert saved["suspects"] == live["suspects"]
+        assert saved["verdict"] == live["verdict"]
+        assert sorted(p["rank"] for p in saved["processes"]) == [0, 1, 2]
     finally:
         job.stop()
 
