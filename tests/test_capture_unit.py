@@ -162,6 +162,21 @@ def test_abort_timer_is_given_back_on_close_and_not_inherited_by_fork(tmp_path):
     assert r.returncode == 0 and "alive" in r.stdout, (r.returncode, r.stderr)
 
 
+def test_a_handler_the_program_sets_later_is_left_alone_at_close(tmp_path):
+    r = run_py("""
+        import signal
+        from mldebug.capture.abort import ABORT_SIGNAL
+        wd = mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort", poll=0.1)
+        got = []
+        signal.signal(ABORT_SIGNAL, lambda *a: got.append(1))
+        wd.close()
+        os.kill(os.getpid(), ABORT_SIGNAL)   # theirs: handled, not _exit
+        time.sleep(0.2)
+        print("handled", got)
+    """, tmp_path)
+    assert r.returncode == 0 and "handled [1]" in r.stdout, (r.returncode, r.stderr)
+
+
 def test_dump_and_continue_dumps_again_at_2x_and_4x(tmp_path):
     r = run_py("""
         mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+continue", poll=0.05)

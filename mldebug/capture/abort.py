@@ -12,8 +12,9 @@ is the signal number. The Python route exits with the same number (``STALL_EXIT_
 
 Safety: the signal is taken only when nobody handles or ignores it (C level, from
 ``/proc/self/status``, and Python level); ``close()`` deletes the timer and gives the signal
-back to ``SIG_DFL``. POSIX timers are not inherited by ``fork()`` children and are deleted by
-``execve()``. Where any of this is unavailable (no ctypes, no ``timer_create``, not Linux, the
+back to ``SIG_DFL`` (unless the program has set its own Python handler since: then it is
+left alone). POSIX timers are not inherited by ``fork()`` children (which forget the timer's
+id) and are deleted by ``execve()``. Where any of this is unavailable (no ctypes, no ``timer_create``, not Linux, the
 signal taken), ``AbortTimer`` raises ``AbortUnavailable`` and the watchdog falls back to
 faulthandler's ``exit=True`` (exit code 1).
 """
@@ -21,14 +22,28 @@ faulthandler's ``exit=True`` (exit code 1).
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 import threading
+import weakref
 from typing import Any
 
 ABORT_SIGNAL = 54  # SIGRTMIN+20 on glibc (SIGRTMIN is 34 there; the kernel's is 32)
 CLOCK_MONOTONIC = 1
 SIGEV_SIGNAL = 0
+
+
+_LIVE: weakref.WeakSet[AbortTimer] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """A fork() child has none of its parent's timers: never delete an id it does not own."""
+    for t in list(_LIVE):
+        t._timer = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class AbortUnavailable(Exception):
@@ -125,6 +140,7 @@ class AbortTimer:
         except BaseException:
             self._release()
             raise
+        _LIVE.add(self)
 
     def arm(self, seconds: float) -> None:
         """Send the signal in ``seconds`` unless armed again before (one shot)."""
@@ -144,6 +160,8 @@ class AbortTimer:
         if self._timer is not None:
             self._delete(self._timer)
             self._timer = None
+        if callable(signal.getsignal(self.signum)):
+            return  # the program took the signal over since (signal.signal): it is theirs now
         try:
             faulthandler.unregister(self.signum)
         except (RuntimeError, ValueError):
