@@ -94,23 +94,26 @@ class AbortTimer:
         except ImportError as e:
             raise AbortUnavailable(f"no ctypes ({e})") from None
         self._ct = ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        funcs = [getattr(libc, n, None) for n in ("timer_create", "timer_settime",
-                                                   "timer_delete")]
-        if None in funcs:  # glibc < 2.34 keeps the timers in librt
-            rt_name = ctypes.util.find_library("rt")
-            if rt_name is None:
-                raise AbortUnavailable("timer_create not found (no librt)")
-            rt = ctypes.CDLL(rt_name, use_errno=True)
-            funcs = [getattr(rt, n, None) for n in ("timer_create", "timer_settime",
-                                                     "timer_delete")]
-            if None in funcs:
-                raise AbortUnavailable("timer_create not found in libc or librt")
-        self._create, self._settime, self._delete = (f for f in funcs if f is not None)
-        self._signal = libc.signal
-        self._signal.restype = ctypes.c_void_p
-        self._signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        exit_addr = ctypes.cast(libc._exit, ctypes.c_void_p).value
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            funcs = [getattr(libc, n, None) for n in ("timer_create", "timer_settime",
+                                                       "timer_delete")]
+            if None in funcs:  # glibc < 2.34 keeps the timers in librt
+                rt_name = ctypes.util.find_library("rt")
+                if rt_name is None:
+                    raise AbortUnavailable("timer_create not found (no librt)")
+                rt = ctypes.CDLL(rt_name, use_errno=True)
+                funcs = [getattr(rt, n, None) for n in ("timer_create", "timer_settime",
+                                                         "timer_delete")]
+                if None in funcs:
+                    raise AbortUnavailable("timer_create not found in libc or librt")
+            self._create, self._settime, self._delete = (f for f in funcs if f is not None)
+            self._signal = libc.signal
+            self._signal.restype = ctypes.c_void_p
+            self._signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            exit_addr = ctypes.cast(libc._exit, ctypes.c_void_p).value
+        except (OSError, AttributeError) as e:
+            raise AbortUnavailable(f"libc not usable through ctypes ({e})") from None
 
         class Sigevent(ctypes.Structure):  # Linux: value, signo, notify, then padding
             _fields_ = [("sigev_value", ctypes.c_void_p), ("sigev_signo", ctypes.c_int),
