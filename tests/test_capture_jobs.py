@@ -1,6 +1,6 @@
 """Real torchrun jobs (gloo, CPU) that capture their own hang: the watchdog's dumps give the
 verdict of a live `mldebug hang`, the ring names the branch, dump+abort fails the job with
-code 86, a GIL-holding C call is dumped by faulthandler, dump+continue dumps again, and with
+code 54 (also with the GIL held), a GIL-holding C call is dumped by faulthandler, dump+continue dumps again, and with
 ptrace forbidden `mldebug hang --signal` names the culprit where `mldebug hang` cannot."""
 
 from __future__ import annotations
@@ -67,16 +67,64 @@ def test_watchdog_dump_gives_the_live_verdict_and_trace_show_names_the_branch(tm
         job.stop()
 
 
-def test_dump_and_abort_fails_the_job_with_code_86(tmp_path):
+def test_dump_and_abort_fails_the_job_with_the_stall_exit_code(tmp_path):
     job = torchrun(RECIPE, 2, tmp_path / "log",
                    env=job_env(tmp_path, STALL_TIMEOUT="2", ON_STALL="dump+abort", HANG_RANK="1"))
     try:
         job.procs[0].wait(timeout=120)
         text = job.text()
         assert job.procs[0].returncode != 0
-        assert re.search(r"exitcode\s*:\s*86", text), text[-2000:]
-        assert "on_stall=dump+abort: exiting with code 86" in text
+        assert re.search(r"exitcode\s*:\s*54", text), text[-2000:]
+        assert "on_stall=dump+abort: exiting with code 54" in text
         assert list((tmp_path / "cap" / "dumps").glob("*rank1-*.json"))
+    finally:
+        job.stop()
+
+
+def test_dump_and_abort_with_the_gil_held_fails_the_job_with_the_same_code(tmp_path):
+    # rank 1 holds the GIL in a C call: no Python runs there, the kernel timer aborts it;
+    # rank 0 installs no watchdog, so the only exit code torchrun sees is rank 1's
+    job = torchrun(RECIPE, 2, tmp_path / "log",
+                   env=job_env(tmp_path, STALL_TIMEOUT="2", ON_STALL="dump+abort", HANG_RANK="1",
+                               NO_HANDLER_RANK="0", BLOCK="gil", GIL_SECONDS="120"))
+    try:
+        job.procs[0].wait(timeout=60)  # well before GIL_SECONDS: the abort, not the C call
+        text = job.text()
+        from mldebug.capture import STALL_EXIT_CODE
+
+        assert STALL_EXIT_CODE == 54
+        assert re.search(r"rank\s*:\s*1 .*\n\s*exitcode\s*:\s*54 ", text), text[-2000:]
+        assert "exiting with code" not in text and "will exit with code 1" not in text
+        [raw] = (tmp_path / "cap" / "faulthandler").glob("*-rank1-*.gil.txt")
+        assert 'in hold_gil\n' in raw.read_text() and 'in validate\n' in raw.read_text()
+        # no Python ran after the dump: hang analyze reads faulthandler's text itself
+        saved = report("hang", "analyze", str(tmp_path / "cap"))
+        [proc] = saved["processes"]
+        assert proc["rank"] == 1 and saved["groups"][0]["where"].startswith("hold_gil (")
+    finally:
+        job.stop()
+
+
+def test_gil_held_rank_known_only_by_faulthandler_text_gets_the_live_verdict(tmp_path):
+    # rank 2 holds the GIL for longer than the test: its stacks exist only as faulthandler's
+    # text in cap/faulthandler/, the others' as JSON; the analysis must match a live hang
+    env = job_env(tmp_path, STALL_TIMEOUT="2", BLOCK="gil", GIL_SECONDS="120")
+    job = torchrun(RECIPE, 3, tmp_path / "log", env=env)
+    try:
+        job.wait_ready(settle=0)
+        cap = tmp_path / "cap"
+        wait_files(cap / "dumps", 2)
+        deadline = time.monotonic() + 60
+        while not any(f.stat().st_size for f in (cap / "faulthandler").glob("*.gil.txt")):
+            assert time.monotonic() < deadline, list((cap / "faulthandler").iterdir())
+            time.sleep(0.5)
+        assert not list((cap / "dumps").glob("*-rank2-*.json"))
+        saved = report("hang", "analyze", str(cap))
+        live = report("hang", "--pid", str(job.pid))
+        assert [s["rank"] for s in saved["suspects"]] == [2], saved["verdict"]
+        assert saved["suspects"] == live["suspects"]
+        assert saved["verdict"] == live["verdict"]
+        assert sorted(p["rank"] for p in saved["processes"]) == [0, 1, 2]
     finally:
         job.stop()
 

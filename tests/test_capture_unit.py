@@ -99,9 +99,85 @@ def test_dump_and_abort_exits_with_the_distinct_code(tmp_path):
     """, tmp_path)
     from mldebug.capture import STALL_EXIT_CODE
 
-    assert r.returncode == STALL_EXIT_CODE == 86, (r.returncode, r.stderr)
+    assert r.returncode == STALL_EXIT_CODE == 54, (r.returncode, r.stderr)
     assert "not reached" not in r.stdout
     assert only_dump(tmp_path / "cap")["capture"]["reason"] == "stall"
+
+
+def test_dump_and_abort_with_the_gil_held_exits_with_the_same_code(tmp_path):
+    # no Python can run: the kernel timer's signal -> faulthandler writes -> _exit(54)
+    r = run_py("""
+        def in_c():
+            hold_gil(20)
+        mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort", poll=0.1)
+        in_c()
+        print("not reached")
+    """, tmp_path)
+    from mldebug.capture import STALL_EXIT_CODE
+
+    assert r.returncode == STALL_EXIT_CODE, (r.returncode, r.stderr)
+    assert "not reached" not in r.stdout and "exiting with code" not in r.stderr, r.stderr
+    [text] = (tmp_path / "cap" / "faulthandler").glob("*.gil.txt")
+    [main] = [t for t in parse_faulthandler(text.read_text(), 1) if t["frames"]
+              and t["frames"][0]["name"] == "hold_gil"]
+    assert [f["name"] for f in main["frames"][:3]] == ["hold_gil", "in_c", "<module>"]
+
+
+@pytest.mark.parametrize("setup,why", [
+    ("signal.signal(ABORT_SIGNAL, mine)", "signal 54 has a Python handler"),
+    ("sys.modules['ctypes'] = None", "no ctypes"),
+])
+def test_abort_route_unavailable_falls_back_to_faulthandler_exit_1(tmp_path, setup, why):
+    r = run_py(f"""
+        import signal
+        from mldebug.capture.abort import ABORT_SIGNAL
+        def mine(*a): pass
+        {setup}
+        wd = mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort", poll=0.1)
+        wd.close()
+        assert signal.getsignal(ABORT_SIGNAL) in (mine, signal.SIG_DFL)  # left as it was
+        mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort", poll=0.1)
+        hold_gil(20)
+    """, tmp_path)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"will exit with code 1 (faulthandler), not 54: {why}" in r.stderr, r.stderr
+    [text] = (tmp_path / "cap" / "faulthandler").glob("*.gil.txt")
+    assert "hold_gil" in text.read_text()
+
+
+def test_abort_timer_is_given_back_on_close_and_not_inherited_by_fork(tmp_path):
+    r = run_py("""
+        from mldebug.capture.abort import ABORT_SIGNAL, signal_free
+        wd = mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort", poll=0.1)
+        assert signal_free(ABORT_SIGNAL) == "signal 54 is already caught"
+        pid = os.fork()
+        if pid == 0:          # no timer here: outlives the parent's timeout
+            time.sleep(2)
+            os._exit(7)
+        while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+            mldebug.beat(); time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(done[1]) == 7, done
+        wd.close()
+        assert signal_free(ABORT_SIGNAL) is None, signal_free(ABORT_SIGNAL)
+        hold_gil(2)           # no timer left to fire
+        print("alive")
+    """, tmp_path)
+    assert r.returncode == 0 and "alive" in r.stdout, (r.returncode, r.stderr)
+
+
+def test_a_handler_the_program_sets_later_is_left_alone_at_close(tmp_path):
+    r = run_py("""
+        import signal
+        from mldebug.capture.abort import ABORT_SIGNAL
+        wd = mldebug.watchdog(timeout=0.5, dir="cap", on_stall="dump+abort", poll=0.1)
+        got = []
+        signal.signal(ABORT_SIGNAL, lambda *a: got.append(1))
+        wd.close()
+        os.kill(os.getpid(), ABORT_SIGNAL)   # theirs: handled, not _exit
+        time.sleep(0.2)
+        print("handled", got)
+    """, tmp_path)
+    assert r.returncode == 0 and "handled [1]" in r.stdout, (r.returncode, r.stderr)
 
 
 def test_dump_and_continue_dumps_again_at_2x_and_4x(tmp_path):

@@ -1,4 +1,5 @@
-"""mldebug hang --slurm-job against a real (one-node) SLURM: srun --overlap into a running job.
+"""mldebug hang --slurm-job against a real (one-node) SLURM: srun --overlap into a running job,
+with py-spy and with --signal (the ranks' own dump handlers).
 
 SLURM is optional here: the test skips when the daemons cannot start (set
 MLDEBUG_REQUIRE_SLURM=1 to make that a failure). .ci/run installs the packages.
@@ -14,7 +15,7 @@ import time
 
 import pytest
 from conftest import run_cli
-from jobs import RECIPES, torchrun
+from jobs import RECIPES, REPO, torchrun
 from slurm import LocalSlurm, SlurmUnavailable
 
 pytestmark = pytest.mark.slow
@@ -64,5 +65,32 @@ def test_leftovers_of_earlier_runs_cannot_share_a_job_id(slurm, tmp_path):
     job = slurm.sbatch("sleep 60", tmp_path / "o")
     try:
         assert int(job) >= 100_000
+    finally:
+        slurm.scancel(job)
+
+
+def test_signal_slurm_job_names_the_culprit_from_the_ranks_own_dumps(slurm, tmp_path):
+    # every rank runs mldebug.watchdog() (its timeout far away: only the signal dumps); rank 2
+    # is stuck outside the all_reduce the others wait in
+    out = tmp_path / "job.out"
+    job = slurm.sbatch(f"env PYTHONPATH={REPO} MLDEBUG_DIR={tmp_path / 'cap'} STALL_TIMEOUT=600 "
+                       f"{sys.executable} -m torch.distributed.run --standalone "
+                       f"--nproc_per_node 3 {RECIPES / 'capture_rank_branch.py'}", out)
+    try:
+        deadline = time.monotonic() + 120
+        while len(re.findall(r"rank \d pid \d+ ready", out.read_text() if out.exists() else "")) < 3:
+            assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
+            time.sleep(0.5)
+        time.sleep(1)  # rank 2 reaches validate(), the others the all_reduce
+        r = run_cli("hang", "--signal", "--slurm-job", job, "--timeout", "10", "--json",
+                    env=slurm.env())
+        report = json.loads(r.stdout)
+        assert sorted(p["rank"] for p in report["processes"]) == [0, 1, 2], report["errors"]
+        assert [s["rank"] for s in report["suspects"]] == [2], report["verdict"]
+        assert "validate" in report["suspects"][0]["call_site"]
+        dumps = sorted(p.name for p in (tmp_path / "cap" / "dumps").glob("*.json"))
+        assert len(dumps) == 3, dumps  # the stacks came from the ranks' handlers, not py-spy
+        assert all(json.loads((tmp_path / "cap" / "dumps" / d).read_text())["capture"]["reason"]
+                   == "signal" for d in dumps)
     finally:
         slurm.scancel(job)

@@ -76,28 +76,61 @@ def python_threads(with_locals: bool = False, skip: set[int] | None = None) -> l
     return threads
 
 
+# Python/traceback.c: write_thread_id (3.14 adds " [name]"), dump_frame (strings are ASCII
+# with backslash escapes, cut at 500 characters + "..."; "???" for an unknown line), and the
+# markers "  <no Python frame>", "  <tstate is freed>", "  Garbage-collecting", "  ..." (over
+# 100 frames) and "..." (over 100 threads). A dump may be preceded by faulthandler's header
+# ("Timeout (0:00:05)!", "Fatal Python error: ...").
 _FH_THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-fA-F]+|\d+)"
                         r"(?: \[(?P<name>[^\]]*)\])? \(most recent call first\):$")
-_FH_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<name>.*)$')
+_FH_FRAME = re.compile(r'^  File (?:"(?P<file>.*)"|\?\?\?), line (?P<line>\d+|\?\?\?) '
+                       r'in (?P<name>.*)$')
+_FH_HEADER = re.compile(r"^(Timeout \(\d+:\d\d:\d\d(\.\d+)?\)!|Fatal Python error: .*"
+                        r"|Stack \(most recent call first\):)$")
+MAX_FH_LINE = 4096  # a frame line is at most ~1,030 characters; longer ones are not ours
+MAX_FH_THREADS = 1024
 
 
-def parse_faulthandler(text: str, pid: int, main_ident: int | None = None,
+def looks_like_faulthandler(text: str) -> bool:
+    """Whether ``text`` holds a faulthandler thread header (what the C-level dumps start with)."""
+    return any(_FH_THREAD.match(line) for line in text.splitlines()
+               if len(line) <= MAX_FH_LINE)
+
+
+def faulthandler_dumps(text: str, pid: int, main_ident: int | None = None,
                        names: dict[int, str] | None = None,
-                       prefixes: list[str] | None = None) -> list[dict[str, Any]]:
-    """The threads of one ``faulthandler`` dump as py-spy JSON (``text`` starts at the dump:
-    callers keep the file offset from before they asked for it).
-
-    faulthandler prints thread idents without names; ``main_ident`` (recorded when the
-    handler was installed) marks the main thread, ``names`` names others where known.
-    """
+                       prefixes: list[str] | None = None,
+                       guess_main: bool = False) -> list[list[dict[str, Any]]]:
+    """Every dump in a faulthandler text (a file the handler appends to holds several), each
+    as py-spy JSON threads, oldest first. A dump ends where a thread id repeats or a header
+    line starts the next one. With ``guess_main`` and no ``main_ident``, the main thread is
+    the last one of each dump: CPython links each new thread state at the head of the list
+    it walks, so the first thread created comes last."""
+    dumps: list[list[dict[str, Any]]] = []
     threads: list[dict[str, Any]] = []
     seen: set[int] = set()
     cur: dict[str, Any] | None = None
+
+    def close() -> None:
+        nonlocal threads, seen, cur
+        if threads:
+            if guess_main and main_ident is None and not any(
+                    t["thread_name"] == "MainThread" for t in threads):
+                threads[-1]["thread_name"] = threads[-1]["thread_name"] or "MainThread"
+                threads[-1]["os_thread_id"] = pid
+            dumps.append(threads)
+        threads, seen, cur = [], set(), None
+
     for line in text.splitlines():
+        if len(line) > MAX_FH_LINE:
+            continue
         if m := _FH_THREAD.match(line):
             ident = int(m["id"], 16) if m["id"].startswith("0x") else int(m["id"])
-            if ident in seen:  # a second dump follows: keep the first one
-                break
+            if ident in seen:  # the next dump starts
+                close()
+            if len(threads) >= MAX_FH_THREADS:
+                cur = None
+                continue
             seen.add(ident)
             name = (names or {}).get(ident) or m["name"]
             is_main = main_ident is not None and ident == main_ident
@@ -106,11 +139,27 @@ def parse_faulthandler(text: str, pid: int, main_ident: int | None = None,
                    "os_thread_id": pid if is_main else None,
                    "active": None, "owns_gil": None, "frames": []}
             threads.append(cur)
+        elif _FH_HEADER.match(line):
+            close()
         elif cur is not None and (fm := _FH_FRAME.match(line)):
             if len(cur["frames"]) < MAX_FRAMES:
-                ln = fm["line"]
+                ln, file = fm["line"], fm["file"] if fm["file"] is not None else "???"
                 cur["frames"].append({
-                    "name": fm["name"], "filename": fm["file"], "module": None,
-                    "short_filename": short_filename(fm["file"], prefixes),
+                    "name": fm["name"], "filename": file, "module": None,
+                    "short_filename": short_filename(file, prefixes),
                     "line": int(ln) if ln.isdigit() else 0, "locals": None})
-    return threads
+    close()
+    return dumps
+
+
+def parse_faulthandler(text: str, pid: int, main_ident: int | None = None,
+                       names: dict[int, str] | None = None,
+                       prefixes: list[str] | None = None) -> list[dict[str, Any]]:
+    """The threads of the first ``faulthandler`` dump in ``text`` as py-spy JSON (callers keep
+    the file offset from before they asked for it, so the first is theirs).
+
+    faulthandler prints thread idents without names; ``main_ident`` (recorded when the
+    handler was installed) marks the main thread, ``names`` names others where known.
+    """
+    dumps = faulthandler_dumps(text, pid, main_ident, names, prefixes)
+    return dumps[0] if dumps else []

@@ -6,7 +6,9 @@ format ``mldebug hang analyze DIR`` reads.
 compares. When the main thread holds the GIL inside a C call the watchdog thread cannot run,
 so each wake-up also re-arms a C-level ``faulthandler.dump_traceback_later`` timer: if the
 thread misses its next wake-up by ``timeout`` seconds, faulthandler writes the stacks without
-the GIL, and the dump says its route was "faulthandler".
+the GIL, and the dump says its route was "faulthandler". With ``dump+abort`` a kernel timer
+takes that timer's place (``mldebug.capture.abort``), so that both routes exit with
+``STALL_EXIT_CODE``.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mldebug.capture import handler as _handler
+from mldebug.capture.abort import ABORT_SIGNAL, AbortTimer, AbortUnavailable
 from mldebug.capture.handler import DumpHandler, _log
 from mldebug.capture.privdir import open_private
 from mldebug.errors import UsageError
 
-STALL_EXIT_CODE = 86  # dump+abort: the job fails in minutes, with a code that says why
+# dump+abort: the job fails in minutes, with a code that says why. It is the abort timer's
+# signal number, because with the GIL held the kernel calls _exit(signo) (abort.py).
+STALL_EXIT_CODE = ABORT_SIGNAL
 ON_STALL = ("dump", "dump+abort", "dump+continue")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -52,12 +57,19 @@ class Watchdog(DumpHandler):
         self._stalls = 0
         self._gil_fd: int | None = None
         self._gil_seen = 0
+        self._abort: AbortTimer | None = None
         super().__init__(dir, signum, locals,
                          poll if poll is not None else min(5.0, max(0.05, timeout / 4)))
         if gil_guard:
             self._gil_fd = open_private(self.fh_dir / f"{self.stem}.gil.txt",
                                         os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             self._gil_seen = os.fstat(self._gil_fd).st_size
+            if on_stall == "dump+abort":
+                try:
+                    self._abort = AbortTimer(self._gil_fd)
+                except AbortUnavailable as e:
+                    _log(f"on_stall=dump+abort: a rank that holds the GIL will exit with code 1 "
+                         f"(faulthandler), not {STALL_EXIT_CODE}: {e}")
             self._arm()
 
     def beat(self) -> None:
@@ -68,6 +80,9 @@ class Watchdog(DumpHandler):
     def _arm(self) -> None:
         if self._gil_fd is not None and not self._stop.is_set():
             # if this thread cannot run again within timeout + poll, someone holds the GIL
+            if self._abort is not None:
+                self._abort.arm(self.timeout + self.poll)
+                return
             faulthandler.dump_traceback_later(self.timeout + self.poll, repeat=False,
                                               file=self._gil_fd,
                                               exit=self.on_stall == "dump+abort")
@@ -118,9 +133,12 @@ class Watchdog(DumpHandler):
             os._exit(STALL_EXIT_CODE)
 
     def close(self) -> None:
-        if self._gil_fd is not None:
+        super().close()  # the thread first: it re-arms the timers
+        if self._abort is not None:
+            self._abort.close()
+            self._abort = None
+        elif self._gil_fd is not None:
             faulthandler.cancel_dump_traceback_later()
-        super().close()
         if self._gil_fd is not None:
             os.close(self._gil_fd)
             self._gil_fd = None
@@ -150,7 +168,8 @@ def watchdog(timeout: float = 300.0, dir: str | Path | None = None, on_stall: st
 
     Call ``mldebug.beat()`` once per step. ``on_stall``: "dump" (once), "dump+continue"
     (again at 2x and 4x ``timeout``: stuck or slow?) or "dump+abort" (exit with code
-    ``STALL_EXIT_CODE`` = 86 after the dump). Usable as ``with`` block and as decorator.
+    ``STALL_EXIT_CODE`` = 54 after the dump, even when the GIL is held). Usable as ``with``
+    block and as decorator.
     """
     if _handler._HANDLER is not None:
         _handler._HANDLER.close()

@@ -85,12 +85,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          timeout_help="seconds each py-spy dump may take on a node (a node's "
                                       "whole budget: this, doubled with --watch, plus --watch)")
     sub = p.add_subparsers(dest="hang_action", metavar="[analyze]")
-    an = sub.add_parser("analyze", help="re-analyse saved dumps (a --out DIR, py-spy JSON or text)",
-                        description="Re-run the analysis on a directory written by --out, on "
-                                    "'py-spy dump --json' files, or on plain 'py-spy dump' text "
-                                    "(pdsh 'host:' prefixes are understood).")
+    an = sub.add_parser("analyze", help="re-analyse saved dumps (a --out DIR, a watchdog's DIR, "
+                                        "py-spy JSON or text, faulthandler text)",
+                        description="Re-run the analysis on a directory written by --out or by "
+                                    "mldebug.watchdog() (with its faulthandler/ texts), on "
+                                    "'py-spy dump --json' files, on plain 'py-spy dump' text "
+                                    "(pdsh 'host:' prefixes are understood), or on Python "
+                                    "faulthandler text.")
     an.add_argument("paths", nargs="+", metavar="DIR|FILE",
-                    help="a directory written by --out, or py-spy dump files (JSON or text)")
+                    help="a directory written by --out or mldebug.watchdog(), or dump files "
+                         "(py-spy JSON or text, faulthandler text)")
     an.add_argument("--all-threads", action="store_true", dest="all_threads_analyze",
                     help="group by every thread's stack, not only the main thread's")
     an.add_argument("--json", action="store_true", dest="json_analyze",

@@ -269,8 +269,18 @@ def save_report(out: Path, report_dict: dict[str, Any], report_text: str) -> Non
     (out / "report.txt").write_text(report_text)
 
 
-def _expand_inputs(paths: Iterable[str]) -> list[Path]:
-    files: list[Path] = []
+@dataclass
+class _Inputs:
+    files: list[Path] = dataclasses.field(default_factory=list)
+    # faulthandler texts of a capture directory (DIR/faulthandler), with the directory
+    texts: list[tuple[Path, Path]] = dataclasses.field(default_factory=list)
+    errors: list[CollectError] = dataclasses.field(default_factory=list)
+
+
+def _expand_inputs(paths: Iterable[str]) -> _Inputs:
+    from mldebug.hang import fhtext
+
+    found_in = _Inputs()
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
@@ -278,19 +288,25 @@ def _expand_inputs(paths: Iterable[str]) -> list[Path]:
             found = sorted((f for f in sub.iterdir() if f.name not in
                             ("report.json", "report.txt", OUT_MARKER) and f.is_file()),
                            key=lambda f: f.name)
-            if not found:
+            # a watchdog's directory: ranks whose only stacks are faulthandler's text
+            texts, errors = fhtext.capture_texts(p, {fhtext.stem(f.name) for f in found})
+            if not found and not texts:
                 raise UsageError(f"{p} holds no dump files.",
-                                 "Pass a directory written by 'mldebug hang --out DIR', or files.")
-            files.extend(found)
+                                 "Pass a directory written by 'mldebug hang --out DIR' or by "
+                                 "mldebug.watchdog(), or files.")
+            found_in.files.extend(found)
+            found_in.texts.extend((t, p) for t in texts)
+            found_in.errors.extend(errors)
         elif p.is_file():
-            files.append(p)
+            found_in.files.append(p)
         else:
             raise UsageError(f"{p} does not exist.", "Pass dump files or a --out directory.")
-    return files
+    return found_in
 
 
 def load(paths: Iterable[str]) -> Collection:
-    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, or py-spy text.
+    """Read saved dumps: mldebug dump files, raw ``py-spy dump --json`` output, py-spy text,
+    and faulthandler text (a watchdog's ``faulthandler/`` files, or a file given directly).
 
     The garbage collector is paused meanwhile: loading builds millions of objects and none
     is garbage, so its passes only cost time (superlinear in the number of ranks)."""
@@ -306,9 +322,15 @@ def load(paths: Iterable[str]) -> Collection:
 
 
 def _load(paths: Iterable[str]) -> Collection:
+    from mldebug.capture.stacks import looks_like_faulthandler
+    from mldebug.hang import fhtext
+
     coll = Collection()
     watch = False
-    for f in _expand_inputs(paths):
+    inputs = _expand_inputs(paths)
+    coll.errors.extend(inputs.errors)
+    by_dir: dict[Path, list[Process]] = {}  # each capture directory's JSON dumps
+    for f in inputs.files:
         try:
             with open(f, "rb") as fh:
                 raw = fh.read(MAX_DUMP_BYTES + 1)
@@ -333,6 +355,8 @@ def _load(paths: Iterable[str]) -> Collection:
                     continue
                 watch = watch or proc.threads_later is not None
                 coll.processes.append(proc)
+                by_dir.setdefault(f.parent.parent if f.parent.name == "dumps" else f.parent,
+                                  []).append(proc)
             elif isinstance(data, list):  # plain py-spy --json
                 try:
                     coll.processes.append(Process(host="", pid=_pid_from(data, f),
@@ -342,10 +366,31 @@ def _load(paths: Iterable[str]) -> Collection:
             else:
                 coll.errors.append(CollectError(f.name, None, "not a py-spy or mldebug dump"))
         else:
-            procs = parse_text_dump(raw.decode(errors="replace"), default_host="")
+            text = raw.decode(errors="replace")
+            if looks_like_faulthandler(text):
+                fh_proc = fhtext.process_from_text(text, f.name)
+                if fh_proc is None:
+                    coll.errors.append(CollectError(f.name, None, "no faulthandler dump found"))
+                else:
+                    coll.processes.append(fh_proc)
+                continue
+            procs = parse_text_dump(text, default_host="")
             if not procs:
                 coll.errors.append(CollectError(f.name, None, "no py-spy dump found in the file"))
             coll.processes.extend(procs)
+    for path, d in inputs.texts:
+        try:
+            text = fhtext.read_tail(path, os.lstat(path.parent).st_uid).decode(errors="replace")
+        except OSError as e:
+            coll.errors.append(CollectError(path.name, None, f"unreadable: {e.strerror}"))
+            continue
+        siblings = by_dir.get(d, [])
+        fh_proc = fhtext.process_from_text(text, path.name, fhtext.learned_prefixes(siblings))
+        if fh_proc is None:
+            coll.errors.append(CollectError(path.name, None, "no faulthandler dump found"))
+            continue
+        fhtext.adopt_job([fh_proc], siblings)
+        coll.processes.append(fh_proc)
     if watch:
         coll.watch = 0.0
     return coll
