@@ -11,13 +11,17 @@ worst case for a ring) and a loop of ``fractions.Fraction`` sums (the user's loo
 the work is Python code of the standard library, which the ring's filter excludes: the
 shape of a training step, runnable where torch is not installed, e.g. on Python 3.12+).
 
-Configurations: no tracing; mldebug calls-ring and lines-ring (4096 events); the book's
+Configurations: no tracing; a ``sys.settrace`` function that returns None at once (the
+floor of any Python-level tracer before 3.12: the interpreter's tracing mode plus one call
+per Python function); mldebug calls-ring and lines-ring (4096 events); the book's
 line tracer, as its listing has it: ``trace.Trace(trace=1, count=1, timing=True)`` with
 ``sys.stdout`` replaced by a Tee that writes every piece of output to the console and to a
 per-process file, flushing the file on every write (here the console side goes to
 /dev/null, which only makes this anchor cheaper), once with the book's
-``ignoredirs=[sys.prefix, sys.exec_prefix]`` and once without ignoredirs (everything traced,
-as the book warns "expect a lot of GBs"); viztracer when installed (``pip install
+``ignoredirs=[sys.prefix, sys.exec_prefix]``, once without ignoredirs (everything traced,
+as the book warns "expect a lot of GBs") and, in a virtualenv (where the book's setting skips
+site-packages but traces the standard library), once with the base interpreter's prefixes
+added (what the book's setting skips in a plain install); viztracer when installed (``pip install
 mldebug[bench]``). CPU time of this process; per configuration the median time, the median
 over rounds of its ratio to no tracing in the same round, and each ring's overhead as a
 fraction of each book tracer's overhead (both from those median ratios).
@@ -46,6 +50,15 @@ import mldebug.trace.ring as ring  # noqa: E402
 
 BOOK = "book trace.Trace"
 BOOK_ALL = "book trace.Trace, all"
+BOOK_BASE = "book trace.Trace, base"
+# The book's ignoredirs as written, what it skips in a plain (conda-style) install even when
+# run from a virtualenv (the base interpreter's prefix too: site-packages and the standard
+# library), and nothing.
+IGNORE: dict[str, list[str] | None] = {
+    BOOK: [sys.prefix, sys.exec_prefix],
+    BOOK_BASE: [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix],
+    BOOK_ALL: None,
+}
 
 
 class Tee:
@@ -70,10 +83,9 @@ class Tee:
 class BookTracer:
     """The book's approach, with the standard library's ``trace`` module itself: a
     ``sys.settrace`` tracer that prints a timestamped line for every line it traces (and
-    counts them), into a Tee; ``ignore_prefix`` is the book's ignoredirs setting."""
+    counts them), into a Tee; ``dirs`` is the ignoredirs setting."""
 
-    def __init__(self, path: str, ignore_prefix: bool) -> None:
-        dirs = [sys.prefix, sys.exec_prefix] if ignore_prefix else None
+    def __init__(self, path: str, dirs: list[str] | None) -> None:
         self.tracer = trace.Trace(ignoredirs=dirs, trace=1, count=1, timing=True)
         self.console = open(os.devnull, "w")  # noqa: SIM115 - closed in stop()
         self.tee = Tee(self.console, path)
@@ -123,6 +135,10 @@ def fraction_loop(n: int) -> Fraction:
     return total
 
 
+def _no_op(frame: Any, event: str, arg: Any) -> None:
+    """The floor of any sys.settrace tracer: a trace function that returns at once."""
+
+
 Conf = tuple[Callable[[], Any], Callable[[Any], None]]
 
 
@@ -131,20 +147,24 @@ def configurations(tmp: str) -> dict[str, Conf]:
     def ring_start(kind: str) -> Callable[[], Any]:
         return lambda: ring.Ring(kind, 4096).start()
 
-    def book_start(ignore_prefix: bool) -> Callable[[], Any]:
+    def book_start(name: str) -> Callable[[], Any]:
         def start() -> Any:
-            t = BookTracer(os.path.join(tmp, f"trace-{ignore_prefix}.txt"), ignore_prefix)
+            t = BookTracer(os.path.join(tmp, f"trace-{len(name)}.txt"), IGNORE[name])
             t.start()
             return t
         return start
 
     confs: dict[str, Conf] = {
         "none": (lambda: None, lambda s: None),
+        "settrace no-op": (lambda: sys.settrace(_no_op), lambda s: sys.settrace(None)),
         "mldebug calls-ring": (ring_start("calls"), lambda s: s.stop()),
         "mldebug lines-ring": (ring_start("lines"), lambda s: s.stop()),
-        BOOK: (book_start(True), lambda s: s.stop()),
-        BOOK_ALL: (book_start(False), lambda s: s.stop()),
+        BOOK: (book_start(BOOK), lambda s: s.stop()),
+        BOOK_BASE: (book_start(BOOK_BASE), lambda s: s.stop()),
+        BOOK_ALL: (book_start(BOOK_ALL), lambda s: s.stop()),
     }
+    if sys.prefix == sys.base_prefix:  # no virtualenv: the book's setting is this one already
+        del confs[BOOK_BASE]
     try:
         from viztracer import VizTracer
 
@@ -185,14 +205,15 @@ def table(title: str, times: dict[str, list[float]]) -> None:
     none = times["none"]
     ratio = {n: statistics.median([a / b for a, b in zip(v, none, strict=True)])
              for n, v in times.items()}
-    print(f"\n{title}")
-    print(f"{'configuration':<22} {'ms':>9} {'x none':>8} {'/ book overhead':>16} "
-          f"{'/ book-all overhead':>20}")
+    anchors = [a for a in (BOOK, BOOK_BASE, BOOK_ALL) if a in times]
+    print(f"\n{title}\n{'configuration':<22} {'ms':>9} {'x none':>8}"
+          + "".join(f" {'/' + a[17:] if a != BOOK else '/ book':>8}" for a in anchors)
+          + "   (overhead / that tracer's overhead)")
     for n, v in times.items():
         fracs = [(ratio[n] - 1) / (ratio[a] - 1) if ratio[a] > 1 else float("nan")
-                 for a in (BOOK, BOOK_ALL)]
-        print(f"{n:<22} {statistics.median(v) * 1e3:9.3f} {ratio[n]:8.3f} {fracs[0]:16.3f} "
-              f"{fracs[1]:20.3f}")
+                 for a in anchors]
+        print(f"{n:<22} {statistics.median(v) * 1e3:9.3f} {ratio[n]:8.3f}"
+              + "".join(f" {f:8.3f}" for f in fracs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Python {sys.version.split()[0]}, {mode} rings of 4096 events, {args.rounds} "
               f"rounds, CPU time\n{BOOK}: ignoredirs=[sys.prefix, sys.exec_prefix]; "
               f"{book_skips()}\n{BOOK_ALL}: no ignoredirs, traces everything")
+        if BOOK_BASE in confs:
+            print(f"{BOOK_BASE}: ignoredirs adds sys.base_prefix={sys.base_prefix} (what the "
+                  "book's setting skips in a plain install: site-packages and the stdlib)")
         if not args.skip_llama:
             import torch
             from bench_numerics import make_step, tiny_llama
