@@ -1,6 +1,6 @@
 """Overhead of the execution ring (mldebug.trace) side by side with the book's line tracer.
 
-    .venv/bin/python benchmarks/bench_trace.py [--rounds 41] [--steps 2] [--loop 20000]
+    .venv/bin/python benchmarks/bench_trace.py [--rounds 101] [--steps 2] [--loop-rounds 15]
 
 Three workloads, each run under every configuration, interleaved round after round in one
 process (the order rotates every round): the tiny-Llama CPU training step of
@@ -218,7 +218,8 @@ def table(title: str, times: dict[str, list[float]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="execution ring overhead benchmark")
-    p.add_argument("--rounds", type=int, default=41)
+    p.add_argument("--rounds", type=int, default=101, help="rounds of the Llama step")
+    p.add_argument("--loop-rounds", type=int, default=15, help="rounds of each loop")
     p.add_argument("--steps", type=int, default=2, help="Llama steps per round per configuration")
     p.add_argument("--loop", type=int, default=20000, help="iterations of the pure-Python loop")
     p.add_argument("--fractions", type=int, default=2000, help="iterations of the Fraction loop")
@@ -228,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         confs = configurations(tmp)
         mode = "sys.monitoring" if sys.version_info >= (3, 12) else "sys.settrace"
         print(f"Python {sys.version.split()[0]}, {mode} rings of 4096 events, {args.rounds} "
-              f"rounds, CPU time\n{BOOK}: ignoredirs=[sys.prefix, sys.exec_prefix]; "
+              f"rounds (Llama), {args.loop_rounds} (loops), CPU time\n{BOOK}: ignoredirs=[sys.prefix, sys.exec_prefix]; "
               f"{book_skips()}\n{BOOK_ALL}: no ignoredirs, traces everything")
         if BOOK_BASE in confs:
             print(f"{BOOK_BASE}: ignoredirs adds sys.base_prefix={sys.base_prefix} (what the "
@@ -247,10 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             table(f"tiny-Llama fwd+bwd step on CPU (torch {torch.__version__}), "
                   f"{args.steps} steps per round", measure(step, confs, args.rounds, args.steps))
         table(f"pure-Python loop ({args.loop} iterations, a call in 2 of 3)",
-              measure(lambda: py_loop(args.loop), confs, max(args.rounds // 2, 5), 1))
+              measure(lambda: py_loop(args.loop), confs, args.loop_rounds, 1))
         table(f"Fraction loop ({args.fractions} sums; the work is standard-library Python)",
-              measure(lambda: fraction_loop(args.fractions), confs,
-                      max(args.rounds // 2, 5), 1))
+              measure(lambda: fraction_loop(args.fractions), confs, args.loop_rounds, 1))
     return 0
 
 
