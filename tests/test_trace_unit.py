@@ -97,6 +97,59 @@ def test_monitoring_is_used_on_312():
     assert r.stdout.strip() == "True", r.stderr
 
 
+# How often the ring's excluded path runs (a lookup that finds the file excluded) while a standard-library function (excluded by
+# the filter) is called 1,000 times, and how often the filter itself was asked per file name.
+COUNT_EXCLUDED = """\
+import collections, json, textwrap
+import mldebug.trace.ring as R
+
+asked = collections.Counter()
+def user_files(name):
+    asked[name] += 1
+    return name.endswith("count_job.py")
+
+class Counting(set):  # counts the lookups that find an excluded file
+    n = 0
+    def __contains__(self, name):
+        hit = set.__contains__(self, name)
+        Counting.n += hit
+        return hit
+
+def mine(i):
+    return textwrap.dedent("  x") * i
+
+r = R.Ring("calls", 64, filter=user_files)
+r.verdicts.skipped = Counting()
+r.start()
+for i in range(1000):
+    mine(i)
+r.stop()
+events = [code.co_name for ring in r.rings.values() for code, _ in ring]
+print(json.dumps({"excluded": Counting.n, "asked_max": max(asked.values()),
+                  "events": events}))
+"""
+
+
+@pytest.mark.parametrize("python", pythons())
+def test_excluded_code_costs_one_lookup_per_call_or_nothing_with_monitoring(tmp_path, python):
+    """The filter is asked once per file name (the verdict is cached by name); below 3.12
+    every call of excluded code still reaches the trace function, from 3.12 on an excluded
+    code object is DISABLEd after its first event."""
+    (tmp_path / "count_job.py").write_text(COUNT_EXCLUDED)
+    r = subprocess.run([python, str(tmp_path / "count_job.py")], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["asked_max"] == 1
+    assert got["events"] == ["mine"] * 64  # the ring still records the user's calls
+    v = subprocess.run([python, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+                       capture_output=True, text=True).stdout.strip()
+    if v == "True":
+        assert got["excluded"] < 100, got["excluded"]
+    else:
+        assert got["excluded"] >= 1000, got["excluded"]
+
+
 def _trace(rank: int, locs: list[Loc]) -> RankTrace:
     return RankTrace(host="h", pid=100 + rank, rank=rank, kind="lines", reason="stall",
                      events=locs)

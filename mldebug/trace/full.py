@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from mldebug.trace.ring import user_code_filter
+from mldebug.trace.ring import FileVerdicts, user_file_filter
 
 
 class FullTrace:
@@ -32,8 +32,7 @@ class FullTrace:
         self.path = d / name
         self.file: IO[str] = os.fdopen(open_private(self.path), "w", buffering=1 << 16)
         self.lines = lines
-        self.keep = user_code_filter()
-        self.cache: dict[Any, bool] = {}
+        self.verdicts = FileVerdicts(user_file_filter())
         self.t0 = time.monotonic()
         self._stop = threading.Event()
 
@@ -45,11 +44,9 @@ class FullTrace:
                         f"{code.co_filename}:{line} {code.co_name}: {text}\n")
 
     def tracer(self, frame: FrameType, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        keep = self.cache.get(code)
-        if keep is None:
-            keep = self.cache[code] = self.keep(code)
-        if not keep:
+        name = frame.f_code.co_filename
+        v = self.verdicts
+        if name in v.skipped or (name not in v.kept and not v(name)):
             return None
         self._emit(frame, "call")
         return self.local if self.lines else None

@@ -3,8 +3,10 @@
 Python 3.12+ uses ``sys.monitoring``: code the filter excludes (the standard library, site
 packages such as torch, mldebug itself) gets ``DISABLE`` on its first event and costs nothing
 after. Below 3.12, ``sys.settrace``: excluded code returns no local tracer, so only its call
-event is seen. An event is a (code object, line) pair appended to a bounded deque; turning
-it into file names and source text waits until the ring is written.
+event is seen, and that costs one set lookup of the code's file name (a string whose hash
+Python caches; hashing the code object itself costs 0.25-0.5 us on 3.11, more than the rest
+of the trace function). An event is a (code object, line) pair appended to a bounded deque;
+turning it into file names and source text waits until the ring is written.
 """
 
 from __future__ import annotations
@@ -34,22 +36,40 @@ def _library_prefixes() -> tuple[str, ...]:
     return tuple(sorted(p.rstrip("/") + "/" for p in out))
 
 
-def user_code_filter(include: str | Iterable[str] | Callable[[str], bool] | None = None
-                     ) -> Callable[[CodeType], bool]:
-    """Which code objects to record: by default everything outside the standard library,
-    the site packages (torch, ...) and mldebug; ``include`` narrows it to file names that
-    contain one of the given strings, or to those a callable accepts."""
+def user_file_filter(include: str | Iterable[str] | Callable[[str], bool] | None = None
+                     ) -> Callable[[str], bool]:
+    """Which code to record, by its file name: by default everything outside the standard
+    library, the site packages (torch, ...) and mldebug; ``include`` narrows it to file names
+    that contain one of the given strings, or to those a callable accepts. A verdict depends
+    on the file name only, so tracers cache it per file name."""
     libs = _library_prefixes()
     if callable(include):
-        return lambda code: bool(include(code.co_filename))
+        return lambda name: bool(include(name))
     wanted = (include,) if isinstance(include, str) else tuple(include or ())
 
-    def keep(code: CodeType) -> bool:
-        name = code.co_filename
+    def keep(name: str) -> bool:
         if name.startswith(("<frozen", "<string>")) or name.startswith(libs):
             return False
         return not wanted or any(w in name for w in wanted)
     return keep
+
+
+class FileVerdicts:
+    """The filter's verdict per file name, as two sets a tracer tests with ``in`` (a file
+    name's hash is cached by Python, a code object's is recomputed on every lookup)."""
+
+    def __init__(self, keep: Callable[[str], bool]) -> None:
+        self.keep = keep
+        self.kept: set[str] = set()
+        self.skipped: set[str] = set()
+
+    def __call__(self, name: str) -> bool:
+        """The verdict for a file name not in either set yet (the tracer's slow path)."""
+        if self.keep(name):
+            self.kept.add(name)
+            return True
+        self.skipped.add(name)
+        return False
 
 
 class Ring:
@@ -65,10 +85,10 @@ class Ring:
                              'e.g. mldebug.trace.enable(events="lines", ring=4096)')
         self.events = events
         self.size = size
-        self.keep = user_code_filter(filter)
+        self.verdicts = FileVerdicts(user_file_filter(filter))
         self.dir = Path(dir) if dir is not None else None
         self.rings: dict[int, deque[tuple[CodeType, int]]] = {}
-        self._cache: dict[CodeType, bool] = {}
+        self._lines_on: dict[int, CodeType] = {}  # 3.12+: id -> code with LINE events on
         self._tool: int | None = None
         self._prev_excepthook: Any = None
 
@@ -81,16 +101,16 @@ class Ring:
         return r
 
     def _wanted(self, code: CodeType) -> bool:
-        keep = self._cache.get(code)
-        if keep is None:
-            keep = self._cache[code] = self.keep(code)
-        return keep
+        name = code.co_filename
+        v = self.verdicts
+        return name in v.kept or (name not in v.skipped and v(name))
 
     def _settrace_tracer(self) -> Callable[[FrameType, str, Any], Any]:
-        """This thread's global trace function (a closure over its own deque)."""
+        """This thread's global trace function (a closure over its own deque). It is called
+        for every Python call, torch's included: the excluded case is one set lookup."""
         append = self._ring().append
-        cache = self._cache
-        keep_fn = self.keep
+        verdicts = self.verdicts
+        skipped, kept = verdicts.skipped, verdicts.kept
         lines = self.events == "lines"
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
@@ -99,11 +119,10 @@ class Ring:
             return local
 
         def global_(frame: FrameType, event: str, arg: Any) -> Any:
+            if frame.f_code.co_filename in skipped:
+                return None
             code = frame.f_code
-            keep = cache.get(code)
-            if keep is None:
-                keep = cache[code] = keep_fn(code)
-            if not keep:
+            if code.co_filename not in kept and not verdicts(code.co_filename):
                 return None
             append((code, frame.f_lineno))
             return local if lines else None
@@ -144,7 +163,9 @@ class Ring:
         disable, line_ev = mon.DISABLE, mon.events.LINE
         set_local = mon.set_local_events
         lines = self.events == "lines"
-        rings, size, cache, keep_fn = self.rings, self.size, self._cache, self.keep
+        rings, size, lines_on = self.rings, self.size, self._lines_on
+        verdicts = self.verdicts
+        skipped, kept = verdicts.skipped, verdicts.kept
         tls = threading.local()
 
         def new_ring() -> deque[tuple[CodeType, int]]:
@@ -153,13 +174,12 @@ class Ring:
             return r
 
         def on_start(code: CodeType, offset: int) -> Any:
-            keep = cache.get(code)
-            if keep is None:
-                keep = cache[code] = keep_fn(code)
-                if keep and lines:
-                    set_local(tool, code, line_ev)
-            if not keep:
-                return disable
+            name = code.co_filename
+            if name in skipped or (name not in kept and not verdicts(name)):
+                return disable  # this code object's PY_START never reaches us again
+            if lines and id(code) not in lines_on:
+                lines_on[id(code)] = code  # kept alive here, so its id stays its own
+                set_local(tool, code, line_ev)
             try:
                 tls.r.append((code, code.co_firstlineno))
             except AttributeError:
@@ -178,7 +198,8 @@ class Ring:
             for frame in list(sys._current_frames().values()):  # already running
                 f: FrameType | None = frame
                 while f is not None:
-                    if self._wanted(f.f_code):
+                    if self._wanted(f.f_code) and id(f.f_code) not in lines_on:
+                        lines_on[id(f.f_code)] = f.f_code
                         set_local(tool, f.f_code, line_ev)
                     f = f.f_back
         mon.set_events(tool, mon.events.PY_START)
@@ -187,9 +208,9 @@ class Ring:
         if self._tool is not None:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
             mon.set_events(self._tool, 0)
-            for code, keep in list(self._cache.items()):
-                if keep and self.events == "lines":
-                    mon.set_local_events(self._tool, code, 0)
+            for code in list(self._lines_on.values()):
+                mon.set_local_events(self._tool, code, 0)
+            self._lines_on.clear()
             mon.register_callback(self._tool, mon.events.PY_START, None)
             mon.register_callback(self._tool, mon.events.LINE, None)
             mon.free_tool_id(self._tool)
