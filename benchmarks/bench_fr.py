@@ -11,6 +11,7 @@ the ratio is a lower bound (">").
 
     .venv/bin/python benchmarks/bench_fr.py --distinct 1024x2000 --no-torchfrtrace
     .venv/bin/python benchmarks/bench_fr.py --scaling 4096,16384 --sets ''
+    .venv/bin/python benchmarks/bench_fr.py --sets '' --distinct 1024x2000 --baseline /tmp/old --rounds 2
 
 ``--distinct``: a pipeline-parallel-like set where every rank records its own timeline
 (sends to the next stage, receives from the previous, an all_reduce every 10th entry), so
@@ -92,14 +93,15 @@ print("analysis_s", time.perf_counter() - t, "culprits", a.culprits, "timelines"
 """
 
 
-def run(argv: list[str], cap: float) -> tuple[float, float, bool, str]:
-    """Wall seconds, the child's own peak RSS in MiB (wait4), finished, output tail."""
+def run(argv: list[str], cap: float, repo: Path = REPO) -> tuple[float, float, bool, str]:
+    """Wall seconds, peak RSS in MiB (wait4: the largest single process of the child's tree,
+    the child or one of its loader workers), finished, output tail."""
     import tempfile
 
     with tempfile.TemporaryFile() as out:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONPATH=str(REPO)))
+                                env=dict(os.environ, PYTHONPATH=str(repo)))
         finished = True
         while True:
             pid, _, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -125,6 +127,9 @@ def main() -> None:
     p.add_argument("--root", default="/tmp/mldebug-bench-fr")
     p.add_argument("--no-torchfrtrace", action="store_true")
     p.add_argument("--distinct", default="", help="e.g. 1024x2000: every rank its own timeline")
+    p.add_argument("--baseline", default="", help="another checkout (e.g. a git worktree of an "
+                   "older commit) run on the same --distinct sets, interleaved")
+    p.add_argument("--rounds", type=int, default=1, help="--distinct runs per side")
     p.add_argument("--scaling", default="", help="e.g. 4096,16384: analysis time per rank count")
     a = p.parse_args()
     root = Path(a.root)
@@ -132,9 +137,13 @@ def main() -> None:
     for spec in filter(None, a.distinct.split(",")):
         ranks, entries = (int(x) for x in spec.split("x"))
         d = make_distinct(root, ranks, entries)
-        s, rss, _, out = run([sys.executable, "-c", OURS, str(d)], 3600)
-        answer = " ".join(line for line in out.splitlines() if line.startswith("culprits"))
-        print(f"distinct {spec}: {s:.2f} s wall, {rss:.0f} MiB peak RSS  {answer}", flush=True)
+        sides = [("this", REPO)] + ([("baseline", Path(a.baseline))] if a.baseline else [])
+        for rnd in range(a.rounds):
+            for label, repo in sides:  # interleaved: the machine's load hits both alike
+                s, rss, _, out = run([sys.executable, "-c", OURS, str(d)], 3600, repo)
+                answer = " ".join(x for x in out.splitlines() if x.startswith("culprits"))
+                print(f"distinct {spec} [{label} #{rnd + 1}]: {s:.2f} s wall, {rss:.0f} MiB "
+                      f"peak RSS  {answer}", flush=True)
     sizes = [int(x) for x in a.scaling.split(",") if x]
     times = []
     for ranks in sizes:

@@ -17,6 +17,56 @@ from cluster import ClusterUnavailable, LocalCluster  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 REQUIRE_CLUSTER = os.environ.get("MLDEBUG_REQUIRE_CLUSTER") == "1"
 
+# Every process a test starts inherits this mark (tests pass dict(os.environ, ...)), so the
+# ones still running when the session ends are found, named and killed, and the session
+# fails: a leaked torchrun rank keeps burning CPU under every later test.
+SESSION_MARK = f"{os.getpid()}-{os.urandom(4).hex()}"
+os.environ["MLDEBUG_TEST_SESSION"] = SESSION_MARK
+
+
+def _leaked() -> list[tuple[int, str]]:
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read(1 << 20)
+            if f"MLDEBUG_TEST_SESSION={SESSION_MARK}".encode() not in env.split(b"\0"):
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read(4096).replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read(512).rsplit(b")", 1)[-1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z":
+            found.append((int(entry), cmd))
+    return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import signal
+    import time
+
+    if hasattr(session.config, "workerinput"):
+        return
+    time.sleep(0.5)  # children a last test killed are still exiting
+    leaked = [(pid, cmd) for pid, cmd in _leaked() if "sshd" not in cmd and "slurm" not in cmd]
+    if not leaked:
+        return
+    for pid, _ in leaked:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    lines = "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in leaked[:20])
+    sys.stderr.write(f"\nERROR: {len(leaked)} process(es) started by the tests were still "
+                     f"running at the end (killed now); a test does not stop its job:\n"
+                     f"{lines}\n")
+    session.exitstatus = 1
+
 
 def cluster_unavailable(reason: str) -> None:
     """Fail (CI: MLDEBUG_REQUIRE_CLUSTER=1) or skip when the local cluster cannot start."""

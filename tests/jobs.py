@@ -49,22 +49,29 @@ class Job:
 
     def stop(self) -> None:
         """Kill every process of the job: torchrun puts workers in sessions of their own."""
-        import psutil
+        kill_tree(*self.procs)
 
-        victims = []
-        for p in self.procs:
-            try:
-                victims += [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                pass
-        for v in victims:
-            try:
-                v.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(victims, timeout=30)
-        for p in self.procs:
-            p.wait(timeout=30)
+
+def kill_tree(*procs: subprocess.Popen[bytes]) -> None:
+    """Kill these processes and all their descendants, and reap them. A process group kill
+    is not enough for torchrun: its workers run in sessions of their own and would be left
+    running (burning the CPU of every later test)."""
+    import psutil
+
+    victims = []
+    for p in procs:
+        try:
+            victims += [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for v in victims:
+        try:
+            v.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=30)
+    for p in procs:
+        p.wait(timeout=30)
 
 
 def torchrun(script: str, nproc: int, log: Path, *args: str, env: dict[str, str] | None = None) -> Job:

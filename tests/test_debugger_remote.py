@@ -16,6 +16,7 @@ from pathlib import Path
 import pexpect
 import pytest
 from conftest import REPO, run_cli
+from jobs import kill_tree
 
 TORCHRUN_JOB = r"""
 import datetime, time
@@ -65,22 +66,6 @@ def start_script(tmp_path: Path, source: str, name: str, *launcher: str
     log = tmp_path / (name + ".log")
     launch = [sys.executable, *launcher] if launcher else [sys.executable]
     return start_batch([*launch, str(script)], env, log), log, env
-
-
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
-    """End a test job and every process under it (torchrun starts ranks in new sessions)."""
-    import psutil
-
-    try:
-        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    proc.wait(timeout=30)
 
 
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes] | None,

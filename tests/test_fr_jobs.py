@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from jobs import kill_tree
 
 from mldebug.fr.analyze import analyze
 from mldebug.fr.collect import trigger_local
@@ -102,8 +103,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory):
         yield all_jobs
     finally:
         for job in all_jobs.values():
-            if job.proc is not None and job.proc.poll() is None:
-                os.killpg(job.proc.pid, 9)
+            if job.proc is not None:
+                kill_tree(job.proc)  # its ranks too, if any is left
 
 
 def _mismatch(doc: dict) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import REPO, run_cli
+from jobs import kill_tree
 
 from mldebug.fanout import FanoutOptions
 from mldebug.fr.analyze import analyze
@@ -108,5 +109,4 @@ def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(t
         assert doc["recorders_elsewhere"] == [{"dir": str(d), "ranks": [0, 1, 2, 3]}]
         assert any(f"had their recorder in {d}" in n for n in analysis.notes)
     finally:
-        os.killpg(job.pid, 9)
-        job.wait()
+        kill_tree(job)
