@@ -111,28 +111,35 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
     A rank is named when it was last at ``LAST_SHARE`` of at least ``MIN_COLLECTIVES``
     collectives by a median of ``MIN_LATE_MS`` or more.
     """
-    late: dict[int, list[float]] = defaultdict(list)
     last: dict[int, int] = defaultdict(int)
+    count: dict[int, int] = defaultdict(int)
     compared = 0
+    kept = []
     for m in arrival_times(ds, since).values():
         hosts = [ds.dumps[r].host or "" for r in m.ranks]
         offsets = _host_offsets(m, hosts)
         shift = [offsets[h] for h in hosts]
-        aligned_cols, mids = [], []
+        mids = []
         for col in zip(*m.times, strict=True):  # one collective: every member's time
             aligned = [t - s for t, s in zip(col, shift, strict=True)]
-            mid = statistics.median(aligned)
+            mids.append(statistics.median(aligned))
             last[m.ranks[max(range(len(aligned)), key=aligned.__getitem__)]] += 1
-            aligned_cols.append(aligned)
-            mids.append(mid)
-        for r, row in zip(m.ranks, zip(*aligned_cols, strict=True), strict=True):
-            late[r].extend([(t - mid) / 1e6 for t, mid in zip(row, mids, strict=True)])
+        for r in m.ranks:
+            count[r] += len(m.seqs)
+        kept.append((m, shift, mids))
         compared += len(m.seqs)
+    # only a rank that was last often enough can be named: its lateness is all that is kept
+    # (a 16,384-rank job would otherwise hold 16,384 x 1,000 numbers)
+    late: dict[int, list[float]] = {r: [] for r, n in count.items()
+                                    if n >= MIN_COLLECTIVES and last[r] >= LAST_SHARE * n}
+    for m, shift, mids in kept:
+        for r, times, sh in zip(m.ranks, m.times, shift, strict=True):
+            if r in late:
+                late[r].extend([((t - sh) - mid) / 1e6 for t, mid in zip(times, mids,
+                                                                         strict=True)])
     named = []
     for r, values in late.items():
         n = len(values)
-        if n < MIN_COLLECTIVES or last[r] < LAST_SHARE * n:
-            continue
         values.sort()
         med = statistics.median(values)
         if med < MIN_LATE_MS:
