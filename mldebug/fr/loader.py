@@ -501,8 +501,23 @@ def _rank_of(doc: dict[str, Any], name: str) -> tuple[int | None, str]:
 _RANKS_TEXT = re.compile(r"[\[({]?\s*(\d{1,9}\s*(,\s*\d{1,9}\s*)*,?)?\s*[\])}]?")
 
 
+_ranks_cache: dict[str, tuple[int, ...] | None] = {}
+
+
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
-    """Group members from '[0, 1]' (torch writes a string) or a list; None if not that."""
+    """Group members from '[0, 1]' (torch writes a string) or a list; None if not that.
+    Every rank's dump repeats the same strings: each is parsed once per process."""
+    if isinstance(value, str) and len(value) <= 1 << 18:  # the cache holds at most 16 MiB
+        if value in _ranks_cache:
+            return _ranks_cache[value]
+        if len(_ranks_cache) >= 64:
+            _ranks_cache.clear()
+        got = _ranks_cache[value] = _parse_ranks_uncached(value)
+        return got
+    return _parse_ranks_uncached(value)
+
+
+def _parse_ranks_uncached(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, str):
         if len(value) > 16 * MAX_WORLD or not _RANKS_TEXT.fullmatch(value):
             return None
