@@ -98,20 +98,9 @@ TREE_PEAK = [0.0]  # MiB: the last run's peak of the summed RSS of the child and
 
 def _tree_rss(pid: int) -> float:
     """MiB resident in ``pid`` and its descendants now (psutil, a dev dependency)."""
-    import psutil
+    from mldebug.memory.peak import tree_rss
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total / (1 << 20)
+    return tree_rss(pid) / (1 << 20)
 
 
 def run(argv: list[str], cap: float, repo: Path = REPO) -> tuple[float, float, bool, str]:

@@ -45,7 +45,8 @@ class PeakReport:
         return report_dict(self, "mldebug.mem.peak/1")
 
 
-def _tree_rss(root: int) -> int:
+def tree_rss(root: int) -> int:
+    """Bytes resident in ``root`` and all its descendants now (0 when it is gone)."""
     import psutil
 
     try:
@@ -72,7 +73,7 @@ class _Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            self.peak = max(self.peak, _tree_rss(self.pid))
+            self.peak = max(self.peak, tree_rss(self.pid))
             self.samples += 1
             self.stop.wait(self.interval)
 
