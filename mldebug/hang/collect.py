@@ -376,7 +376,9 @@ def _load(paths: Iterable[str]) -> Collection:
                 continue
             procs = parse_text_dump(text, default_host="")
             if not procs:
-                coll.errors.append(CollectError(f.name, None, "no py-spy dump found in the file"))
+                coll.errors.append(CollectError(f.name, None, "neither a py-spy dump nor a faulthandler traceback: "
+                                                "give py-spy dump output, mldebug hang --out dumps "
+                                                "or a faulthandler text"))
             coll.processes.extend(procs)
     for path, d in inputs.texts:
         try:
