@@ -275,19 +275,40 @@ def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
                      key: Callable[[dict[str, Any]], Any]) -> tuple[list[bytes], array[int]]:
     budget = 64 * nbytes + 100_000
     ids: dict[bytes, int] = {}
-    get = ids.get
     dumps = pickle.dumps
+    # entries of one call repeat its static fields: an entry is first compared (C-level
+    # equality, which stops at shared objects) with the last few distinct ones seen for its
+    # op name, and pickled only when it matches none of them
+    recent: dict[Any, list[tuple[Any, int]]] = {}
     out: list[int] = []
     append = out.append
     for e in raw:
-        k = dumps(key(e), 4)
-        budget -= len(k)
-        if budget < 0:
-            raise BadDump("the entries expand to far more data than the file holds (shared "
-                          "references repeated: a pickle 'memo bomb'); refused")
-        got = get(k)
+        sk = key(e)
+        name = e.get("profiling_name")
+        try:
+            seen = recent.get(name)
+        except TypeError:  # an unhashable op name: no shortcut
+            seen, name = None, None
+        got = None
+        if seen is not None:
+            for cand, cid in seen:
+                if cand == sk:
+                    got = cid
+                    break
         if got is None:
-            got = ids[k] = len(ids)
+            k = dumps(sk, 4)
+            budget -= len(k)
+            if budget < 0:
+                raise BadDump("the entries expand to far more data than the file holds (shared "
+                              "references repeated: a pickle 'memo bomb'); refused")
+            got = ids.get(k)
+            if got is None:
+                got = ids[k] = len(ids)
+            if name is not None:
+                if seen is None:
+                    seen = recent[name] = []
+                seen.insert(0, (sk, got))
+                del seen[8:]
         append(got)
     return list(ids), array("i", out)
 
