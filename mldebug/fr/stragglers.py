@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from array import array
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -54,17 +55,15 @@ def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
         if not ranks:
             continue
         for pg, gi in tl.groups.items():
+            if not gi.seqs or gi.seqs[-1] < 0:
+                continue
             after = -1 if since is None else since.get(pg, -1)
-            at = {}  # coalesced: the last entry's time
-            seen_any = False
-            for k, seq in enumerate(gi.seqs):
-                if seq < 0:
-                    continue
-                seen_any = True
-                if seq > after:
-                    at[seq] = gi.order[gi.starts[k + 1] - 1]
-            if seen_any:
-                found[pg].append((ranks, at))
+            # coalesced: the last entry's time; seqs are sorted, so a slice drops the old ones
+            first = bisect_right(gi.seqs, max(after, -1))
+            ends = gi.starts[first + 1:]
+            at = dict(zip(gi.seqs[first:], map(gi.order.__getitem__,
+                                                map((-1).__add__, ends)), strict=True))
+            found[pg].append((ranks, at))
     out: dict[str, Matched] = {}
     for pg, parts in found.items():
         if sum(len(rs) for rs, _ in parts) < 2:
