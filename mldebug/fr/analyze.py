@@ -25,6 +25,7 @@ from mldebug.fr.model import (
     CallFrame,
     DumpSet,
     Entry,
+    EntryView,
     GroupSummary,
     Lag,
     Mismatch,
@@ -637,8 +638,8 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
         tl, idx = side
         return array("i", map(shape_of.__getitem__, map(tl.sid.__getitem__, idx)))
 
-    def entries(side: tuple[Timeline, array[int]] | None) -> _LazyEntries:
-        return _LazyEntries(side)
+    def entries(side: tuple[Timeline, array[int]] | None) -> Sequence[Entry]:
+        return EntryView(*side) if side is not None else []
 
     issues: list[Mismatch] = []
     for pair in sorted(sends.keys() | recvs.keys()):
@@ -675,22 +676,6 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
     if not issues:
         return None
     return min(issues, key=lambda m: m.seq)
-
-
-class _LazyEntries:
-    """The entries of one side of a send/recv pair, built when looked at."""
-
-    def __init__(self, side: tuple[Timeline, array[int]] | None) -> None:
-        self._side = side
-
-    def __len__(self) -> int:
-        return len(self._side[1]) if self._side else 0
-
-    def __getitem__(self, i: int) -> Entry:
-        if self._side is None:
-            raise IndexError(i)
-        tl, idx = self._side
-        return tl.entry(idx[i])
 
 
 def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[Lag]:

@@ -183,9 +183,6 @@ class Timeline:
     def entries(self) -> EntryView:
         return EntryView(self)
 
-    def static(self, i: int) -> Static:
-        return self.statics[self.sid[i]]
-
 
 def _opt(col: array[int], i: int, absent: int = NOT_RECORDED) -> int | None:
     v = col[i] if i < len(col) else absent
@@ -193,15 +190,17 @@ def _opt(col: array[int], i: int, absent: int = NOT_RECORDED) -> int | None:
 
 
 class EntryView(Sequence[Entry]):
-    """A timeline's entries as ``Entry`` objects, built when read (not kept)."""
+    """Entries of a timeline as ``Entry`` objects, built when read (not kept): all of them,
+    or those at the indices ``idx`` (one side of a send/recv pair, say)."""
 
-    __slots__ = ("_tl",)
+    __slots__ = ("_tl", "_idx")
 
-    def __init__(self, tl: Timeline) -> None:
+    def __init__(self, tl: Timeline, idx: Sequence[int] | None = None) -> None:
         self._tl = tl
+        self._idx: Sequence[int] = range(len(tl.sid)) if idx is None else idx
 
     def __len__(self) -> int:
-        return len(self._tl.sid)
+        return len(self._idx)
 
     @overload
     def __getitem__(self, i: int) -> Entry: ...
@@ -210,17 +209,12 @@ class EntryView(Sequence[Entry]):
     def __getitem__(self, i: slice) -> list[Entry]: ...
 
     def __getitem__(self, i: int | slice) -> Entry | list[Entry]:
-        n = len(self._tl.sid)
         if isinstance(i, slice):
-            return [self._tl.entry(k) for k in range(*i.indices(n))]
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(i)
-        return self._tl.entry(i)
+            return [self._tl.entry(k) for k in self._idx[i]]
+        return self._tl.entry(self._idx[i])  # IndexError and negative indices as a list's
 
     def __iter__(self) -> Iterator[Entry]:
-        return map(self._tl.entry, range(len(self._tl.sid)))
+        return map(self._tl.entry, self._idx)
 
 
 @dataclass

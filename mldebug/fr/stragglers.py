@@ -35,10 +35,6 @@ class Matched:
     seqs: list[int]
     times: list[array[int]]
 
-    def by_seq(self) -> dict[int, dict[int, int]]:
-        return {seq: {r: v[k] for r, v in zip(self.ranks, self.times, strict=True)}
-                for k, seq in enumerate(self.seqs)}
-
 
 def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
                   window: int = WINDOW) -> dict[str, Matched]:
