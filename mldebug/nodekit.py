@@ -53,6 +53,17 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def signal_in_mask(status: str, key: str, signum: int) -> bool:
+    """Whether the ``key`` mask line (``SigCgt``: caught, ``SigIgn``: ignored) of a
+    /proc/PID/status text has ``signum``; False without that line, ValueError when the line
+    is not a hex mask."""
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name == key:
+            return bool(int(value.strip(), 16) >> (signum - 1) & 1)
+    return False
+
+
 def read_fd(fd: int, limit: int) -> bytes:
     """At most ``limit`` bytes from an open file descriptor (a bounded read of outside data:
     a file that grows, or a device like /dev/zero, never costs more than ``limit``)."""

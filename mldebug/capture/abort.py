@@ -29,6 +29,8 @@ import threading
 import weakref
 from typing import Any
 
+from mldebug.nodekit import signal_in_mask
+
 ABORT_SIGNAL = 54  # SIGRTMIN+20 on glibc (SIGRTMIN is 34 there; the kernel's is 32)
 CLOCK_MONOTONIC = 1
 SIGEV_SIGNAL = 0
@@ -62,15 +64,12 @@ def signal_free(signum: int, status: str | None = None) -> str | None:
                 status = f.read(1 << 16)
         except OSError as e:
             return f"/proc/self/status unreadable ({e.strerror})"
-    for line in status.splitlines():
-        key, _, value = line.partition(":")
-        if key in ("SigCgt", "SigIgn"):
-            try:
-                mask = int(value.strip(), 16)
-            except ValueError:
-                return f"/proc/self/status has an unreadable {key} line"
-            if mask >> (signum - 1) & 1:
-                return f"signal {signum} is already {'caught' if key == 'SigCgt' else 'ignored'}"
+    for key, what in (("SigCgt", "caught"), ("SigIgn", "ignored")):
+        try:
+            if signal_in_mask(status, key, signum):
+                return f"signal {signum} is already {what}"
+        except ValueError:
+            return f"/proc/self/status has an unreadable {key} line"
     return None
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from mldebug.capture.privdir import check_private, read_bounded, registry_dir
 from mldebug.capture.stacks import parse_faulthandler
 from mldebug.hang.node import NODE_VERSION, select_targets
-from mldebug.nodekit import emit, short_hostname
+from mldebug.nodekit import emit, short_hostname, signal_in_mask
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
 MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
@@ -50,12 +50,9 @@ def catches(pid: int, signum: int) -> bool:
     """Whether ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status; no ptrace)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f.read(1 << 16).decode(errors="replace").splitlines():
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+            return signal_in_mask(f.read(1 << 16).decode(errors="replace"), "SigCgt", signum)
+    except (OSError, ValueError):
+        return False
 
 
 def start_time(pid: int) -> int | None:
