@@ -26,6 +26,7 @@ class LocalSlurm:
         self.workdir = Path(workdir)
         self.conf = self.workdir / "slurm.conf"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.munged: subprocess.Popen[bytes] | None = None  # only when we started it
 
     def env(self) -> dict[str, str]:
         return dict(os.environ, SLURM_CONF=str(self.conf))
@@ -39,10 +40,17 @@ class LocalSlurm:
         if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
             for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
                 Path(d).mkdir(parents=True, exist_ok=True)
-            subprocess.run(["/usr/sbin/munged", "--force"], capture_output=True)
-            time.sleep(0.5)
-            if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
-                raise SlurmUnavailable("munged did not start")
+            # in the foreground, as our child: stop() ends it (a machine that already ran
+            # munged keeps its own)
+            self.munged = subprocess.Popen(["/usr/sbin/munged", "--force", "--foreground"],
+                                           stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 10
+            while subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
+                if self.munged.poll() is not None or time.monotonic() > deadline:
+                    self._stop_munged()
+                    raise SlurmUnavailable("munged did not start")
+                time.sleep(0.2)
         host = socket.gethostname().split(".")[0]
         w = self.workdir
         for sub in ("state", "spool", "log"):
@@ -113,3 +121,14 @@ class LocalSlurm:
                     proc.kill()
             except (psutil.Error, OSError):
                 pass
+        self._stop_munged()
+
+    def _stop_munged(self) -> None:
+        if self.munged is not None:
+            self.munged.terminate()
+            try:
+                self.munged.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.munged.kill()
+                self.munged.wait(timeout=10)
+            self.munged = None
