@@ -24,8 +24,9 @@ import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import repeat
-from operator import itemgetter
+from operator import is_not, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -225,16 +226,17 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
         return _Scanned(name, f"malformed entry (an entry is a {type(bad).__name__}, not a "
                         "mapping); not a flight-recorder dump of a known version; skipped")
     dump = _rank_dump(doc, rank, rank_from, name, len(raw))
-    dump.created = _column(raw, "time_created_ns", _stamp)
     keys, sid = _static_ids(raw, nbytes)
-    seq = _column(raw, "collective_seq_id", _collective_seq)
-    p2p_seq = _column(raw, "p2p_seq_id", _p2p_seq)
-    states, state = _states(raw)
+    fields = _number_fields(raw)
+    dump.created = _number_column(fields, raw, 0)
+    seq = _number_column(fields, raw, 1)
+    p2p_seq = _number_column(fields, raw, 2)
+    states, state = _states(raw) if fields is None else _states_of(fields[-1], raw)
     fp = hashlib.blake2b(digest_size=20)
     for k in keys:
         fp.update(k)
     for col in (sid, seq, p2p_seq, state):
-        fp.update(col.tobytes())
+        fp.update(col)
     fp.update("\0".join(states).encode("utf-8", "surrogatepass"))
     digest = fp.digest()
     if digest in _seen:
@@ -245,11 +247,9 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
             RecursionError) as e:
         return _Scanned(name, f"malformed entry ({type(e).__name__}: {_short(e)}); not a "
                         "flight-recorder dump of a known version; skipped")
-    part = _Part(keys, statics, states, sid, seq, p2p_seq,
-                 _column(raw, "record_id", _record_id), state,
-                 _column(raw, "time_discovered_started_ns", _time("time_discovered_started_ns")),
-                 _column(raw, "time_discovered_completed_ns", _time("time_discovered_completed_ns")),
-                 _column(raw, "timeout_ms", _time("timeout_ms")), _group_index(statics, sid, seq))
+    record_id, started, completed, timeout = (_number_column(fields, raw, k) for k in range(3, 7))
+    part = _Part(keys, statics, states, sid, seq, p2p_seq, record_id, state, started, completed,
+                 timeout, _group_index(statics, sid, seq))
     _seen.add(digest)
     return _Scanned(name, dump=dump, fingerprint=digest, part=part)
 
@@ -282,9 +282,8 @@ def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
     recent: dict[Any, list[tuple[Any, int]]] = {}
     out: list[int] = []
     append = out.append
-    for e in raw:
-        sk = key(e)
-        name = e.get("profiling_name")
+    for sk in list(map(key, raw)):
+        name = sk[0]  # the op name (profiling_name) leads the static keys
         try:
             seen = recent.get(name)
         except TypeError:  # an unhashable op name: no shortcut
@@ -326,15 +325,58 @@ def _firsts(sid: array[int], n: int) -> list[int]:
     return firsts
 
 
-def _column(raw: list[dict[str, Any]], key: str, conv: Any) -> array[int]:
-    """One number per entry: at C speed when every entry holds a plain integer in range,
-    else entry by entry through ``conv`` (None, absent, older names, bad values)."""
+def _number_fields(raw: list[dict[str, Any]]) -> list[tuple[Any, ...]] | None:
+    """Every entry's number fields and state (``_NUMBER_ROW``), one tuple per field, read in
+    one pass at C speed while each entry's dict is in cache; None when a field is absent
+    somewhere (older versions): then ``_column`` and ``_states`` read them entry by entry."""
     try:
-        col = array("q", map(itemgetter(key), raw))
-        if not col or (-MAX_INT < min(col) and max(col) < MAX_INT):
+        rows = list(map(_NUMBER_ROW, raw))
+    except KeyError:
+        return None
+    return list(zip(*rows, strict=True)) if rows else [()] * (len(_NUMBERS) + 1)
+
+
+def _number_column(fields: list[tuple[Any, ...]] | None, raw: list[dict[str, Any]],
+                   k: int) -> array[int]:
+    key, conv = _NUMBERS[k]
+    return _column(raw, key, conv) if fields is None else _column_of(fields[k], raw, key, conv)
+
+
+def _column(raw: list[dict[str, Any]], key: str, conv: Any) -> array[int]:
+    """One number per entry (see ``_column_of``); ``conv`` also handles an absent field."""
+    try:
+        values = tuple(map(itemgetter(key), raw))
+    except KeyError:
+        return array("q", [conv(e) for e in raw])
+    return _column_of(values, raw, key, conv)
+
+
+def _column_of(values: tuple[Any, ...], raw: list[dict[str, Any]], key: str,
+               conv: Any) -> array[int]:
+    """``values`` (field ``key`` of every entry) as a column: at C speed when all are plain
+    integers in range or all are None, else entry by entry through ``conv`` (older names,
+    bad values)."""
+    try:
+        col = array("q", values)  # only integers (and bools) convert
+        # the range on the tuple: comparing its ints is faster than boxing the array's
+        if not col or (-MAX_INT < min(values) and max(values) < MAX_INT):
             return col
-    except (KeyError, TypeError, OverflowError):
-        pass
+    except (TypeError, OverflowError):  # None, strings, floats: not all plain integers
+        nones = values.count(None)
+        if nones:  # "not recorded" (not started yet, timing off): conv's value for None
+            fill = conv({key: None})
+            if nones == len(values):
+                return array("q", [fill]) * len(values)
+            present = tuple(filter(partial(is_not, None), values))
+            if set(map(type, present)) == {int}:
+                # every conv keeps an interval of integers as they are: when it keeps the
+                # smallest and the largest, it keeps them all
+                lo, hi = min(present), max(present)
+                try:
+                    if conv({key: lo}) == lo and conv({key: hi}) == hi:
+                        return array("q", [fill if v is None else v for v in values])
+                except ValueError:  # out of range: said entry by entry below
+                    pass
     return array("q", [conv(e) for e in raw])
 
 
@@ -355,6 +397,25 @@ def _time(key: str) -> Callable[[dict[str, Any]], int]:
         v = _int(e.get(key))
         return NOT_RECORDED if v is None else v
     return conv
+
+
+def _states_of(values: tuple[Any, ...], raw: list[dict[str, Any]]) -> tuple[list[str],
+                                                                            array[int]]:
+    """``_states`` from every entry's ``state`` field, at C speed when all are hashable."""
+    try:
+        ids: dict[Any, Any] = dict.fromkeys(values)
+    except TypeError:  # a list where a name belongs
+        return _states(raw)
+    names: list[str] = []
+    by_name: dict[str, int] = {}
+    for v in ids:
+        name = sys.intern(_text(v or "?", 64))
+        got = by_name.get(name)
+        if got is None:
+            got = by_name[name] = len(names)
+            names.append(name)
+        ids[v] = got
+    return names, array("i", map(ids.__getitem__, values))
 
 
 def _states(raw: list[dict[str, Any]]) -> tuple[list[str], array[int]]:
@@ -735,6 +796,12 @@ def _seq(v: Any, default: int) -> int:
 _STATIC_KEYS = ("profiling_name", "process_group", "pg_id", "input_sizes", "output_sizes",
                 "input_dtypes", "output_dtypes", "frames", "is_p2p")
 _static_key = itemgetter(*_STATIC_KEYS)
+_NUMBERS = (("time_created_ns", _stamp), ("collective_seq_id", _collective_seq),
+            ("p2p_seq_id", _p2p_seq), ("record_id", _record_id),
+            ("time_discovered_started_ns", _time("time_discovered_started_ns")),
+            ("time_discovered_completed_ns", _time("time_discovered_completed_ns")),
+            ("timeout_ms", _time("timeout_ms")))
+_NUMBER_ROW = itemgetter(*(k for k, _ in _NUMBERS), "state")
 
 
 def _static(e: dict[str, Any]) -> Static:
