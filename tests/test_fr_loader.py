@@ -109,3 +109,45 @@ def test_worker_processes_give_the_same_result(tmp_path):
     assert [sorted(t.ranks) for t in serial.timelines] == [sorted(t.ranks) for t in parallel.timelines]
     assert [p.file for p in serial.problems] == [p.file for p in parallel.problems]
     assert analyze(parallel).to_dict() == analyze(serial).to_dict()
+
+
+@pytest.mark.parametrize("column,values", [
+    ("time_discovered_started_ns", [5, None, 7]),          # not started yet: "not recorded"
+    ("time_discovered_started_ns", [None, None, None]),    # timing off
+    ("timeout_ms", [None, True, 600000]),                  # a bool is not a number
+    ("time_created_ns", [None, 0, 12]),                    # a stamp of 0 is unknown (-1)
+    ("time_created_ns", [None, -5, 12]),
+    ("p2p_seq_id", [None, 0, 3]),
+    ("record_id", [None, 1 << 62, 3]),                     # out of range: refused
+    ("collective_seq_id", [None, "7", 3]),                 # a string: refused
+    ("timeout_ms", [None, 2.0, 3]),
+    ("record_id", [1, 2, 3]),
+    ("time_created_ns", [10, 11, 12]),
+    ("time_created_ns", [0, 11, 12]),
+    ("timeout_ms", [True, 1, 2]),
+    ("record_id", [-2, 1, 2]),
+])
+def test_number_columns_read_at_c_speed_equal_the_entry_by_entry_reading(column, values):
+    """The loader reads a whole column at once where it can; on every value mix it must give
+    what converting each entry on its own gives (or refuse the file the same way)."""
+    from mldebug.fr import loader
+
+    doc = synth.spmd_rank(4, 3, 1, fault="size", culprit=2, at=1)
+    raw = doc["entries"]
+    for e, v in zip(raw, values, strict=True):
+        e[column] = v
+    key, conv = next((k, c) for k, c in loader._NUMBERS if k == column)
+
+    def one_by_one():
+        return list(loader.array("q", [conv(e) for e in raw]))
+
+    try:
+        expected = one_by_one()
+    except loader.BadDump as e:
+        with pytest.raises(loader.BadDump, match=str(e)[:20]):
+            loader._column(raw, key, conv)
+        return
+    fields = loader._number_fields(raw)
+    k = [k for k, _ in loader._NUMBERS].index(column)
+    assert list(loader._number_column(fields, raw, k)) == expected
+    assert list(loader._column(raw, key, conv)) == expected

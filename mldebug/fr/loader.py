@@ -353,30 +353,25 @@ def _column(raw: list[dict[str, Any]], key: str, conv: Any) -> array[int]:
 
 def _column_of(values: tuple[Any, ...], raw: list[dict[str, Any]], key: str,
                conv: Any) -> array[int]:
-    """``values`` (field ``key`` of every entry) as a column: at C speed when all are plain
-    integers in range or all are None, else entry by entry through ``conv`` (older names,
-    bad values)."""
-    try:
-        col = array("q", values)  # only integers (and bools) convert
-        # the range on the tuple: comparing its ints is faster than boxing the array's
-        if not col or (-MAX_INT < min(values) and max(values) < MAX_INT):
-            return col
-    except (TypeError, OverflowError):  # None, strings, floats: not all plain integers
-        nones = values.count(None)
-        if nones:  # "not recorded" (not started yet, timing off): conv's value for None
-            fill = conv({key: None})
-            if nones == len(values):
-                return array("q", [fill]) * len(values)
-            present = tuple(filter(partial(is_not, None), values))
-            if set(map(type, present)) == {int}:
-                # every conv keeps an interval of integers as they are: when it keeps the
-                # smallest and the largest, it keeps them all
-                lo, hi = min(present), max(present)
-                try:
-                    if conv({key: lo}) == lo and conv({key: hi}) == hi:
-                        return array("q", [fill if v is None else v for v in values])
-                except ValueError:  # out of range: said entry by entry below
-                    pass
+    """``values`` (field ``key`` of every entry) as a column, equal to ``conv`` of every
+    entry: at C speed when they are integers that ``conv`` keeps as they are, with None
+    ("not recorded": not started yet, timing off) among them, else entry by entry (older
+    names, bad values)."""
+    nones = values.count(None)
+    fill = conv({key: None}) if nones else 0
+    if nones == len(values):
+        return array("q", [fill]) * len(values)
+    present = tuple(filter(partial(is_not, None), values)) if nones else values
+    if bool not in map(type, present):  # bools convert, but are not numbers here
+        try:
+            col = array("q", present)  # only integers convert
+            # every conv keeps an interval of integers as they are: when it keeps the
+            # smallest and the largest, it keeps them all
+            lo, hi = min(present), max(present)
+            if conv({key: lo}) == lo and conv({key: hi}) == hi:
+                return array("q", [fill if v is None else v for v in values]) if nones else col
+        except (TypeError, OverflowError, ValueError):  # not integers, or out of range
+            pass
     return array("q", [conv(e) for e in raw])
 
 
