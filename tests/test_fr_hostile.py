@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from mldebug.fr import node
 from mldebug.fr.analyze import analyze
 from mldebug.fr.collect import prepare_out, trigger_local_report
-from mldebug.fr.loader import load, load_files
+from mldebug.fr.loader import expand_inputs, load, load_files
 from mldebug.fr.recorder import _atomic_write
 
 HOST = socket.gethostname().split(".")[0]
@@ -156,6 +156,15 @@ def _other_live_pid() -> int:
 _other_live_pid.procs = []  # type: ignore[attr-defined]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _stop_other_live_pids():
+    yield
+    for p in _other_live_pid.procs:  # type: ignore[attr-defined]
+        p.kill()
+        p.wait()
+    _other_live_pid.procs.clear()  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("mode", [0o600, 0o644])
 def test_output_keeps_the_source_permission(tmp_path, mode):
     d = tmp_path / "d"
@@ -249,6 +258,11 @@ def _hostile_dumps() -> dict[str, bytes]:
     bomb = dict(synth.entry(1), input_sizes=shapes, output_sizes=shapes)
     out["memo_bomb"] = pickle.dumps(dict(base, entries=[bomb] * 4000))
     out["json_deep"] = b'{"entries": ' + b"[" * 100000 + b"]" * 100000 + b"}"
+    # tuples nested 300,000 deep as a dict key: hashing it in C overflowed the stack and
+    # killed the process (no recursion limit guards hashing); written opcode by opcode
+    out["deep_tuple_key"] = b"\x80\x02})" + b"\x85" * 300_000 + b"K\x01s."
+    out["deep_tuple_set"] = b"\x80\x04\x8f()" + b"\x85" * 300_000 + b"\x90."
+    out["deeper_than_any_stack"] = b"\x80\x02})" + b"\x85" * 5_000_000 + b"K\x01s."
     out["json_huge_int"] = b'{"rank": 5, "entries": [], "version": ' + b"9" * 5000 + b"}"
     return out
 
@@ -271,6 +285,25 @@ def test_one_bad_file_among_70_is_skipped_and_the_others_analysed(tmp_path):
         (problem,) = ds.problems
         assert problem.file.endswith("rank_69") and "skipped" in problem.error, problem
         assert a.missing_ranks == [69] and a.mismatches[0].culprit_ranks == [69]
+
+
+def test_a_field_holding_tuples_nested_300k_deep_is_read_without_crashing(tmp_path):
+    """The loader hashes field values (states, op names, rank lists): a tuple nested 300,000
+    deep overflowed the C stack there and killed the process (or the loader worker). The
+    file is now read on a thread whose stack fits it, and the field is read as unknown."""
+    synth.write(tmp_path, {r: synth.dump(r, [synth.entry(1), synth.entry(2)], world=70)
+                           for r in range(69)})
+    good = pickle.dumps(synth.dump(69, [dict(synth.entry(1), state="XSTATEX"), synth.entry(2)],
+                                   world=70), 2)
+    bad = good.replace(b"X\x07\x00\x00\x00XSTATEX", b")" + b"\x85" * 300_000)
+    assert bad != good
+    (tmp_path / "rank_69").write_bytes(bad)
+    for workers in (1, 2):
+        ds = load_files(expand_inputs([tmp_path]), workers=workers)
+        assert sorted(ds.dumps) == list(range(70)) and not ds.problems
+        tl = ds.timelines[ds.dumps[69].timeline]
+        assert ds.states[tl.state[0]] == "?"
+        assert not analyze(ds).mismatches
 
 
 def test_trigger_output_directory_rules(tmp_path, monkeypatch):

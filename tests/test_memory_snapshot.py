@@ -110,6 +110,10 @@ def test_restricted_loader_refuses_objects_and_names_bad_files(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(Exception, match="truncated or not a snapshot"):
         load(deep)
+    nest = tmp_path / "nest.pickle"  # {"segments": [], (((...))): 1}: hashing the key
+    nest.write_bytes(b"\x80\x02}X\x08\x00\x00\x00segments]s)" + b"\x85" * 300_000 + b"K\x01s.")
+    with pytest.raises(Exception, match="refused .*nested over 2,000 deep"):
+        load(nest)
     as_json = tmp_path / "snap.json"
     as_json.write_text(json.dumps(memsnap.training()))
     assert analyze(load(as_json)).devices[0].peak_allocated == 128 * MiB

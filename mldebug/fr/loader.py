@@ -16,6 +16,7 @@ import gc
 import hashlib
 import io
 import json
+import marshal
 import os
 import pickle
 import re
@@ -78,12 +79,119 @@ class _Restricted(pickle.Unpickler):
         raise UnsafePickle(f"{module}.{name}")
 
 
+class DeepNesting(pickle.UnpicklingError):
+    """Tuples nested so deep that hashing one (a dict key, a set member) would overflow the
+    C stack and kill the process: no recursion limit guards that."""
+
+
+# Tuple-building opcodes (TUPLE, TUPLE1-3) cannot outnumber the bytes that spell them, so
+# a pickle with few such bytes cannot nest tuples deeply; ~120,000 levels overflow an 8 MiB
+# stack (CPython 3.11, x86-64: ~70 bytes a level).
+_TUPLE_OPCODES = (b"t", b"\x85", b"\x86", b"\x87")
+MAX_TUPLE_DEPTH = 20_000
+_STACK_PER_LEVEL = 256
+_MAX_STACK = 1 << 30
+
+
 def safe_loads(data: bytes) -> Any:
-    """Decode a dump (pickle or JSON) building only plain data; raises on anything else."""
-    head = data.lstrip()[:1]
-    if head in (b"{", b"["):
-        return json.loads(data)
+    """Decode a dump (pickle or JSON) building only plain data; raises on anything else,
+    ``DeepNesting`` for tuples nested deeper than ``MAX_TUPLE_DEPTH`` (so that whatever the
+    caller hashes later cannot crash it)."""
+    need = stack_needed(data)
+    if not need:
+        return _loads(data)
+    doc = _on_stack(need, partial(_loads, data))
+    try:
+        marshal.dumps(doc)  # C speed; refuses ~2,000 levels of any container
+    except ValueError as e:
+        if "nested" in str(e):
+            raise DeepNesting("containers nested over 2,000 deep; refused") from None
+        depth = _tuple_depth(doc)  # a type marshal does not write (OrderedDict): walk
+        if depth > MAX_TUPLE_DEPTH:
+            raise DeepNesting(f"tuples nested {depth:,} deep (at most {MAX_TUPLE_DEPTH:,}); "
+                              "refused") from None
+    return doc
+
+
+def _loads(data: bytes) -> Any:
+    if data.lstrip()[:1] in (b"{", b"["):
+        return json.loads(data)  # nested too deep: RecursionError
     return _Restricted(io.BytesIO(data)).load()
+
+
+def stack_needed(data: bytes) -> int:
+    """0 when decoding ``data`` and hashing what it holds is safe on an ordinary stack, else
+    the stack size that fits the deepest tuples it could hold; ``DeepNesting`` over 1 GiB.
+    Legitimate dumps land here too when their strings and numbers hold many such bytes (or
+    torch writes a tuple per entry): a thread with a larger stack costs them nothing."""
+    if data.lstrip()[:1] in (b"{", b"["):
+        return 0  # JSON has no tuples
+    bound = sum(map(data.count, _TUPLE_OPCODES))
+    if bound <= MAX_TUPLE_DEPTH:
+        return 0
+    need = bound * _STACK_PER_LEVEL + (8 << 20)
+    if need > _MAX_STACK:
+        raise DeepNesting(f"{bound:,} tuple-building bytes: tuples could nest that deep; "
+                          "refused")
+    return need
+
+
+def _on_stack(size: int, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a thread with a ``size``-byte stack (reserved, touched only as deep as
+    it goes); its result or exception."""
+    import threading
+
+    out: list[Any] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            err.append(e)
+
+    old = threading.stack_size(size)
+    try:
+        t = threading.Thread(target=run, name="mldebug-decode", daemon=True)
+        t.start()
+    finally:
+        threading.stack_size(old)
+    t.join()
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def _tuple_depth(doc: Any) -> int:
+    """The longest chain of tuples inside tuples anywhere in ``doc`` (what hashing recurses
+    through), iteratively and once per object (shared references are memoised)."""
+    height: dict[int, int] = {}
+    best = 0
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        obj, done = stack.pop()
+        t = type(obj)
+        if t is tuple:
+            if done:
+                h = 1 + max((height.get(id(c), 0) for c in obj if type(c) is tuple), default=0)
+                height[id(obj)] = h
+                best = max(best, h)
+                continue
+            if id(obj) in height:
+                continue
+            height[id(obj)] = 0  # in progress: a tuple cannot contain itself
+            stack.append((obj, True))
+            stack.extend((c, False) for c in obj)
+        elif t is list or t is set or t is frozenset:
+            if id(obj) not in height:
+                height[id(obj)] = 0
+                stack.extend((c, False) for c in obj)
+        elif isinstance(obj, dict):
+            if id(obj) not in height:
+                height[id(obj)] = 0
+                stack.extend((c, False) for c in obj.keys())
+                stack.extend((c, False) for c in obj.values())
+    return best
 
 
 
@@ -205,6 +313,21 @@ def _scan_checked(name: str) -> _Scanned:
         data = _read_bounded(name)
     except OSError as e:
         return _Scanned(name, f"cannot read: {e.strerror or e}")
+    try:
+        need = stack_needed(data)
+    except DeepNesting as e:
+        return _Scanned(name, _nesting_problem(e))
+    if need:  # decoded and scanned (all its values hashed, normalised) on a stack that fits
+        return _on_stack(need, partial(_scan_data, name, data))  # type: ignore[no-any-return]
+    return _scan_data(name, data)
+
+
+def _nesting_problem(e: DeepNesting) -> str:
+    return (f"{e}: hashing them would crash this process (a nesting bomb); not a "
+            "flight-recorder dump; skipped")
+
+
+def _scan_data(name: str, data: bytes) -> _Scanned:
     doc, err = _decode(data)
     if err is not None or doc is None:
         return _Scanned(name, err or "unreadable")
@@ -231,7 +354,7 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
     dump.created = _number_column(fields, raw, 0)
     seq = _number_column(fields, raw, 1)
     p2p_seq = _number_column(fields, raw, 2)
-    states, state = _states(raw) if fields is None else _states_of(fields[-1], raw)
+    states, state = _states(tuple(e.get("state") for e in raw) if fields is None else fields[-1])
     fp = hashlib.blake2b(digest_size=20)
     for k in keys:
         fp.update(k)
@@ -328,7 +451,7 @@ def _firsts(sid: array[int], n: int) -> list[int]:
 def _number_fields(raw: list[dict[str, Any]]) -> list[tuple[Any, ...]] | None:
     """Every entry's number fields and state (``_NUMBER_ROW``), one tuple per field, read in
     one pass at C speed while each entry's dict is in cache; None when a field is absent
-    somewhere (older versions): then ``_column`` and ``_states`` read them entry by entry."""
+    somewhere (older versions): then ``_column`` reads them entry by entry."""
     try:
         rows = list(map(_NUMBER_ROW, raw))
     except KeyError:
@@ -394,13 +517,14 @@ def _time(key: str) -> Callable[[dict[str, Any]], int]:
     return conv
 
 
-def _states_of(values: tuple[Any, ...], raw: list[dict[str, Any]]) -> tuple[list[str],
-                                                                            array[int]]:
-    """``_states`` from every entry's ``state`` field, at C speed when all are hashable."""
+def _states(values: tuple[Any, ...]) -> tuple[list[str], array[int]]:
+    """The state names in order of appearance and each entry's index into them, from every
+    entry's ``state`` field (at C speed; one that cannot be a name reads as "?")."""
     try:
         ids: dict[Any, Any] = dict.fromkeys(values)
     except TypeError:  # a list where a name belongs
-        return _states(raw)
+        values = tuple(map(_hashable_or_none, values))
+        ids = dict.fromkeys(values)
     names: list[str] = []
     by_name: dict[str, int] = {}
     for v in ids:
@@ -413,27 +537,12 @@ def _states_of(values: tuple[Any, ...], raw: list[dict[str, Any]]) -> tuple[list
     return names, array("i", map(ids.__getitem__, values))
 
 
-def _states(raw: list[dict[str, Any]]) -> tuple[list[str], array[int]]:
-    """The state names in order of appearance and each entry's index into them."""
-    ids: dict[Any, int] = {}
-    names: list[str] = []
-    by_name: dict[str, int] = {}
-    out = array("i", bytes(4 * len(raw)))
-    for i, e in enumerate(raw):
-        v = e.get("state")
-        try:
-            got = ids.get(v)
-        except TypeError:  # a list where a name belongs
-            v, got = None, ids.get(None)
-        if got is None:
-            name = sys.intern(_text(v or "?", 64))
-            got = by_name.get(name)
-            if got is None:
-                got = by_name[name] = len(names)
-                names.append(name)
-            ids[v] = got
-        out[i] = got
-    return names, out
+def _hashable_or_none(v: Any) -> Any:
+    try:
+        hash(v)
+    except TypeError:
+        return None
+    return v
 
 
 def _group_index(statics: list[Static], sid: array[int], seq: array[int]) -> dict[str, GroupIndex]:
@@ -547,7 +656,7 @@ def _decode(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     if not data:
         return None, "empty file (the rank died or was killed while dumping?); skipped"
     try:
-        doc = safe_loads(data)
+        doc = _loads(data)  # the caller chose the stack (``stack_needed``)
     except UnsafePickle as e:
         return None, (f"refused: the pickle asks for the Python object '{e}', which a "
                       "flight-recorder dump never contains; it may run code, so it was not "

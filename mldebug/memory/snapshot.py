@@ -41,7 +41,7 @@ TORCH_PARTS = ("/torch/", "/site-packages/torch", "/dist-packages/torch", "/_dyn
 
 def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
     """The snapshot dict; a clear error for a missing, huge, unsafe or foreign file."""
-    from mldebug.fr.loader import UnsafePickle, safe_loads
+    from mldebug.fr.loader import DeepNesting, UnsafePickle, safe_loads
 
     p = Path(path)
     try:
@@ -65,6 +65,10 @@ def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]
         raise MldebugError(f"refused {p}: the pickle asks for the Python object '{e}', which a "
                            "memory snapshot never contains.",
                            "Do not open it with pickle.load; it may run code.") from None
+    except DeepNesting as e:
+        raise MldebugError(f"refused {p}: {e}; a memory snapshot never nests tuples, and "
+                           "hashing these would crash this process.",
+                           "Do not open it with pickle.load either.") from None
     except (EOFError, pickle.UnpicklingError, ValueError, IndexError, UnicodeDecodeError,
             MemoryError, RecursionError) as e:  # RecursionError: JSON nested absurdly deep
         raise MldebugError(f"{p} is truncated or not a snapshot ({type(e).__name__}: "
