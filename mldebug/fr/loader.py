@@ -150,12 +150,16 @@ def _on_stack(size: int, fn: Callable[[], Any]) -> Any:
         except BaseException as e:  # noqa: BLE001 - handed to the caller below
             err.append(e)
 
-    old = threading.stack_size(size)
     try:
-        t = threading.Thread(target=run, name="mldebug-decode", daemon=True)
-        t.start()
-    finally:
-        threading.stack_size(old)
+        old = threading.stack_size(size)
+        try:
+            t = threading.Thread(target=run, name="mldebug-decode", daemon=True)
+            t.start()
+        finally:
+            threading.stack_size(old)
+    except (RuntimeError, ValueError, MemoryError) as e:  # address-space limits (ulimit -v)
+        raise DeepNesting(f"decoding it safely needs a thread with a {size >> 20} MiB stack, "
+                          f"which could not start ({e}); refused") from None
     t.join()
     if err:
         raise err[0]
