@@ -151,3 +151,18 @@ def test_number_columns_read_at_c_speed_equal_the_entry_by_entry_reading(column,
     k = [k for k, _ in loader._NUMBERS].index(column)
     assert list(loader._number_column(fields, raw, k)) == expected
     assert list(loader._column(raw, key, conv)) == expected
+
+
+def test_ordered_dicts_load_as_dicts_and_cannot_hide_deep_tuples():
+    """OrderedDict (an allowed global) is built as a plain dict, so the nesting check after a
+    large-stack decode sees only built-in types; a deep tuple under one is still refused."""
+    from collections import OrderedDict
+
+    from mldebug.fr.loader import DeepNesting
+
+    doc = safe_loads(pickle.dumps(OrderedDict(b=1, a=(2, (3,))), protocol=2))
+    assert type(doc) is dict and list(doc.items()) == [("b", 1), ("a", (2, (3,)))]
+    deep = b"\x80\x02ccollections\nOrderedDict\n)R)" + b"\x85" * 30_000 + b"K\x01s."
+    with pytest.raises(DeepNesting, match="nested over 2,000 deep"):
+        safe_loads(deep)
+    assert safe_loads(b"  \n " + json.dumps({"entries": []}).encode()) == {"entries": []}

@@ -74,47 +74,55 @@ class UnsafePickle(pickle.UnpicklingError):
 
 class _Restricted(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return dict  # ordered too; and only built-in types come out (``safe_loads``)
         if (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
         raise UnsafePickle(f"{module}.{name}")
 
 
 class DeepNesting(pickle.UnpicklingError):
-    """Tuples nested so deep that hashing one (a dict key, a set member) would overflow the
-    C stack and kill the process: no recursion limit guards that."""
+    """Tuples that could nest so deep that hashing one (a dict key, a set member) would
+    overflow the C stack and kill the process (no recursion limit guards that), or
+    containers nested deeper than any dump does."""
 
 
 # Tuple-building opcodes (TUPLE, TUPLE1-3) cannot outnumber the bytes that spell them, so
 # a pickle with few such bytes cannot nest tuples deeply; ~120,000 levels overflow an 8 MiB
 # stack (CPython 3.11, x86-64: ~70 bytes a level).
 _TUPLE_OPCODES = (b"t", b"\x85", b"\x86", b"\x87")
-MAX_TUPLE_DEPTH = 20_000
+_SAFE_TUPLE_BYTES = 20_000  # up to this many: decoded on the caller's stack
 _STACK_PER_LEVEL = 256
 _MAX_STACK = 1 << 30
 
 
 def safe_loads(data: bytes) -> Any:
-    """Decode a dump (pickle or JSON) building only plain data; raises on anything else,
-    ``DeepNesting`` for tuples nested deeper than ``MAX_TUPLE_DEPTH`` (so that whatever the
-    caller hashes later cannot crash it)."""
+    """Decode a dump (pickle or JSON) building only plain data; raises on anything else.
+    A pickle that could nest tuples deeply is decoded on a stack that fits them, then
+    refused (``DeepNesting``) if it nests anything over 2,000 deep, so that whatever the
+    caller hashes later cannot crash it."""
     need = stack_needed(data)
     if not need:
         return _loads(data)
     doc = _on_stack(need, partial(_loads, data))
     try:
-        marshal.dumps(doc)  # C speed; refuses ~2,000 levels of any container
-    except ValueError as e:
-        if "nested" in str(e):
-            raise DeepNesting("containers nested over 2,000 deep; refused") from None
-        depth = _tuple_depth(doc)  # a type marshal does not write (OrderedDict): walk
-        if depth > MAX_TUPLE_DEPTH:
-            raise DeepNesting(f"tuples nested {depth:,} deep (at most {MAX_TUPLE_DEPTH:,}); "
-                              "refused") from None
+        marshal.dumps(doc)  # C speed; stops at ~2,000 levels of any container
+    except ValueError as e:  # "too deeply nested" (the decoder builds only types it writes)
+        raise DeepNesting(f"containers nested over 2,000 deep ({e}); refused") from None
     return doc
 
 
+_LEADING_SPACE = re.compile(rb"\s*")
+
+
+def _is_json(data: bytes) -> bool:
+    """A JSON document (``_dump_fr_trace_json``) rather than a pickle; nothing is copied."""
+    start = _LEADING_SPACE.match(data).end()  # type: ignore[union-attr]
+    return data[start:start + 1] in (b"{", b"[")
+
+
 def _loads(data: bytes) -> Any:
-    if data.lstrip()[:1] in (b"{", b"["):
+    if _is_json(data):
         return json.loads(data)  # nested too deep: RecursionError
     return _Restricted(io.BytesIO(data)).load()
 
@@ -124,10 +132,10 @@ def stack_needed(data: bytes) -> int:
     the stack size that fits the deepest tuples it could hold; ``DeepNesting`` over 1 GiB.
     Legitimate dumps land here too when their strings and numbers hold many such bytes (or
     torch writes a tuple per entry): a thread with a larger stack costs them nothing."""
-    if data.lstrip()[:1] in (b"{", b"["):
+    if _is_json(data):
         return 0  # JSON has no tuples
     bound = sum(map(data.count, _TUPLE_OPCODES))
-    if bound <= MAX_TUPLE_DEPTH:
+    if bound <= _SAFE_TUPLE_BYTES:
         return 0
     need = bound * _STACK_PER_LEVEL + (8 << 20)
     if need > _MAX_STACK:
@@ -164,39 +172,6 @@ def _on_stack(size: int, fn: Callable[[], Any]) -> Any:
     if err:
         raise err[0]
     return out[0]
-
-
-def _tuple_depth(doc: Any) -> int:
-    """The longest chain of tuples inside tuples anywhere in ``doc`` (what hashing recurses
-    through), iteratively and once per object (shared references are memoised)."""
-    height: dict[int, int] = {}
-    best = 0
-    stack: list[tuple[Any, bool]] = [(doc, False)]
-    while stack:
-        obj, done = stack.pop()
-        t = type(obj)
-        if t is tuple:
-            if done:
-                h = 1 + max((height.get(id(c), 0) for c in obj if type(c) is tuple), default=0)
-                height[id(obj)] = h
-                best = max(best, h)
-                continue
-            if id(obj) in height:
-                continue
-            height[id(obj)] = 0  # in progress: a tuple cannot contain itself
-            stack.append((obj, True))
-            stack.extend((c, False) for c in obj)
-        elif t is list or t is set or t is frozenset:
-            if id(obj) not in height:
-                height[id(obj)] = 0
-                stack.extend((c, False) for c in obj)
-        elif isinstance(obj, dict):
-            if id(obj) not in height:
-                height[id(obj)] = 0
-                stack.extend((c, False) for c in obj.keys())
-                stack.extend((c, False) for c in obj.values())
-    return best
-
 
 
 def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
@@ -532,13 +507,17 @@ def _states(values: tuple[Any, ...]) -> tuple[list[str], array[int]]:
     names: list[str] = []
     by_name: dict[str, int] = {}
     for v in ids:
-        name = sys.intern(_text(v or "?", 64))
+        name = _state_name(v)
         got = by_name.get(name)
         if got is None:
             got = by_name[name] = len(names)
             names.append(name)
         ids[v] = got
     return names, array("i", map(ids.__getitem__, values))
+
+
+def _state_name(v: Any) -> str:
+    return sys.intern(_text(v or "?", 64))
 
 
 def _hashable_or_none(v: Any) -> Any:
@@ -929,7 +908,8 @@ def _static(e: dict[str, Any]) -> Static:
 
 
 def _entry(e: dict[str, Any]) -> Entry:
-    """One raw entry as an ``Entry`` (tests and tools; loading builds columns instead)."""
+    """One raw entry as an ``Entry``, converted on its own: the reference the columns
+    (``Timeline.entry``) are tested against; loading builds columns instead."""
     if not isinstance(e, dict):
         raise BadDump(f"an entry is a {type(e).__name__}, not a mapping")
     st = _static(e)
@@ -938,7 +918,7 @@ def _entry(e: dict[str, Any]) -> Entry:
         seq=_collective_seq(e), p2p_seq=_p2p_seq(e), profiling_name=st.profiling_name,
         backend=st.backend, op=st.op, input_sizes=st.input_sizes, output_sizes=st.output_sizes,
         input_dtypes=st.input_dtypes, output_dtypes=st.output_dtypes,
-        state=sys.intern(_text(e.get("state") or "?", 64)), is_p2p=st.is_p2p, frames=st.frames,
+        state=_state_name(e.get("state")), is_p2p=st.is_p2p, frames=st.frames,
         src=st.src, dst=st.dst, time_created_ns=_int(e.get("time_created_ns")),
         time_started_ns=_int(e.get("time_discovered_started_ns")),
         time_completed_ns=_int(e.get("time_discovered_completed_ns")),
