@@ -235,7 +235,7 @@ def test_render_through_a_rich_console_prints_verdict_and_findings_with_fixes():
     buf = io.StringIO()
     render(report, Console(file=buf, width=100, no_color=True))
     out = buf.getvalue()
-    assert "Verdict: All 4 ranks are in the same place" in out
+    assert "Verdict: Every rank in the same collective: All 4 ranks are in the same place" in out
     assert "HINT" in out and "fix: Run again with --locals" in out
     assert all(k.style for k in VerdictKind)  # every kind has a style: no KeyError possible
 

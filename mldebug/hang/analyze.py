@@ -16,14 +16,18 @@ from mldebug.hang.frames import (
     _SIMPLE_REPR,
     call_site,
     collective_of,
+    frame_kind,
     is_background,
+    our_role,
     user_frames,
     wait_of,
     where,
+    without_ours,
 )
 from mldebug.hang.model import (
     Collection,
     Group,
+    HangClass,
     Job,
     Process,
     Report,
@@ -51,7 +55,8 @@ def thread_signature(t: Thread, cache: dict[int, tuple] | None = None,
         hit = cache.get(id(t.frames))
         if hit is not None:
             return hit
-    sig = tuple(frame_key(f) for f in t.frames if not (f.native and _HEX.match(f.name)))
+    sig = tuple(frame_key(f) for f in t.frames if not (f.native and _HEX.match(f.name))
+                and frame_kind(f) != "mldebug")  # mldebug's own frames never count
     if cache is not None:
         cache[id(t.frames)] = sig
     return sig
@@ -80,7 +85,53 @@ def locals_key(frames: Sequence[StackFrame]) -> tuple[tuple[str, str], ...]:
 # -- grouping --------------------------------------------------------------------------
 def _frames_for(p: Process) -> list[StackFrame]:
     mt = p.main_thread()
-    return mt.frames if mt else []
+    return without_ours(mt.frames) if mt else []
+
+
+def ours_note(p: Process) -> str | None:
+    """What mldebug itself does in this rank's main thread, when that is the fact worth
+    saying: the debugger's wait names itself in the thread's name (mldebug.debugger.wait);
+    a rank stopped in a pdb session is said so. The trace ring or watchdog frames are only
+    hidden."""
+    mt = p.main_thread()
+    if mt is None:
+        return None
+    if mt.name.startswith("mldebug: "):
+        return "in mldebug: " + mt.name.removeprefix("mldebug: ")[:200]
+    role = our_role(mt.frames)
+    if role and role.startswith("the debugger"):
+        return "in mldebug: stopped in a debugger session (mldebug.breakpoint)"
+    return None
+
+
+# -- CPU and progress, from the /proc samples -------------------------------------------
+def activity(p: Process) -> tuple[str, str] | None:
+    """("spinning" | "blocked", evidence) from the samples around the dumps, or None when
+    unsampled or unclear. Spinning: the main thread used CPU and was runnable at both
+    samples, or used at least 30% of a core; blocked: asleep (S/D) with at most one tick."""
+    if len(p.samples) < 2:
+        return None
+    a, b = p.samples[0], p.samples[1]
+    dt = b.t - a.t
+    ticks = b.ticks - a.ticks
+    if dt <= 0 or ticks < 0:  # a reused pid or a bad sample
+        return None
+    used = ticks / max(p.clk_tck, 1)
+    share = used / dt
+    states = f"{a.state}/{b.state}"
+    if share >= 0.3 or (a.state == "R" and b.state == "R" and ticks > 0):
+        return "spinning", f"CPU busy: {used:.2f}s of CPU in {dt:.2f}s, state {states}"
+    if ticks <= 1 and not (a.state == "R" and b.state == "R"):
+        return "blocked", f"asleep: {used:.2f}s of CPU in {dt:.2f}s, state {states}"
+    return None
+
+
+def io_moved(p: Process) -> bool:
+    """With --watch: the process read or wrote (sockets included) over the watch."""
+    if len(p.samples) < 3:
+        return False
+    a, b = p.samples[1], p.samples[-1]
+    return a.io is not None and b.io is not None and b.io > a.io
 
 
 def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
@@ -125,6 +176,8 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
         frames = _frames_for(members[0])
         ranks = sorted(p.rank for p in members if p.rank is not None)
         w = wait_of(frames)
+        note = ours_note(members[0])
+        mt = members[0].main_thread()
         groups.append(Group(
             ranks=ranks,
             pids=sorted((p.host, p.pid) for p in members),
@@ -133,8 +186,10 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
             collective=collective_of(frames),
             frames=frames,
             locals_key=lkey,
-            wait=w[0] if w else None,
-            wait_at=w[1].location if w else None,
+            wait="debugger" if note else w[0] if w else None,
+            wait_at=note if note else w[1].location if w else None,
+            ours=note,
+            hidden=len(mt.frames) - len(frames) if mt else 0,
         ))
     groups.sort(key=lambda g: (-len(g.pids), g.ranks[:1] or [1 << 62], g.pids[:1]))
     return groups
@@ -204,7 +259,7 @@ def _apply_watch(processes: Sequence[Process], groups: list[Group], all_threads:
                 continue
             same = process_signature(p, all_threads) == process_signature(
                 p, all_threads, p.threads_later)
-            states.add("stuck" if same else "moving")
+            states.add("stuck" if same and not io_moved(p) else "moving")
         if states:
             g.state = states.pop() if len(states) == 1 else "mixed"
 
@@ -230,8 +285,9 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     for i, g in enumerate(groups):
         place_of[(g.collective, g.where, g.locals_key)].append(i)
     places = sorted(place_of.values(), key=lambda idx: -sum(len(groups[i].pids) for i in idx))
+    acts = {(p.host, p.pid): a for p in procs if (a := activity(p)) is not None}
     sit = rules.Situation(procs, groups, places, world, missing, expected, answered, watch,
-                          all_threads)
+                          all_threads, activity=acts)
     v = rules.verdict(sit)
     by_key = {(p.host, p.pid): p for p in procs}
     suspects = []
@@ -239,15 +295,28 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
         g = groups[gi]
         for host, pid in g.pids:
             p = by_key[(host, pid)]
-            suspects.append(Suspect(rank=p.rank, host=host, pid=pid, reason=reason,
-                                    call_site=call_site(g.frames), job=key))
+            act = acts.get((host, pid)) if not g.collective else None
+            suspects.append(Suspect(rank=p.rank, host=host, pid=pid,
+                                    reason=reason + (f"; {act[0]} ({act[1]})" if act else ""),
+                                    call_site=call_site(g.frames), job=key,
+                                    activity=act[0] if act else None))
     suspects.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host, s.pid))
-    sit.suspects = suspects
     text, kind = v.text, v.kind
     if not text and suspects:
         names = join_labels(s_label(s) for s in suspects)
         text = (f"Suspect{'s' if len(suspects) > 1 else ''}: {names} - "
                 f"{suspects[0].reason}.")
+    # --watch saw every rank move (stack or data): progress, never a suspect headline
+    if watch is not None and not missing and groups and all(g.state == "moving" for g in groups):
+        slowest = ""
+        if suspects:
+            names = join_labels(s_label(s) for s in suspects)
+            slowest = (f" At the first dump {names} {'were' if len(suspects) > 1 else 'was'} "
+                       f"elsewhere ({suspects[0].reason}): the slowest, not stuck.")
+        text = (f"Every rank moved within {watch:g}s (its stack changed or it sent or received "
+                f"data): the job makes progress.{slowest}")
+        suspects, kind = [], VerdictKind.PROGRESS
+    sit.suspects = suspects
     if missing:
         miss = fold_ranks(missing)
         hosts = sorted({expected[r] for r in missing if r in expected})
@@ -257,13 +326,16 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                 "crashed or never started, and the others may be waiting for it. " + text)
         if kind is VerdictKind.SAME_PLACE:
             kind = VerdictKind.SUSPECTS
+    cls = rules.hang_class(sit, kind, [groups[i] for i in v.reasons])
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
-    verdict = Finding(kind.severity, text.strip(), "", rules.FIXES[kind], kind.value,
+    verdict = Finding(kind.severity, f"{cls.title}: {text.strip()}", "",
+                      rules.CLASS_FIXES.get(cls) or rules.FIXES[kind], kind.value,
                       rules._hosts(suspect_hosts))
     launcher = _most_common_str(p.job_launcher or p.launcher for p in procs)
     return Job(key=key, launcher=launcher, processes=procs, groups=groups, suspects=suspects,
                missing_ranks=missing, missing_hosts=expected, world_size=world,
-               verdict=verdict, kind=kind, findings=[verdict, *rules.hints(sit)])
+               verdict=verdict, kind=kind, findings=[verdict, *rules.hints(sit)],
+               hang_class=cls)
 
 
 def _most_common_str(values: Iterable[str | None]) -> str | None:
@@ -292,6 +364,12 @@ def analyze(collection: Collection, *, all_threads: bool = False,
                         answered=answered | (asked - no_answer))
             for k, v in jobs_procs.items()]
     jobs.sort(key=lambda j: (-len(j.processes), j.key))
+    if len(jobs) > 1:  # several jobs: every hint names its job
+        import dataclasses
+
+        for j in jobs:
+            j.findings = [j.verdict, *(dataclasses.replace(
+                f, title=f"Job {j.key or '(unnamed)'}: {f.title}") for f in j.findings[1:])]
     findings: list[Finding] = []
     if not jobs:
         kind = VerdictKind.NO_PROCESSES

@@ -14,7 +14,7 @@ from typing import Any
 
 from mldebug.errors import UsageError
 from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run, to_argv
-from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
+from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process, ProcSample
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
 
@@ -76,7 +76,7 @@ def _opt_str(v: Any) -> str | None:
     return v
 
 
-def process_from_node(host: str, p: dict[str, Any]) -> Process:
+def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Process:
     """A Process from one entry of a node document; ValueError when it is malformed."""
     if not isinstance(p, dict):
         raise ValueError("a process entry is not an object")
@@ -108,8 +108,28 @@ def process_from_node(host: str, p: dict[str, Any]) -> Process:
         setattr(proc, attr, threads_from_json(data))
     for w in p.get("workers") or ():
         if isinstance(w, dict) and w.get("dump") is not None:
-            proc.workers.append(process_from_node(host, w))
+            proc.workers.append(process_from_node(host, w, clk_tck))
+    proc.samples = samples_from_node(p.get("samples"))
+    proc.clk_tck = clk_tck
     return proc
+
+
+def samples_from_node(raw: Any) -> list[ProcSample]:
+    """The /proc samples of one process entry; malformed ones are dropped (they only refine
+    the verdict), at most 8 kept."""
+    out: list[ProcSample] = []
+    if not isinstance(raw, list):
+        return out
+    for s in raw[:8]:
+        if not isinstance(s, dict):
+            continue
+        t, state, ticks = s.get("t"), s.get("state"), s.get("ticks")
+        io, pt = s.get("io"), s.get("proc_ticks", 0)
+        if (isinstance(t, (int, float)) and isinstance(state, str) and len(state) <= 2
+                and isinstance(ticks, int) and isinstance(pt, int)
+                and (io is None or isinstance(io, int))):
+            out.append(ProcSample(float(t), state, ticks, pt, io))
+    return out
 
 
 def add_node_result(coll: Collection, r: NodeResult) -> None:
@@ -128,6 +148,8 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
         host = r.host
     procs: list[Process] = []
     errors: list[CollectError] = []
+    tck = doc.get("clk_tck")
+    tck = tck if isinstance(tck, int) and 1 <= tck <= 10000 else 100
     try:
         for e in doc.get("errors") or ():
             errors.append(CollectError(host, _opt_int(e.get("pid")), str(e.get("error"))))
@@ -136,7 +158,7 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
                 errors.append(CollectError(host, _opt_int(p.get("pid")), str(p["error"])))
             if p.get("dump") is None:
                 continue
-            procs.append(process_from_node(host, p))
+            procs.append(process_from_node(host, p, tck))
     except (AttributeError, TypeError, ValueError, RecursionError) as e:
         coll.errors.append(CollectError(r.host, None, f"answered a malformed collector document "
                                                       f"({type(e).__name__}: {e})"[:300]))

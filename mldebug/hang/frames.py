@@ -49,11 +49,65 @@ KNOWN_LIBRARIES = frozenset({
 })
 
 
+# mldebug's own modules (the package's top-level names, read from its directory): their
+# frames in a rank (the trace ring's tracer, the watchdog, printflock, the debugger's wait) are
+# ours, never the culprit's location.
+def _our_names() -> frozenset[str]:
+    import os
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return frozenset(n.removesuffix(".py") for n in os.listdir(here)
+                         if n.endswith(".py") or os.path.isdir(os.path.join(here, n)))
+    except OSError:
+        return frozenset({"trace", "capture", "debugger", "printing"})
+
+
+_OURS = _our_names() - {"__pycache__"}
+_OUR_PATH = re.compile(r"(?:^|/)mldebug/([A-Za-z_][A-Za-z0-9_]*)(?:/|\.py$)")
+# what a rank does in each of our modules, for "in mldebug: ..."
+OUR_ROLES = {
+    "trace": "the execution ring (mldebug.trace)", "capture": "the watchdog (mldebug.watchdog)",
+    "debugger": "the debugger (mldebug.breakpoint)", "printing": "printflock (mldebug.print)",
+    "numerics": "the numerics hooks", "memory": "the memory tracker",
+}
+
+
+def is_ours(f: StackFrame) -> bool:
+    """A Python frame of mldebug's own package (``mldebug/trace/ring.py``), by path."""
+    if f.native:
+        return False
+    m = _OUR_PATH.search((f.short or f.filename).replace("\\", "/"))
+    if m is None and f.short:
+        m = _OUR_PATH.search(f.filename.replace("\\", "/"))
+    return m is not None and m.group(1) in _OURS
+
+
+def our_role(frames: Iterable[StackFrame]) -> str | None:
+    """What mldebug does in this stack, innermost first ("the debugger ..."), or None."""
+    for f in frames:
+        if is_ours(f):
+            m = _OUR_PATH.search((f.short or f.filename).replace("\\", "/")) or \
+                _OUR_PATH.search(f.filename.replace("\\", "/"))
+            return OUR_ROLES.get(m.group(1) if m else "", "mldebug")
+    return None
+
+
+def without_ours(frames: list[StackFrame]) -> list[StackFrame]:
+    """The stack with mldebug's own frames taken out (the same list when there are none)."""
+    if not any(frame_kind(f) == "mldebug" for f in frames):
+        return frames
+    return [f for f in frames if frame_kind(f) != "mldebug"]
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def frame_kind(f: StackFrame) -> str:
-    """'native', 'torch', 'library' (other packages, stdlib) or 'user'."""
+    """'native', 'mldebug' (our own frames), 'torch', 'library' (other packages, stdlib) or
+    'user'."""
     if f.native:
         return "native"
+    if is_ours(f):
+        return "mldebug"
     path = f.filename.replace("\\", "/")
     short = (f.short or path).replace("\\", "/")
     if "/torch/" in path or short.startswith("torch/"):

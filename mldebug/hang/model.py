@@ -43,6 +43,18 @@ class Thread:
     frames: list[StackFrame] = field(default_factory=list)  # innermost first
 
 
+@dataclass(frozen=True)
+class ProcSample:
+    """One /proc sample of a rank (mldebug.hang.node.proc_sample): the main thread's state and
+    CPU ticks, the process's ticks, its read+write bytes (None when unreadable)."""
+
+    t: float
+    state: str
+    ticks: int
+    proc_ticks: int = 0
+    io: int | None = None
+
+
 # What a Process knows of its place in the job: mldebug.dist.Identity's fields (host aside),
 # copied flat so the JSON of a dump stays one level deep.
 IDENTITY_FIELDS = tuple(f.name for f in fields(Identity) if f.name != "host")
@@ -68,6 +80,9 @@ class Process:
     job_launcher: str | None = None  # "torchrun", "deepspeed", "srun", ... when known
     lone: bool = False  # carries a rank variable but no job is around it
     workers: list[Process] = field(default_factory=list)  # its DataLoader workers, dumped too
+    # /proc samples: before and after the dumps, and after the second round with --watch
+    samples: list[ProcSample] = field(default_factory=list)
+    clk_tck: int = 100
 
     @property
     def label(self) -> str:
@@ -145,6 +160,7 @@ class VerdictKind(str, enum.Enum):
     SAME_PLACE = "same-place"
     AMBIGUOUS = "ambiguous"
     NO_PROCESSES = "no-processes"
+    PROGRESS = "progress"  # --watch saw every rank move: slow, not stuck
 
     @property
     def severity(self) -> Severity:
@@ -155,6 +171,43 @@ class VerdictKind(str, enum.Enum):
     @property
     def style(self) -> str:
         return self.severity.style
+
+
+class HangClass(str, enum.Enum):
+    """What kind of hang a job's verdict names first (docs/hang.md, "Classes")."""
+
+    DESYNC = "desync"  # ranks in different collectives, or some in one and the rest not
+    BLOCKED = "blocked"  # a rank outside any collective, asleep (lock, I/O, queue, worker)
+    SPINNING = "spinning"  # a rank outside any collective burning CPU (state R, ticks grow)
+    OUTSIDE = "outside-collective"  # outside any collective, CPU not sampled (saved dumps)
+    DEBUGGER = "debugger"  # a rank waits in mldebug.breakpoint's barrier
+    COLLECTIVE_IDLE = "collective-idle"  # all in one collective, idle on the host
+    SAME_COLLECTIVE = "same-collective"  # all in one collective, CPU not sampled
+    DEVICE_WEDGE = "device-wedge"  # GPU signals (not collected yet: reserved)
+    DEAD_RANK = "dead-rank"  # a rank's process is gone or never started
+    SLOW = "slow"  # --watch saw every rank make progress
+    SAME_PLACE = "same-place"  # all ranks at one place outside any collective
+    NONE = "none"  # no rank processes
+
+    @property
+    def title(self) -> str:
+        return CLASS_TITLES[self]
+
+
+CLASS_TITLES = {
+    HangClass.DESYNC: "Collective mismatch",
+    HangClass.BLOCKED: "Blocked outside any collective",
+    HangClass.SPINNING: "Spinning outside any collective",
+    HangClass.OUTSIDE: "Outside any collective",
+    HangClass.DEBUGGER: "Waiting for the debugger",
+    HangClass.COLLECTIVE_IDLE: "Every rank idle in the same collective (network or device side)",
+    HangClass.SAME_COLLECTIVE: "Every rank in the same collective",
+    HangClass.DEVICE_WEDGE: "Device-side wedge",
+    HangClass.DEAD_RANK: "Dead or missing rank",
+    HangClass.SLOW: "Slow, not stuck",
+    HangClass.SAME_PLACE: "Every rank at the same place",
+    HangClass.NONE: "No ranks",
+}
 
 
 @dataclass
@@ -169,6 +222,8 @@ class Group:
     locals_key: tuple[tuple[str, str], ...] = ()
     wait: str | None = None  # what the innermost frame that matters waits in ("queue.get")
     wait_at: str | None = None  # that frame's location
+    ours: str | None = None  # "in mldebug: waiting for the debugger on rank 0" (frames hidden)
+    hidden: int = 0  # mldebug frames taken out of the stack shown
 
 
 @dataclass(frozen=True)
@@ -179,6 +234,7 @@ class Suspect:
     reason: str
     call_site: str | None = None
     job: str = ""
+    activity: str | None = None  # "spinning" / "blocked", from the /proc samples
 
 
 @dataclass
@@ -196,6 +252,7 @@ class Job:
     verdict: Finding
     kind: VerdictKind
     findings: list[Finding] = field(default_factory=list)  # verdict first, then hints
+    hang_class: HangClass = HangClass.SAME_PLACE
 
     @property
     def hosts(self) -> list[str]:
@@ -263,7 +320,8 @@ class Report:
             jobs.append({
                 "key": j.key, "launcher": j.launcher, "world_size": j.world_size,
                 "hosts": j.hosts, "ranks": len(j.processes),
-                "verdict": {"kind": j.kind.value, **j.verdict.to_dict()},
+                "verdict": {"kind": j.kind.value, "class": j.hang_class.value,
+                            **j.verdict.to_dict()},
                 "suspects": [asdict(s) for s in j.suspects],
                 "missing_ranks": j.missing_ranks,
                 "missing": [{"rank": r, "expected_host": j.missing_hosts.get(r)}
@@ -273,7 +331,9 @@ class Report:
         return {
             "schema": "mldebug.hang/2",
             "verdict": {"kind": self.verdict_kind, "summary": self.verdict,
-                        "code": self.verdict_finding.code},
+                        "code": self.verdict_finding.code,
+                        "class": (self.jobs[0].hang_class.value if len(self.jobs) == 1 else
+                                  "jobs" if self.jobs else HangClass.NONE.value)},
             "world_size": self.world_size,
             "watch_seconds": self.watch,
             "jobs": jobs,
@@ -339,6 +399,8 @@ def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
         d["threads_later"] = [thread_to_dict(t, stacks) for t in p.threads_later]
     if p.workers:
         d["workers"] = [process_to_dict(w, stacks) for w in p.workers]
+    if p.samples:
+        d["samples"] = [asdict(x) for x in p.samples]
     return d
 
 
@@ -353,6 +415,7 @@ def group_to_dict(g: Group, stacks: StackTable, job: str) -> dict[str, Any]:
         "wait": g.wait,
         "wait_at": g.wait_at,
         "state": g.state,
+        "mldebug": g.ours,
         "locals": {k: v for k, v in g.locals_key} if g.locals_key else None,
         "stack": stacks.ref(g.frames),
     }

@@ -22,6 +22,41 @@ from mldebug.nodekit import ArgumentParser, emit, find_py_spy, short_hostname
 from mldebug.ranks import find_ranks, list_processes, proc_status, read_text, resolve_user
 
 NODE_VERSION = 1
+MIN_SAMPLE_INTERVAL = 0.1  # seconds between the two /proc samples (ticks are 10 ms)
+
+
+def proc_sample(pid: int) -> dict[str, Any] | None:
+    """The main thread's scheduler state and CPU ticks (utime+stime), the process's ticks and
+    its read+write bytes (rchar+wchar, sockets included: a gloo collective that completes
+    moves them). None when the process is gone. Reads three small /proc files, bounded."""
+    fields = []
+    for path in (f"/proc/{pid}/task/{pid}/stat", f"/proc/{pid}/stat"):
+        try:
+            with open(path, "rb") as f:
+                text = f.read(4096).decode(errors="replace")
+            rest = text[text.rindex(")") + 2:].split()
+            fields.append((rest[0], int(rest[11]) + int(rest[12])))
+        except (OSError, ValueError, IndexError):
+            return None
+    io = None
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            io_text = f.read(4096).decode(errors="replace")
+        counts = dict(line.split(":", 1) for line in io_text.splitlines() if ":" in line)
+        io = int(counts["rchar"]) + int(counts["wchar"])
+    except (OSError, ValueError, KeyError):
+        pass  # another user's process: /proc/PID/io needs ptrace read access
+    return {"t": round(time.monotonic(), 4), "state": fields[0][0], "ticks": fields[0][1],
+            "proc_ticks": fields[1][1], "io": io}
+
+
+def sample_all(targets: list[dict[str, Any]]) -> None:
+    """Append one /proc sample to every target and its workers (a few microseconds each)."""
+    for t in targets:
+        for info in (t, *t.get("workers", ())):
+            s = proc_sample(info["pid"])
+            if s is not None:
+                info.setdefault("samples", []).append(s)
 
 
 def explain_pyspy_error(pid: int, stderr: str, rc: int,
@@ -151,7 +186,8 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
     start = time.monotonic()
     host = short_hostname()
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
-                           "errors": [], "python": sys.executable}
+                           "errors": [], "python": sys.executable,
+                           "clk_tck": os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100}
     procs, targets, errors, _ = select_targets(opts, host)
     doc["errors"].extend(errors)
     if targets is None:
@@ -165,18 +201,27 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
             "Install it next to the job's Python (pip install py-spy) or pass --py-spy PATH.")})
     elif targets:
         assert py_spy is not None
+        # CPU time and state before and after the dumps (spinning or blocked), and after the
+        # second round with --watch (progress): free but for a floor on the first interval
+        sample_all(targets)
+        first = time.monotonic()
         dump_all(targets, py_spy, opts, "dump")
+        time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
+        sample_all(targets)
         if opts.watch:
             time.sleep(opts.watch)
             alive = [t for t in targets if t.get("dump") is not None]
             dump_all(alive, py_spy, opts, "dump_later")
+            sample_all(alive)
     for t in targets:
         doc["processes"].append({
             "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
             "identity": t["identity"], "job": t.get("job"), "dump": t.get("dump"),
             "dump_later": t.get("dump_later"), "error": t.get("error"),
+            "samples": t.get("samples", []),
             "workers": [{"pid": w["pid"], "ppid": w["ppid"], "cmdline": w["cmdline"],
                          "identity": w["identity"], "dump": w.get("dump"),
+                         "samples": w.get("samples", []),
                          "error": w.get("error")} for w in t.get("workers", ())],
         })
     doc["seconds"] = round(time.monotonic() - start, 3)

@@ -14,6 +14,7 @@ from mldebug.findings import Finding, Severity
 from mldebug.hang.frames import user_frames
 from mldebug.hang.model import (
     Group,
+    HangClass,
     Process,
     Suspect,
     VerdictKind,
@@ -38,6 +39,8 @@ class Situation:
     watch: float | None = None
     all_threads: bool = False
     suspects: list[Suspect] = field(default_factory=list)  # filled after the verdict
+    # (host, pid) -> ("spinning" | "blocked", evidence), from the /proc samples
+    activity: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
 
     def size(self, idx: list[int]) -> int:
         return sum(len(self.groups[i].pids) for i in idx)
@@ -71,6 +74,8 @@ def ranks_text(groups: list[Group], idx: list[int], limit: int = 8) -> str:
 def place(g: Group) -> str:
     if g.collective:
         return f"in {g.collective} at {g.where}"
+    if g.ours:
+        return f"at {g.where} (not in a collective; {g.ours})"
     waits = f"; waits in {g.wait_at}" if g.wait_at else ""
     return f"at {g.where} (not in a collective{waits})"
 
@@ -169,6 +174,55 @@ FIXES = {
                            "analyze, to see which collective each side issued last.",
     VerdictKind.NO_PROCESSES: "Check that the job runs on these hosts; select it with --pid or "
                               "--pattern if its processes carry no RANK variable.",
+    VerdictKind.PROGRESS: "Nothing is stuck: if a timeout fires, raise it; find the slow step "
+                          "with py-spy top --pid PID on the slowest rank.",
+}
+
+
+# -- the class of the hang (named first in the verdict) --------------------------------------
+def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> HangClass:
+    """The kind of hang from the verdict, the suspects' groups and the /proc samples."""
+    if kind is VerdictKind.PROGRESS:
+        return HangClass.SLOW
+    if kind is VerdictKind.NO_PROCESSES:
+        return HangClass.NONE
+    if s.missing:
+        return HangClass.DEAD_RANK
+    if kind is VerdictKind.AMBIGUOUS:
+        return HangClass.DESYNC
+    if kind is VerdictKind.SUSPECTS:
+        if not suspect_groups or any(g.collective for g in suspect_groups):
+            return HangClass.DESYNC
+        if any(g.wait == "debugger" for g in suspect_groups):
+            return HangClass.DEBUGGER
+        acts = [s.activity.get(hp, ("", ""))[0] for g in suspect_groups for hp in g.pids]
+        if "spinning" in acts:
+            return HangClass.SPINNING
+        if acts and all(a == "blocked" for a in acts):
+            return HangClass.BLOCKED
+        return HangClass.OUTSIDE
+    if s.groups and all(g.collective for g in s.groups) and len(s.places) == 1:
+        acts = [s.activity.get((p.host, p.pid), ("", ""))[0] for p in s.procs]
+        if acts and all(a == "blocked" for a in acts):
+            return HangClass.COLLECTIVE_IDLE
+        return HangClass.SAME_COLLECTIVE
+    return HangClass.SAME_PLACE
+
+
+CLASS_FIXES = {
+    HangClass.SPINNING: "The suspect loops without blocking: py-spy top --pid PID shows where "
+                        "its time goes; look for a loop whose exit condition never comes (a "
+                        "flag, a file or a message another rank never sets).",
+    HangClass.BLOCKED: "The suspect sleeps in a wait outside any collective: see the hint for "
+                       "what it waits on (lock, queue, file, DataLoader worker) and who should "
+                       "wake it.",
+    HangClass.DEBUGGER: "mldebug.breakpoint was reached by only some ranks: call it on every "
+                        "rank (it stops only the rank= ones), or continue the debugged rank.",
+    HangClass.COLLECTIVE_IDLE: "Every rank waits, idle, in the same collective: the data is not "
+                               "moving below Python (network, NCCL, a GPU). Run mldebug env and "
+                               "mldebug fr trigger + fr analyze; on GPU nodes check nvidia-smi.",
+    HangClass.DEAD_RANK: "Find why the rank's process ended: its log, dmesg for OOM kills, the "
+                         "node's health; the others wait for it.",
 }
 
 
