@@ -66,11 +66,32 @@ def breakpoint(rank: Ranks = 0, *, frame: FrameType | None = None, ide: str | bo
         name, bound = wait.next_name(), wait.timeout_s(timeout)
         debugged = ("every rank" if wanted is None else
                     f"rank{'s' if len(wanted) > 1 else ''} {fold_ints(wanted)}")
+        everyone, came, world = wait.handshake(dist, name, f"mldebug.breakpoint (for {debugged})")
 
         def release() -> None:
             wait.barrier(dist, name, bound, f"the debugger on {debugged}")
 
-        if wanted is not None and me not in wanted:
+        if not everyone:
+            # some ranks never called breakpoint() here (an `if rank == N:` around it): say
+            # who, and nobody waits for the others (they would wait forever)
+            missing = sorted(set(range(world)) - set(came)) if came else []
+            absent = sorted((wanted or set()) - set(came)) if came else []
+            sys.stderr.write(
+                f"mldebug.breakpoint: rank {me}: only rank{'s' if len(came) != 1 else ''} "
+                f"{fold_ints(came) or '?'} of {world} reached this breakpoint within "
+                f"{wait.handshake_s():g}s (rank{'s' if len(missing) != 1 else ''} "
+                f"{fold_ints(missing) or '?'} did not: call mldebug.breakpoint on every rank; "
+                f"it stops only rank={rank!r}). "
+                + (f"{'Ranks' if len(absent) > 1 else 'Rank'} {fold_ints(absent)} will not be "
+                   "debugged here; " if absent else "")
+                + ("this rank is debugged; nobody waits for it, so the others may reach their "
+                   "collective timeout.\n" if wanted is None or me in wanted else
+                   "this rank continues without waiting.\n"))
+            sys.stderr.flush()
+            release = None
+            if wanted is not None and me not in wanted:
+                return
+        elif wanted is not None and me not in wanted:
             if me == min(set(range(int(dist.get_world_size()))) - wanted, default=None):
                 sys.stderr.write(f"mldebug.breakpoint: the other ranks wait (up to {bound:g}s) "
                                  f"while {debugged} {'are' if len(wanted) > 1 else 'is'} "

@@ -132,7 +132,8 @@ def sessions(directory: str | None = None, host: str | None = None
     """The live sessions of this host in ``directory``, and the files skipped with why.
 
     Registrations of other hosts (a /tmp shared between nodes) are ignored; those whose
-    process is gone (or whose pid was reused) are skipped as stale, not deleted.
+    process is gone (or whose pid was reused) are stale: removed (``read`` checked they are
+    ours, in our private directory) and listed as skipped with why.
     """
     directory = directory or default_dir()
     host = host or short_host()
@@ -155,7 +156,9 @@ def sessions(directory: str | None = None, host: str | None = None
         if doc["host"] != host:
             continue
         if process_start(doc["pid"]) != doc.get("start"):
-            skipped.append({"file": name, "reason": f"stale: pid {doc['pid']} is gone"})
+            remove(path)
+            skipped.append({"file": name, "reason": f"stale: pid {doc['pid']} is gone "
+                                                    "(registration removed)"})
             continue
         found.append(doc)
     return found, skipped

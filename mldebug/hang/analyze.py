@@ -27,7 +27,6 @@ from mldebug.hang.frames import (
 from mldebug.hang.model import (
     Collection,
     Group,
-    HangClass,
     Job,
     Process,
     Report,
@@ -328,7 +327,7 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
             kind = VerdictKind.SUSPECTS
     cls = rules.hang_class(sit, kind, [groups[i] for i in v.reasons])
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
-    verdict = Finding(kind.severity, f"{cls.title}: {text.strip()}", "",
+    verdict = Finding(kind.severity, f"{cls.headline}: {text.strip()}", "",
                       rules.CLASS_FIXES.get(cls) or rules.FIXES[kind], kind.value,
                       rules._hosts(suspect_hosts))
     launcher = _most_common_str(p.job_launcher or p.launcher for p in procs)

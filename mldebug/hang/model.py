@@ -190,7 +190,7 @@ class HangClass(str, enum.Enum):
     NONE = "none"  # no rank processes
 
     @property
-    def title(self) -> str:
+    def headline(self) -> str:
         return CLASS_TITLES[self]
 
 

@@ -20,7 +20,9 @@ from mldebug.render import Line, write_lines
 if TYPE_CHECKING:
     from rich.console import Console
 
-_FRAME_STYLE = {"user": "bold", "torch": "dim", "library": "dim", "native": "dim italic"}
+_FRAME_STYLE = {"user": "bold", "torch": "dim", "library": "dim", "native": "dim italic",
+                "mldebug": "dim"}
+MAX_WORKER_FRAMES = 12
 MAX_GROUPS = 6
 MAX_SUSPECTS = 8
 MAX_ERRORS = 8
@@ -106,6 +108,8 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> lis
         line: Line = [("  suspect ", "red"), (s_label(sus), "bold")]
         if sus.call_site:
             line.append((f"  at {sus.call_site}", ""))
+        if sus.activity:
+            line.append((f"  [{sus.activity}]", "red" if sus.activity == "spinning" else "yellow"))
         lines.append(line)
     if cap is not None and len(job.suspects) > cap:
         rest = job.suspects[cap:]
@@ -137,12 +141,18 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> lis
         if g.locals_key:
             lines.append([("    locals: " + ", ".join(f"{k}={v}" for k, v in g.locals_key),
                            "cyan")])
+        if g.ours:
+            lines.append([(f"    {g.ours}", "cyan")])
         # bare native addresses (0x7f...) differ per process and say nothing: JSON keeps them
         frames = [f for f in g.frames if not (f.native and f.name.startswith("0x"))]
         for f in frames[:MAX_FRAMES]:
             lines.append(_frame_line(f))
         if len(frames) > MAX_FRAMES:
             lines.append([(f"    ... {len(frames) - MAX_FRAMES} more frames", "dim")])
+        if g.hidden:
+            lines.append([(f"    ({g.hidden} frame{'s' if g.hidden != 1 else ''} of mldebug "
+                           "itself hidden)", "dim")])
+        lines.extend(worker_lines(job, s.pids, show_all=show_all))
     if gcap is not None and len(shown) > gcap:
         rest_pids = sum(len(s.pids) for s in shown[gcap:])
         lines.append([])
@@ -156,6 +166,40 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> lis
         if hosts_m:
             miss.append((f"  (expected on {collapse(hosts_m)})", ""))
         lines.append(miss)
+    return lines
+
+
+def worker_lines(job: Job, pids: list[tuple[str, int]], *, show_all: bool = False,
+                 ) -> list[Line]:
+    """The DataLoader workers (and other rank-carrying children) of these ranks, folded by
+    stack like the ranks: who, then the stack of the first of them."""
+    from mldebug.hang.analyze import thread_signature
+
+    wanted = set(pids)
+    folded: dict[tuple, tuple[list[str], list[StackFrame]]] = {}
+    for p in job.processes:
+        if (p.host, p.pid) not in wanted:
+            continue
+        for w in p.workers:
+            mt = w.main_thread()
+            if mt is None:
+                continue
+            key = thread_signature(mt)
+            label = f"{p.label} (pid {w.pid})" if p.rank is not None else proc_label(w.host, w.pid)
+            folded.setdefault(key, ([], mt.frames))[0].append(label)
+    lines: list[Line] = []
+    cap = None if show_all else MAX_WORKER_FRAMES
+    for who, frames in folded.values():
+        shown = [f for f in frames if not (f.native and f.name.startswith("0x"))]
+        from mldebug.hang.frames import where
+
+        lines.append([("  worker process" + ("es" if len(who) > 1 else "") + " of ", "bold"),
+                      (join_labels(who, 6), "bold magenta"), (f"  at {where(shown)}", "")])
+        for f in shown[:cap]:
+            line = _frame_line(f)
+            lines.append([("  " + line[0][0], line[0][1])])
+        if cap is not None and len(shown) > cap:
+            lines.append([(f"      ... {len(shown) - cap} more frames (--all)", "dim")])
     return lines
 
 

@@ -115,7 +115,8 @@ def outside_while_others_wait(s: Situation) -> Verdict | None:
         return None
     wait_desc = "; ".join(f"{ranks_text(s.groups, idx)} {_verb(s, idx)} {place(s.groups[idx[0]])}"
                           for idx in s.in_coll[:3])
-    reasons = {i: f"not in any collective (at {s.groups[i].where}) while {wait_desc}"
+    reasons = {i: f"not in any collective (at {s.groups[i].where}"
+                  + (f"; {s.groups[i].ours}" if s.groups[i].ours else "") + f") while {wait_desc}"
                for idx in s.out_coll for i in idx}
     return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
 
@@ -369,7 +370,8 @@ def wait_hints(s: Situation) -> list[Finding]:
 def needs_native(s: Situation) -> list[Finding]:
     """A suspect idle in its own code with nothing below it: the wait is in C."""
     hits = [i for i, g in enumerate(s.groups) if not g.collective and not g.wait and g.frames
-            and not any(f.native for f in g.frames) and user_frames(g.frames[:1])]
+            and not any(f.native for f in g.frames) and user_frames(g.frames[:1])
+            and not any(s.activity.get(hp, ("",))[0] == "spinning" for hp in g.pids)]
     if not hits or not s.suspects:
         return []
     suspect_keys = {(x.host, x.pid) for x in s.suspects}
