@@ -58,8 +58,18 @@ class Watchdog(DumpHandler):
         self._gil_fd: int | None = None
         self._gil_seen = 0
         self._abort: AbortTimer | None = None
+        self._barrier: Any = None
         super().__init__(dir, signum, locals,
                          poll if poll is not None else min(5.0, max(0.05, timeout / 4)))
+        if on_stall == "dump+abort":
+            from mldebug.capture.evidence import Barrier
+
+            try:
+                self._barrier = Barrier(self.dir, self.stem, self.identity, self.pid,
+                                        self.fh_dir, self.dumps_dir)
+            except OSError as e:
+                _log(f"on_stall=dump+abort: no evidence barrier ({e}); this rank will not "
+                     "wait for the others' dumps before it exits")
         if gil_guard:
             self._gil_fd = open_private(self.fh_dir / f"{self.stem}.gil.txt",
                                         os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -129,11 +139,35 @@ class Watchdog(DumpHandler):
 
     def _after_stall(self) -> None:
         if self.on_stall == "dump+abort":
+            if self._barrier is not None:
+                from mldebug.capture.evidence import wait_s
+
+                bound = wait_s()
+                # this thread waits now instead of waking every poll: push the GIL guard's
+                # abort past the wait, so it does not fire meanwhile (it still bounds us)
+                if self._abort is not None:
+                    self._abort.arm(bound + self.timeout + self.poll)
+                elif self._gil_fd is not None:
+                    faulthandler.dump_traceback_later(bound + self.timeout + self.poll,
+                                                      repeat=False, file=self._gil_fd, exit=True)
+                try:
+                    note = self._barrier.wait(bound)
+                    missing = ", ".join(f"rank {m['rank']} ({m['why']})" if m["rank"] is not None
+                                        else f"pid {m['pid']} ({m['why']})"
+                                        for m in note["missing"])
+                    _log(f"on_stall=dump+abort: dumps written by {', '.join(note['dumped'])}"
+                         + (f"; no dump from {missing}" if missing else "")
+                         + f" (waited {note['waited_s']:g}s of {note['bound_s']:g})")
+                except Exception as e:  # noqa: BLE001 - the abort must happen regardless
+                    _log(f"on_stall=dump+abort: the evidence barrier failed ({e})")
             _log(f"on_stall=dump+abort: exiting with code {STALL_EXIT_CODE}")
             os._exit(STALL_EXIT_CODE)
 
     def close(self) -> None:
         super().close()  # the thread first: it re-arms the timers
+        if self._barrier is not None:
+            self._barrier.leave()
+            self._barrier = None
         if self._abort is not None:
             self._abort.close()
             self._abort = None

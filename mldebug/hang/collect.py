@@ -298,6 +298,7 @@ class _Inputs:
     # faulthandler texts of a capture directory (DIR/faulthandler), with the directory
     texts: list[tuple[Path, Path]] = dataclasses.field(default_factory=list)
     errors: list[CollectError] = dataclasses.field(default_factory=list)
+    dirs: list[Path] = dataclasses.field(default_factory=list)  # directories given
 
 
 def _expand_inputs(paths: Iterable[str]) -> _Inputs:
@@ -318,6 +319,7 @@ def _expand_inputs(paths: Iterable[str]) -> _Inputs:
                                  "Pass a directory written by 'mldebug hang --out DIR' or by "
                                  "mldebug.watchdog(), or files.")
             found_in.files.extend(found)
+            found_in.dirs.append(p)
             found_in.texts.extend((t, p) for t in texts)
             found_in.errors.extend(errors)
         elif p.is_file():
@@ -416,9 +418,51 @@ def _load(paths: Iterable[str]) -> Collection:
             continue
         fhtext.adopt_job([fh_proc], siblings)
         coll.processes.append(fh_proc)
+    _abort_notes(coll, inputs.dirs)
     if watch:
         coll.watch = 0.0
     return coll
+
+
+ABORT_NOTE_FORMAT = "mldebug.capture.abort/1"  # written by mldebug.capture.evidence
+
+
+def missing_notes(root: Path) -> list[tuple[int | None, int, str]]:
+    """(rank, pid, why) for each rank dump+abort's exit notes under ``root/abort`` name as
+    having no dump, once each; read bounded, malformed notes skipped."""
+    from mldebug.privdir import read_bounded
+
+    d = root / "abort"
+    if not d.is_dir():
+        return []
+    seen: dict[tuple[Any, int], str] = {}
+    for f in sorted(d.glob("*.exit"))[:4096]:
+        try:
+            doc = json.loads(read_bounded(f, 1 << 20))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or doc.get("format") != ABORT_NOTE_FORMAT:
+            continue
+        for m in doc.get("missing") or ():
+            if (isinstance(m, dict) and isinstance(m.get("pid"), int)
+                    and (m.get("rank") is None or isinstance(m.get("rank"), int))):
+                seen.setdefault((m.get("rank"), m["pid"]),
+                                f"{str(m.get('why'))[:200]} (rank {doc.get('rank')} waited "
+                                f"{doc.get('waited_s')}s for it before its own abort)")
+    return [(r, pid, why) for (r, pid), why in seen.items()]
+
+
+def _abort_notes(coll: Collection, dirs: list[Path]) -> None:
+    """dump+abort's exit notes (mldebug.capture.evidence): each rank they name as missing
+    and that has no dump here becomes an error saying why."""
+    have_ranks = {p.rank for p in coll.processes if p.rank is not None}
+    have_pids = {p.pid for p in coll.processes}
+    for d in dirs:
+        for rank, pid, why in missing_notes(d):
+            if (rank is not None and rank in have_ranks) or pid in have_pids:
+                continue
+            who = f"rank {rank} (pid {pid})" if rank is not None else f"pid {pid}"
+            coll.errors.append(CollectError(d.name, pid, f"{who} has no dump: {why}"))
 
 
 def _pid_from(data: list[Any], f: Path) -> int:
