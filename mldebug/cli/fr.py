@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="user frames per call site with --analyze (default: 2)")
     add_target_arguments(t, default_timeout=30.0,
                          timeout_help="seconds each rank may take to write its dump")
+    _add_pid_job(t)
     add_json_argument(t)
     t.set_defaults(_fr=_trigger)
 
@@ -74,6 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between the two dumps (default: 10)")
     _add_dir_out(w, "for both dumps (<out>/1, <out>/2)")
     add_target_arguments(w, default_timeout=30.0)
+    _add_pid_job(w)
     add_json_argument(w)
     w.set_defaults(_fr=_watch)
 
@@ -86,6 +88,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--buffer-size", type=int, default=2000, metavar="N",
                    help="entries kept per rank (default: 2000)")
     e.set_defaults(_fr=_env)
+
+
+def _add_pid_job(p: argparse.ArgumentParser) -> None:
+    """--pid / --job, as mldebug hang has them: only that job's ranks on this host."""
+    p.add_argument("--pid", type=int, metavar="PID",
+                   help="only this job: its launcher's (or one rank's) pid on this host")
+    p.add_argument("--job", metavar="KEY",
+                   help="only the job with this key (as 'mldebug hang' names jobs) on this host")
+
+
+def job_pids(args: argparse.Namespace, local: bool) -> set[int] | None:
+    """The rank pids --pid / --job select on this host (None: no selection). A selection
+    that finds no rank is an error with the fix, never 'every job'."""
+    if args.pid is None and args.job is None:
+        return None
+    if not local:
+        raise UsageError("--pid/--job select processes on this host; with --nodes/--hostfile/"
+                         "--slurm-job each node has its own pids.",
+                         "Run on the job's node, or drop --pid/--job (every registered rank "
+                         "of your user dumps).")
+    import os
+
+    from mldebug.ranks import find_ranks, list_processes
+
+    uid = None if os.geteuid() == 0 else os.geteuid()
+    targets, errors = find_ranks(list_processes(), pid=args.pid, uid=uid)
+    if args.job is not None:
+        targets = [t for t in targets if (t.get("job") or {}).get("key") == args.job]
+    if not targets:
+        why = "; ".join(str(e.get("error")) for e in errors[:3])
+        what = f"pid {args.pid}" if args.pid is not None else ""
+        what += (" and " if what else "") + (f"job {args.job!r}" if args.job else "")
+        raise MldebugError(f"no rank process of {what} on this host" + (f" ({why})" if why
+                                                                         else "") + ".",
+                           "'mldebug hang' lists the jobs and their keys; pass the launcher's "
+                           "pid (torchrun) or a key it prints.")
+    return {int(t["pid"]) for t in targets} | ({args.pid} if args.pid is not None else set())
 
 
 def _add_dir_out(p: argparse.ArgumentParser, what: str) -> None:
@@ -149,8 +188,9 @@ def _trigger(args: argparse.Namespace) -> int:
     if not args.max_mb > 0:
         raise UsageError(f"--max-mb must be a positive number, not {args.max_mb}.",
                          "Pass e.g. --max-mb 1024.")
+    pids = job_pids(args, target.is_local)
     result = trigger(target, args.out, args.dir,  # progress: on stderr, on a terminal
-                     max_bytes=int(args.max_mb * (1 << 20)), discover=args.discover)
+                     max_bytes=int(args.max_mb * (1 << 20)), discover=args.discover, pids=pids)
     out = result.out_dir
     analysis = None
     if args.analyze and result.files:
@@ -198,12 +238,14 @@ def _watch(args: argparse.Namespace) -> int:
     if not 0 < args.interval < 86400:
         raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
                          "Pass e.g. --interval 10.")
-    result = watch(fanout_options(args), args.interval, args.out, args.dir)
+    target = fanout_options(args)
+    result = watch(target, args.interval, args.out, args.dir, pids=job_pids(args, target.is_local))
     files = result.second.files
     if not files:
         raise MldebugError(f"no rank dumped (first trigger: {len(result.first.files)} dump(s)).",
-                           "Check that the job called mldebug.fr.enable(); "
-                           "'mldebug fr trigger' shows each rank's reason.")
+                           "Check that the job called mldebug.fr.enable(); if it passed "
+                           "enable(dump_dir=...) or set MLDEBUG_FR_DIR, pass the same --dir DIR "
+                           "here; 'mldebug fr trigger' shows each rank's reason.")
     analysis = analyze(load_files(files), since=result.since)
     if args.json:
         doc = result.to_dict()

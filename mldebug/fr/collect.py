@@ -332,14 +332,16 @@ def last_seqs(files: list[Path]) -> dict[str, int]:
 
 
 def watch(target: FanoutOptions, interval: float, out_dir: str | Path | None,
-          dump_dir: str | Path | None = None, timeout: float | None = None) -> WatchResult:
+          dump_dir: str | Path | None = None, timeout: float | None = None,
+          pids: Any = None) -> WatchResult:
     """Trigger every rank twice, ``interval`` seconds apart, into ``<out>/1`` and ``<out>/2``;
-    the straggler statistics of the second dumps then cover only the collectives between."""
+    the straggler statistics of the second dumps then cover only the collectives between.
+    ``pids``: only these processes (``--pid``/``--job``), as for ``trigger``."""
     out, created = prepare_out(out_dir)
-    first = trigger(target, out / "1", dump_dir, timeout=timeout)
+    first = trigger(target, out / "1", dump_dir, timeout=timeout, pids=pids)
     since = last_seqs(first.files) if first.files else {}
     time.sleep(interval)
-    second = trigger(target, out / "2", dump_dir, timeout=timeout)
+    second = trigger(target, out / "2", dump_dir, timeout=timeout, pids=pids)
     if created and not first.files and not second.files:
         try:
             out.rmdir()
