@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mldebug.findings import Finding, Severity
 from mldebug.hang.frames import (
@@ -268,7 +269,8 @@ def _order(p: Process) -> tuple[int, str, int]:
 
 
 def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
-                watch: float | None = None, answered: frozenset[str] = frozenset()) -> Job:
+                watch: float | None = None, answered: frozenset[str] = frozenset(),
+                gpu: dict[str, list[dict[str, Any]]] | None = None) -> Job:
     """One job's groups, suspects and verdict (see mldebug.hang.rules)."""
     from mldebug.hang import rules
 
@@ -285,8 +287,10 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
         place_of[(g.collective, g.where, g.locals_key)].append(i)
     places = sorted(place_of.values(), key=lambda idx: -sum(len(groups[i].pids) for i in idx))
     acts = {(p.host, p.pid): a for p in procs if (a := activity(p)) is not None}
+    job_hosts = {p.host for p in procs}
     sit = rules.Situation(procs, groups, places, world, missing, expected, answered, watch,
-                          all_threads, activity=acts)
+                          all_threads, activity=acts,
+                          gpu={h: v for h, v in (gpu or {}).items() if h in job_hosts})
     v = rules.verdict(sit)
     by_key = {(p.host, p.pid): p for p in procs}
     suspects = []
@@ -360,7 +364,7 @@ def analyze(collection: Collection, *, all_threads: bool = False,
     no_answer = {e.host for e in errors if e.pid is None}
     dead = sorted(h for h in asked if h in no_answer and h not in answered)
     jobs = [analyze_job(k, v, all_threads=all_threads, watch=collection.watch,
-                        answered=answered | (asked - no_answer))
+                        answered=answered | (asked - no_answer), gpu=collection.gpu)
             for k, v in jobs_procs.items()]
     jobs.sort(key=lambda j: (-len(j.processes), j.key))
     if len(jobs) > 1:  # several jobs: every hint names its job
@@ -401,7 +405,7 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             "See the errors below for why; retry those nodes with --nodes.",
             "dead-nodes", (collapse(dead),)))
     return Report(jobs=jobs, errors=errors, lone=sorted(lone, key=_order), findings=findings,
-                  watch=collection.watch, dead_hosts=dead)
+                  watch=collection.watch, dead_hosts=dead, gpu=collection.gpu)
 
 
 def s_label(s: Suspect) -> str:

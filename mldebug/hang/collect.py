@@ -19,7 +19,7 @@ from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
-                "mldebug.hang.node")
+                "mldebug.hang.gpu", "mldebug.hang.node")
 NODE_SCHEMA = {"host": str, "processes": list}
 DUMP_FORMAT = "mldebug.hang.dump/1"
 MAX_DUMP_BYTES = 64 << 20  # one process's dump; anything bigger is not one
@@ -165,6 +165,17 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
         return
     coll.errors.extend(errors)
     coll.processes.extend(procs)
+    if doc.get("gpu") is not None:
+        from mldebug.hang.gpu import SignalError, check_polls
+
+        try:
+            polls = check_polls(doc["gpu"])
+        except (SignalError, AttributeError, TypeError) as e:
+            coll.errors.append(CollectError(host, None, f"GPU signals malformed: {e}"[:300]))
+            return
+        coll.gpu[host] = polls
+        for err in dict.fromkeys(e for p in polls for e in p["errors"]):
+            coll.errors.append(CollectError(host, None, err))
 
 
 def collection_from_results(results: Sequence[NodeResult], watch: float | None = None) -> Collection:

@@ -151,6 +151,7 @@ class Collection:
     errors: list[CollectError] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)  # hosts asked (for "did not answer")
     watch: float | None = None
+    gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> GPU polls
 
 
 class VerdictKind(str, enum.Enum):
@@ -267,6 +268,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)  # every job's, then the report's
     watch: float | None = None
     dead_hosts: list[str] = field(default_factory=list)  # asked, never answered
+    gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> GPU polls
 
     # The single-job view most callers (and the first schema) use; with several jobs the
     # first job's verdict leads and processes/suspects are every job's.
@@ -346,6 +348,7 @@ class Report:
             "processes": [process_to_dict(p, stacks) for p in self.processes],
             "lone_processes": [process_to_dict(p, stacks) for p in self.lone],
             "dead_hosts": self.dead_hosts,
+            "gpu": self.gpu,
             "errors": [asdict(e) for e in self.errors],
             "stacks": stacks.rows,
         }

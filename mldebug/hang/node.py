@@ -165,6 +165,22 @@ def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespac
         t.join()
 
 
+def _gpu_poll_async(opts: argparse.Namespace, polls: list[dict[str, Any]]
+                    ) -> threading.Thread | None:
+    """Start the first GPU poll (nvidia-smi, ncclras) on a thread when either is here."""
+    import shutil
+
+    if not (opts.nvidia_smi or opts.ncclras or shutil.which("nvidia-smi")
+            or shutil.which("ncclras")):
+        return None
+    from mldebug.hang import gpu
+
+    t = threading.Thread(target=lambda: polls.append(
+        gpu.poll(opts.gpu_timeout, opts.nvidia_smi, opts.ncclras)), daemon=True)
+    t.start()
+    return t
+
+
 def select_targets(opts: argparse.Namespace, host: str) -> tuple[
         dict[int, dict[str, Any]], list[dict[str, Any]] | None, list[dict[str, Any]], int | None]:
     """The process table, the rank processes this run looks at (``--pid``, ``--pattern``,
@@ -205,9 +221,17 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
         # second round with --watch (progress): free but for a floor on the first interval
         sample_all(targets)
         first = time.monotonic()
+        gpu_polls: list[dict[str, Any]] = []
+        gpu_thread = _gpu_poll_async(opts, gpu_polls)  # the first poll while the dumps run
         dump_all(targets, py_spy, opts, "dump")
         time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
         sample_all(targets)
+        if gpu_thread is not None:
+            gpu_thread.join()
+            from mldebug.hang import gpu
+
+            gpu_polls.append(gpu.poll(opts.gpu_timeout, opts.nvidia_smi, opts.ncclras))
+            doc["gpu"] = gpu_polls
         if opts.watch:
             time.sleep(opts.watch)
             alive = [t for t in targets if t.get("dump") is not None]
@@ -245,6 +269,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", type=float, default=0.0, help="dump again after this many seconds")
     p.add_argument("--jobs", type=int, default=0,
                    help="dumps in parallel (default 0: from this node's CPU count)")
+    p.add_argument("--nvidia-smi", help="nvidia-smi binary (default: on PATH, if any)")
+    p.add_argument("--ncclras", help="ncclras binary (default: on PATH, if any)")
+    p.add_argument("--gpu-timeout", type=float, default=5.0,
+                   help="seconds each nvidia-smi / ncclras run may take")
     p.add_argument("--pretty", action="store_true", help="indented JSON without the marker")
     return p
 

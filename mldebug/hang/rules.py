@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mldebug.findings import Finding, Severity
 from mldebug.hang.frames import user_frames
@@ -41,6 +42,31 @@ class Situation:
     suspects: list[Suspect] = field(default_factory=list)  # filled after the verdict
     # (host, pid) -> ("spinning" | "blocked", evidence), from the /proc samples
     activity: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+    gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> two polls
+
+    def wedged(self) -> dict[str, list[int]]:
+        """Per host, the GPUs busy at ~100% with flat power in both polls."""
+        from mldebug.hang.gpu import wedged_gpus
+
+        return {h: w for h, polls in self.gpu.items() if (w := wedged_gpus(polls))}
+
+    def ras(self) -> dict[str, Any]:
+        """NCCL RAS's view over every host's polls (dead, unresponsive, behind, moved)."""
+        from mldebug.hang.gpu import ras_findings
+
+        dead: set[int] = set()
+        unresp: set[int] = set()
+        behind: dict[str, list[int]] = {}
+        moved: bool | None = None
+        for polls in self.gpu.values():
+            r = ras_findings(polls)
+            dead.update(r["dead"])
+            unresp.update(r["unresponsive"])
+            behind.update(r["behind"])
+            if r["moved"] is not None:
+                moved = bool(moved) or r["moved"]
+        return {"dead": sorted(dead), "unresponsive": sorted(unresp - dead), "behind": behind,
+                "moved": moved}
 
     def size(self, idx: list[int]) -> int:
         return sum(len(self.groups[i].pids) for i in idx)
@@ -187,7 +213,7 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
         return HangClass.SLOW
     if kind is VerdictKind.NO_PROCESSES:
         return HangClass.NONE
-    if s.missing:
+    if s.missing or (s.gpu and s.ras()["dead"]):
         return HangClass.DEAD_RANK
     if kind is VerdictKind.AMBIGUOUS:
         return HangClass.DESYNC
@@ -203,6 +229,8 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
             return HangClass.BLOCKED
         return HangClass.OUTSIDE
     if s.groups and all(g.collective for g in s.groups) and len(s.places) == 1:
+        if s.gpu and s.wedged():
+            return HangClass.DEVICE_WEDGE
         acts = [s.activity.get((p.host, p.pid), ("", ""))[0] for p in s.procs]
         if acts and all(a == "blocked" for a in acts):
             return HangClass.COLLECTIVE_IDLE
@@ -222,6 +250,11 @@ CLASS_FIXES = {
     HangClass.COLLECTIVE_IDLE: "Every rank waits, idle, in the same collective: the data is not "
                                "moving below Python (network, NCCL, a GPU). Run mldebug env and "
                                "mldebug fr trigger + fr analyze; on GPU nodes check nvidia-smi.",
+    HangClass.DEVICE_WEDGE: "Every rank waits in the same collective while its GPU runs at "
+                            "100% with flat power: a kernel that never finishes (a collective "
+                            "waiting for a peer on the device, or a stuck kernel). Check "
+                            "nvidia-smi -q and dmesg for Xid errors on that node; mldebug fr "
+                            "trigger + analyze for the collective.",
     HangClass.DEAD_RANK: "Find why the rank's process ended: its log, dmesg for OOM kills, the "
                          "node's health; the others wait for it.",
 }
@@ -409,7 +442,48 @@ def thread_deadlock(s: Situation) -> list[Finding]:
                {x.host for x in stuck}, Severity.WARNING)]
 
 
+def gpu_hints(s: Situation) -> list[Finding]:
+    """What nvidia-smi and NCCL RAS said (two polls each), for the job's nodes."""
+    if not s.gpu:
+        return []
+    out = []
+    wedged = s.wedged()
+    if wedged:
+        which = "; ".join(f"{h}: GPU {', '.join(map(str, g))}" for h, g in wedged.items())
+        out.append(_f("gpu-busy-flat", f"GPU at 100% utilisation with flat power in both polls "
+                      f"({which}).", "A kernel spins without finishing: a collective waiting "
+                      "for a peer on the device, or a stuck kernel.",
+                      "nvidia-smi -q -d PERFORMANCE and dmesg | grep -i xid on that node.",
+                      set(wedged), Severity.WARNING))
+    ras = s.ras()
+    if ras["dead"] or ras["unresponsive"]:
+        parts = []
+        if ras["dead"]:
+            parts.append(f"rank {fold_ranks(ras['dead'])} considered dead")
+        if ras["unresponsive"]:
+            parts.append(f"rank {fold_ranks(ras['unresponsive'])} unresponsive")
+        out.append(_f("ras-missing-ranks", "NCCL RAS: " + ", ".join(parts) + ".",
+                      "RAS could not reach those ranks' processes: the process or its node is "
+                      "gone, or the network to it is down.",
+                      "Check the rank's log and its node (ping, dmesg); ncclras -v for details.",
+                      set(s.gpu), Severity.WARNING))
+    if ras["behind"]:
+        comm, ranks = next(iter(ras["behind"].items()))
+        moved = ras["moved"]
+        out.append(_f("ras-counts-behind", f"NCCL RAS: rank {fold_ranks(ranks)} launched fewer "
+                      f"collectives than the others on communicator {comm}"
+                      + ("; the counts did not move between the two polls." if moved is False
+                         else "."),
+                      "RAS counts launched operations, not completed ones (NVIDIA/nccl#1730): "
+                      "read it with the stacks - those ranks never issued the collective the "
+                      "others wait in.",
+                      "Look at those ranks' stacks above; mldebug fr trigger + analyze.",
+                      set(s.gpu)))
+    return out
+
+
 HINT_RULES: list[Callable[[Situation], list[Finding]]] = [
+    gpu_hints,
     missing_hint, below_python, no_majority_hint, wait_hints, needs_native, thread_deadlock,
     watch_hint,
 ]
