@@ -219,8 +219,8 @@ def test_abort_barrier_names_a_rank_that_died_before_its_dump(tmp_path):
     fh, dumps = private_dir(root / "faulthandler"), private_dir(root / "dumps")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    gone = Barrier(root, "vm-rank1-%d" % dead.pid, {"rank": 1, "run_id": "r"}, dead.pid, fh, dumps)
-    me = Barrier(root, "vm-rank0-%d" % os.getpid(), {"rank": 0, "run_id": "r"}, os.getpid(),
+    gone = Barrier(root, f"vm-rank1-{dead.pid}", {"rank": 1, "run_id": "r"}, dead.pid, fh, dumps)
+    me = Barrier(root, f"vm-rank0-{os.getpid()}", {"rank": 0, "run_id": "r"}, os.getpid(),
                  fh, dumps)
     other_run = Barrier(root, "vm-rank1-1", {"rank": 1, "run_id": "older"}, 1, fh, dumps)
     assert other_run.run_id == "older"
