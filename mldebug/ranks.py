@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -248,3 +249,28 @@ def start_time(pid: int) -> int | None:
         return int(stat[stat.rfind(")") + 2:].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def proc_sample(pid: int, tid: int | None = None) -> dict[str, Any] | None:
+    """The main thread's (``tid``, default the pid: the main thread of a process) scheduler state and CPU ticks (utime+stime), the process's ticks and
+    its read+write bytes (rchar+wchar, sockets included: a gloo collective that completes
+    moves them). None when the process is gone. Reads three small /proc files, bounded."""
+    fields = []
+    for path in (f"/proc/{pid}/task/{tid or pid}/stat", f"/proc/{pid}/stat"):
+        try:
+            with open(path, "rb") as f:
+                text = f.read(4096).decode(errors="replace")
+            rest = text[text.rindex(")") + 2:].split()
+            fields.append((rest[0], int(rest[11]) + int(rest[12])))
+        except (OSError, ValueError, IndexError):
+            return None
+    io = None
+    try:
+        with open(f"/proc/{pid}/io", "rb") as f:
+            io_text = f.read(4096).decode(errors="replace")
+        counts = dict(line.split(":", 1) for line in io_text.splitlines() if ":" in line)
+        io = int(counts["rchar"]) + int(counts["wchar"])
+    except (OSError, ValueError, KeyError):
+        pass  # another user's process: /proc/PID/io needs ptrace read access
+    return {"t": round(time.monotonic(), 4), "state": fields[0][0], "ticks": fields[0][1],
+            "proc_ticks": fields[1][1], "io": io}

@@ -47,7 +47,7 @@ def test_spinning_blocked_and_a_stuck_worker_with_the_ring_on(tmp_path):
         assert report["verdict"]["summary"].startswith("Spinning outside any collective: ")
         sus = {s["rank"]: s for s in report["suspects"]}
         assert sorted(sus) == [1, 2, 3]
-        assert sus[1]["activity"] == "spinning" and "state R" in sus[1]["reason"]
+        assert sus[1]["activity"] == "spinning" and "spinning (its main thread" in sus[1]["reason"]
         assert sus[2]["activity"] == "blocked" and sus[3]["activity"] == "blocked"
         loop = line_of("hang_classes.py", "nobody ever sets")  # the loop's two lines
         assert sus[1]["call_site"] in (f"hang_classes.py:{loop} in spin",

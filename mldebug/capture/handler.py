@@ -174,7 +174,7 @@ class DumpHandler:
         return ident
 
     def write(self, threads: list[dict[str, Any]], meta: dict[str, Any],
-              later: bool = False) -> Path:
+              later: bool = False, samples: list[dict[str, Any]] | None = None) -> Path:
         """Write the dump file: the first dump, and with ``later`` the newest one beside it
         (``mldebug hang --watch``'s shape, so the analysis tells stuck from slow)."""
         with self._lock:
@@ -187,6 +187,8 @@ class DumpHandler:
                    "ppid": os.getppid(), "cmdline": [sys.executable, *sys.argv],
                    "identity": self._rank(), "dump": self._first, "dump_later": latest,
                    "error": None, "capture": meta}
+            if samples and not later:
+                doc["samples"] = samples  # the main thread's state and CPU around the dump
             write_atomic(self.dump_path, json.dumps(doc, default=str).encode())
         return self.dump_path
 
@@ -194,14 +196,30 @@ class DumpHandler:
              **extra: Any) -> Path | None:
         """Dump every thread's stack now (Python route); never raises."""
         try:
+            first = self._sample()
             threads = python_threads(self.locals, skip={threading.get_ident()}
                                      if threading.current_thread().name == self.thread_name
                                      else None)
             extra.update(self._extras(reason))
-            return self.write(threads, self._meta(reason, route, **extra), later=later)
+            samples = None
+            if first is not None:  # as mldebug hang samples a rank: spinning or blocked
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - first["t"])))
+                second = self._sample()
+                samples = [first, second] if second is not None else None
+            return self.write(threads, self._meta(reason, route, **extra), later=later,
+                              samples=samples)
         except Exception as e:  # noqa: BLE001
             _log(f"could not write the stack dump ({type(e).__name__}: {e})")
             return None
+
+    def _sample(self) -> dict[str, Any] | None:
+        """The main thread's /proc sample (mldebug.ranks.proc_sample), or None."""
+        from mldebug.ranks import proc_sample
+
+        main = threading.main_thread()
+        if main is threading.current_thread():
+            return None  # dumping from the main thread itself says nothing of its state
+        return proc_sample(self.pid, main.native_id)
 
     def dump_faulthandler_text(self, text: str, reason: str, later: bool = False,
                                **extra: Any) -> Path | None:

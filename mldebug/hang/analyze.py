@@ -126,6 +126,11 @@ def activity(p: Process) -> tuple[str, str] | None:
     return None
 
 
+# in the reason (the same words for a live run and for saved dumps; figures are in samples[])
+ACTIVITY_WORDS = {"spinning": "spinning (its main thread runnable and using CPU)",
+                  "blocked": "blocked (its main thread asleep, no CPU used)"}
+
+
 def io_moved(p: Process) -> bool:
     """With --watch: the process read or wrote (sockets included) over the watch."""
     if len(p.samples) < 3:
@@ -300,7 +305,8 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
             p = by_key[(host, pid)]
             act = acts.get((host, pid)) if not g.collective else None
             suspects.append(Suspect(rank=p.rank, host=host, pid=pid,
-                                    reason=reason + (f"; {act[0]} ({act[1]})" if act else ""),
+                                    reason=reason + (f"; {ACTIVITY_WORDS[act[0]]}" if act
+                                                     else ""),
                                     call_site=call_site(g.frames), job=key,
                                     activity=act[0] if act else None))
     suspects.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host, s.pid))

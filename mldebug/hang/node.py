@@ -19,35 +19,17 @@ from typing import Any
 
 from mldebug.errors import NO_PTRACE_ROUTE, PTRACE_FIX
 from mldebug.nodekit import ArgumentParser, emit, find_py_spy, short_hostname
-from mldebug.ranks import find_ranks, list_processes, proc_status, read_text, resolve_user
+from mldebug.ranks import (
+    find_ranks,
+    list_processes,
+    proc_sample,
+    proc_status,
+    read_text,
+    resolve_user,
+)
 
 NODE_VERSION = 1
 MIN_SAMPLE_INTERVAL = 0.1  # seconds between the two /proc samples (ticks are 10 ms)
-
-
-def proc_sample(pid: int) -> dict[str, Any] | None:
-    """The main thread's scheduler state and CPU ticks (utime+stime), the process's ticks and
-    its read+write bytes (rchar+wchar, sockets included: a gloo collective that completes
-    moves them). None when the process is gone. Reads three small /proc files, bounded."""
-    fields = []
-    for path in (f"/proc/{pid}/task/{pid}/stat", f"/proc/{pid}/stat"):
-        try:
-            with open(path, "rb") as f:
-                text = f.read(4096).decode(errors="replace")
-            rest = text[text.rindex(")") + 2:].split()
-            fields.append((rest[0], int(rest[11]) + int(rest[12])))
-        except (OSError, ValueError, IndexError):
-            return None
-    io = None
-    try:
-        with open(f"/proc/{pid}/io", "rb") as f:
-            io_text = f.read(4096).decode(errors="replace")
-        counts = dict(line.split(":", 1) for line in io_text.splitlines() if ":" in line)
-        io = int(counts["rchar"]) + int(counts["wchar"])
-    except (OSError, ValueError, KeyError):
-        pass  # another user's process: /proc/PID/io needs ptrace read access
-    return {"t": round(time.monotonic(), 4), "state": fields[0][0], "ticks": fields[0][1],
-            "proc_ticks": fields[1][1], "io": io}
 
 
 def sample_all(targets: list[dict[str, Any]]) -> None:
