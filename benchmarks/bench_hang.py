@@ -48,6 +48,23 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
+SIGNALS: list[float] = []  # seconds of the two /proc samples of every rank, per repeat
+
+
+def bench_signals(launcher: int, repeat: int) -> None:
+    """What hang v2's per-rank signals add: the two /proc samples (before and after the
+    dumps) of every rank of the job, timed on the same ranks."""
+    from mldebug.hang.node import sample_all
+    from mldebug.ranks import find_ranks, list_processes
+
+    targets, _ = find_ranks(list_processes(), pid=launcher)
+    for _ in range(repeat):
+        t = time.perf_counter()
+        sample_all(targets)
+        sample_all(targets)
+        SIGNALS.append(time.perf_counter() - t)
+
+
 def bench_collection(ranks: int, repeat: int) -> list[tuple[str, float, float]]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]  # py-spy
@@ -55,6 +72,7 @@ def bench_collection(ranks: int, repeat: int) -> list[tuple[str, float, float]]:
     rows = []
     try:
         job.wait_ready(timeout=300, settle=3)
+        bench_signals(job.pid, repeat)
         for native in (False, True):
             flag = " --native" if native else ""
             recipe = ["bash", "-c", f"pgrep -P {job.pid} | xargs -I {{}} py-spy dump{flag} --pid {{}}"]
@@ -204,8 +222,12 @@ def main() -> int:
         bench_saved([int(x) for x in args.saved.split(",")], args.repeat)
         return 0
     print(f"mldebug hang benchmark: {args.ranks} hung ranks, median of {args.repeat} alternating runs")
-    for mode, recipe, ours in bench_collection(args.ranks, args.repeat):
+    rows = bench_collection(args.ranks, args.repeat)
+    for mode, recipe, ours in rows:
         print(f"  {mode:12s} recipe {recipe:6.2f}s  mldebug {ours:6.2f}s  ratio {ours / recipe:5.2f}x")
+    sig = statistics.median(SIGNALS)
+    print(f"  signals (two /proc samples of each rank): {sig * 1000:.2f} ms, "
+          f"{100 * sig / rows[0][2]:.1f}% of mldebug's python-only run")
     a = bench_analysis(10_000)
     print(f"  analysis of 10,000 synthetic rank dumps (+ JSON dict): {a:.2f}s")
     return 0
