@@ -51,6 +51,12 @@ def test_two_jobs_on_one_node_get_one_verdict_each_never_mixed():
     assert {p["job"] for p in d["processes"]} == {"run:train", "run:eval"}
     only = analyze(Collection(processes=train + evals), job="run:eval")
     assert [j.key for j in only.jobs] == ["run:eval"] and len(only.processes) == 2
+    # every hint (a finding that is not a job's verdict) names its job, in the text too
+    hints = [f for j in report.jobs for f in j.findings[1:]]
+    assert hints and all(f.title.startswith(("Job run:train: ", "Job run:eval: ")) for f in hints)
+    assert any(f.title.startswith("Job run:eval: Every rank waits in the same collective")
+               for f in hints)
+    assert "Job run:eval: Every rank waits" in text
 
 
 def test_lone_process_with_rank_but_no_job_is_listed_apart():
