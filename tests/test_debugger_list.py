@@ -113,6 +113,12 @@ def test_registry_refuses_links_foreign_modes_and_planted_files(tmp_path):
     reasons = {s["file"]: s["reason"] for s in skipped}
     assert "evil.1.2.session.json" in reasons and "big.1.3.session.json" in reasons
     assert any(r.startswith("stale") for r in reasons.values())
+    # the stale registration (ours, its process gone) is removed; the others stay
+    stale = registry.file_name(gone["host"], gone["pid"], gone["port"])
+    assert "registration removed" in reasons[stale]
+    assert not os.path.exists(os.path.join(d, stale))
+    assert os.path.exists(path) and os.path.lexists(os.path.join(d, "evil.1.2.session.json"))
+    assert stale not in {s["file"] for s in registry.sessions(d)[1]}
     assert registry.find(d, port=1234)["token"] == "t" * 32
     with pytest.raises(registry.RegistryError, match="no open debugger session with port 1"):
         registry.find(d, port=1)
