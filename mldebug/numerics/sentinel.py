@@ -216,7 +216,7 @@ class NanSentinel:
         self._bucket_params: dict[int, list[str]] = {}
         self._named_steps = 0
         self._skip_next = False
-        self._late: tuple[torch.Tensor, Any, int, list[int]] | None = None
+        self._late: tuple[torch.Tensor, Any, int, list[int], list[_Micro]] | None = None
         self._handles: list[Any] = [model.register_forward_hook(self._output_hook)]
         if self.is_ddp:
             try:
@@ -233,10 +233,7 @@ class NanSentinel:
     # ---- set-up helpers ---------------------------------------------------------------------
     @staticmethod
     def _private_dir(d: str | Path | None) -> Path:
-        try:
-            from mldebug.privdir import private_dir  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:  # before the shared layer lands on main
-            from mldebug.capture.privdir import private_dir
+        private_dir = records.privdir().private_dir
         if d is None:
             d = Path(os.environ.get("MLDEBUG_DIR") or ".") / "mldebug-numerics"
         try:
@@ -269,6 +266,7 @@ class NanSentinel:
                 self._micros.clear()
                 self.micro_batch = 0
             self.step_number = step
+        explicit = step is not None
         if self.replica_check_every and self.micro_batch == 0 and self.step_number > 0 \
                 and self.step_number % self.replica_check_every == 0:
             self.check_replicas(self.step_number - 1)
@@ -295,9 +293,13 @@ class NanSentinel:
         try:
             self._decide()
         finally:
-            self.step_number += 1
-            self.micro_batch = 0
             self._named_steps += 1
+            self._micros = []  # decided: a late read keeps its own reference
+            if explicit and not self.is_ddp:  # your step number: blocks are its micro-batches
+                self.micro_batch += 1
+            else:
+                self.step_number += 1
+                self.micro_batch = 0
 
     def watch_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Have ``loss`` checked with this step (when the model does not return it)."""
@@ -368,23 +370,23 @@ class NanSentinel:
             host.copy_(finite, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            self._late = (host, event, self.step_number, layout)
+            self._late = (host, event, self.step_number, layout, self._micros)
             return
         self._evaluate(finite.tolist(), layout)
 
     def _read_late(self) -> None:
         if self._late is None:
             return
-        host, event, step, layout = self._late
+        host, event, step, layout, micros = self._late
         self._late = None
         event.synchronize()  # recorded a whole step ago: long done
         flags = host.tolist()
-        saved_step = self.step_number
-        self.step_number = step
+        saved = self.step_number, self._micros
+        self.step_number, self._micros = step, micros
         try:
             self._evaluate(flags, layout, late=True)
         finally:
-            self.step_number = saved_step
+            self.step_number, self._micros = saved
 
     def _evaluate(self, finite: list[bool], layout: list[int], late: bool = False) -> None:
         n_micro = len(self._micros)
