@@ -8,7 +8,7 @@ runs every case in turn; each test reads that job's output and its records.
 - action="skip": every rank skips the same optimizer step and carries on, replicas equal;
 - gradient accumulation (no_sync): the micro-batch where the NaN was born is named;
 - every case ends on every rank with the same action, and the job ends (60 s process-group
-  timeout, 300 s for the job): no rank hangs.
+  timeout, 420 s for the job): no rank hangs.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the one job: ~60-110 s loaded
+
 REPO = Path(__file__).resolve().parent.parent
 WORLD = 4
 MODES = ("backward", "forward", "bitflip", "replica", "skip", "accum")
@@ -39,7 +41,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          str(WORLD), str(REPO / "recipes" / "nan_sentinel.py"), "--dir", str(tmp / "rec"),
          "--modes", ",".join(MODES)],
-        capture_output=True, text=True, env=env, timeout=300, cwd=tmp, stdin=subprocess.DEVNULL)
+        capture_output=True, text=True, env=env, timeout=420, cwd=tmp, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr, tmp / "rec"
 
