@@ -284,3 +284,29 @@ def test_import_and_report_need_no_torch(tmp_path: Path) -> None:
                        env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
     assert r.returncode == 0, r.stderr
     assert "no non-finite value recorded" in r.stdout
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_late_mode_adds_no_host_sync_on_cuda_and_raises_at_the_next_step(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = Net().cuda()
+    s = NanSentinel(net, dir=tmp_path, sync="late", print_report=False)
+
+    def run(seed: int, big: float | None = None, strict: bool = True) -> None:
+        x, y = (t.cuda() for t in batch(seed, big=big))
+        torch.cuda.synchronize()
+        # any host sync in the step raises (the trip itself, the rare path, may sync)
+        torch.cuda.set_sync_debug_mode("error" if strict else 0)
+        try:
+            with s.step((x, y)):
+                net(x, y).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        net.zero_grad()
+
+    run(0)
+    run(1, big=1000.0)  # the trip is read one step late
+    with pytest.raises(NonFiniteDetected) as e:
+        run(2, strict=False)
+    assert e.value.record["step"] == 1 and e.value.record["replay"]["status"] == "skipped"

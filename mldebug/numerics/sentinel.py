@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -73,14 +74,15 @@ class _Micro:
     loss: torch.Tensor | None = None  # the loss (0-d, detached) when seen
     local: torch.Tensor | None = None  # max |grad| after this block (no_sync / plain module)
     pre: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (bucket, sum) pre-reduce
-    post: list[torch.Tensor] = field(default_factory=list)  # sums of the reduced buckets
+    buffers: list[torch.Tensor] = field(default_factory=list)  # the buckets, reduced in place
     bad_params: dict[int, list[str]] = field(default_factory=dict)
     bad_names: list[str] | None = None  # local gradients not finite after this block (CPU)
+    n_post: int = 0
 
 
 def _comm_hook(state: NanSentinel, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """The DDP communication hook: check the bucket locally, then the default all-reduce, then
-    check the reduced bucket."""
+    """The DDP communication hook: check the bucket locally, then the default all-reduce (in
+    place: the reduced bucket is checked at the end of the block, without a callback here)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     buf = bucket.buffer()
@@ -89,22 +91,14 @@ def _comm_hook(state: NanSentinel, bucket: Any) -> torch.futures.Future[torch.Te
         s = buf.sum(dtype=torch.float32)
         idx = bucket.index()
         micro.pre.append((idx, s))
+        micro.buffers.append(buf)
         if state._names_needed(idx):
             state._bucket_params[idx] = [state._name_of(p) for p in bucket.parameters()]
-        if buf.device.type == "cpu" and not bool(torch.isfinite(s)):  # free on the CPU
+        if buf.device.type == "cpu" and not math.isfinite(float(s)):  # free on the CPU
             micro.bad_params[idx] = [state._name_of(p) for p, g in
                                      zip(bucket.parameters(), bucket.gradients(), strict=False)
                                      if not bool(torch.isfinite(g).all())][:32]
-    fut = default_hooks.allreduce_hook(state._group, bucket)
-    if micro is None:
-        return fut
-
-    def after(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-        t = f.value()
-        micro.post.append(t.sum(dtype=torch.float32))
-        return t
-
-    return fut.then(after)
+    return default_hooks.allreduce_hook(state._group, bucket)
 
 
 # DDP compares the hook's annotations with the real classes; postponed ones are strings
@@ -285,7 +279,7 @@ class NanSentinel:
         if not self.is_ddp or not reduced:
             micro.local = self._local_grad_max()
             if micro.local is not None and micro.local.device.type == "cpu" \
-                    and not bool(torch.isfinite(micro.local)):  # free on the CPU
+                    and not math.isfinite(float(micro.local)):  # free on the CPU
                 micro.bad_names = self._bad_param_names()
         if self.is_ddp and not reduced:  # a no_sync micro-batch: its reducing block decides
             self.micro_batch += 1
@@ -337,35 +331,43 @@ class NanSentinel:
         return torch.stack([t.float().to(device) for t in extra]).max()
 
     # ---- deciding ---------------------------------------------------------------------------
-    def _flags(self) -> tuple[torch.Tensor, list[int]]:
+    def _flags(self) -> tuple[list[torch.Tensor], list[int]]:
         """One vector to bring to the host: per micro-batch [local, loss], then the reduced
         buckets, then the local buckets of the reducing block (fp32 sums/maxima)."""
         vals: list[torch.Tensor] = []
         layout: list[int] = []
-        zero = None
+        last = self._micros[-1]
+        post = [b.sum(dtype=torch.float32) for b in last.buffers]  # the reduced buckets
+        last.buffers = []
+        last.n_post = len(post)
+        known = [t for m in self._micros for t in (m.local, m.loss) if t is not None]
+        known += post + [s for _, s in last.pre]
+        device = known[0].device if known else torch.device("cpu")
+        zero = None  # made on the flags' device: a CPU constant copied there could synchronise
         for m in self._micros:
             for t in (m.local, m.loss):
                 if t is None:
                     if zero is None:
-                        zero = torch.zeros((), dtype=torch.float32)
+                        zero = torch.zeros((), dtype=torch.float32, device=device)
                     vals.append(zero)
                     layout.append(0)
                 else:
                     vals.append(t.reshape(()).float())
                     layout.append(1)
-        last = self._micros[-1]
-        vals.extend(last.post)
+        vals.extend(post)
         vals.extend(s for _, s in last.pre)
-        device = vals[0].device if vals else torch.device("cpu")
         for i, v in enumerate(vals):
             if v.device != device:
                 vals[i] = v.to(device)
-        return (torch.stack(vals) if vals else torch.zeros(0)), layout
+        return vals, layout
 
     def _decide(self) -> None:
-        vec, layout = self._flags()
-        finite = torch.isfinite(vec)
-        if self.sync == "late" and vec.device.type == "cuda":
+        vals, layout = self._flags()
+        if not vals or vals[0].device.type == "cpu":  # a few 0-d values: no kernels needed
+            self._evaluate([math.isfinite(float(v)) for v in vals], layout)
+            return
+        finite = torch.isfinite(torch.stack(vals))
+        if self.sync == "late" and finite.device.type == "cuda":
             host = torch.empty(finite.shape, dtype=torch.bool, pin_memory=True)
             host.copy_(finite, non_blocking=True)
             event = torch.cuda.Event()
@@ -373,6 +375,11 @@ class NanSentinel:
             self._late = (host, event, self.step_number, layout, self._micros)
             return
         self._evaluate(finite.tolist(), layout)
+
+    def flush(self) -> None:
+        """``sync="late"``: read the last step's flags now (after the training loop, so a trip
+        at the last step is not lost); every rank must call it. A no-op otherwise."""
+        self._read_late()
 
     def _read_late(self) -> None:
         if self._late is None:
@@ -397,7 +404,7 @@ class NanSentinel:
             loss_bad[i] = layout[2 * i + 1] == 1 and not finite[2 * i + 1]
         rest = finite[2 * n_micro:]
         last = self._micros[-1] if self._micros else None
-        n_post = len(last.post) if last else 0
+        n_post = last.n_post if last else 0
         post_bad = not all(rest[:n_post])
         pre = rest[n_post:]
         pre_bad_buckets = [last.pre[i][0] for i, ok in enumerate(pre) if not ok] if last else []
