@@ -138,3 +138,19 @@ def test_records_are_private_and_every_rank_wrote_one(job: tuple[str, Path]) -> 
         files = sorted(d.glob("*.jsonl"))
         assert len(files) == WORLD, (mode, files)
         assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+
+
+def test_the_overhead_benchmark_runs_end_to_end() -> None:
+    """benchmarks/bench_sentinel.py (one short round, both workloads, 2 ranks): the figures in
+    docs/benchmarks.md come from it, so it must not rot. No timing is asserted."""
+    pytest.importorskip("transformers")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_sentinel.py"), "--rounds", "1",
+         "--steps", "1"], capture_output=True, text=True, timeout=420, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name in ("mlp", "llama"):
+        assert re.search(rf"^{name} +params=[\d,]+ device=cpu world=2", proc.stdout, re.M), \
+            proc.stdout
+    assert len(re.findall(r"ratio on/off: median \d+\.\d+x", proc.stdout)) == 2, proc.stdout
+    assert len(re.findall(r"replica hash: local +\d+\.\d us/call", proc.stdout)) == 2
