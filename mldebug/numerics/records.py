@@ -40,16 +40,6 @@ MAX_RECORDS = 1_000_000
 FILE_RE = re.compile(r"^numerics-(?P<host>[A-Za-z0-9._-]{1,128})-rank(?P<rank>\d{1,7})\.jsonl$")
 
 
-def privdir() -> Any:
-    """The one private-directory module (``mldebug.privdir``; ``mldebug.capture.privdir``
-    before the shared layer lands)."""
-    try:
-        import mldebug.privdir as mod  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        import mldebug.capture.privdir as mod  # type: ignore[no-redef,unused-ignore]
-    return mod
-
-
 def record_path(directory: Path, host: str, rank: int) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:128] or "host"
     return directory / f"numerics-{safe}-rank{rank}.jsonl"
@@ -83,7 +73,8 @@ def load_records(directory: str | Path) -> Loaded:
     """Every record under ``directory`` (files ``numerics-HOST-rankN.jsonl``, also one level
     down, e.g. one subdirectory per node copied together). Bounded: files, bytes per file,
     bytes per line, records; symlinks are not followed; a bad file or line is skipped with why."""
-    read_bounded = privdir().read_bounded
+    from mldebug.privdir import read_bounded
+
     root = Path(directory)
     if not root.is_dir():
         raise MldebugError(f"{root} is not a directory.",
@@ -215,12 +206,9 @@ class SentinelReport:
 
 def _s(v: Any, n: int = 200) -> str:
     """Outside text made printable (controls escaped) and bounded."""
-    try:
-        from mldebug.text import sanitize  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # before the shared layer lands: the same rule, here
-        def sanitize(s: str) -> str:
-            return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
-    return str(sanitize(str(v)[:n * 4]))[:n]
+    from mldebug.text import sanitize
+
+    return sanitize(v, limit=n)
 
 
 def _opt_str(v: Any) -> str | None:

@@ -227,7 +227,8 @@ class NanSentinel:
     # ---- set-up helpers ---------------------------------------------------------------------
     @staticmethod
     def _private_dir(d: str | Path | None) -> Path:
-        private_dir = records.privdir().private_dir
+        from mldebug.privdir import private_dir
+
         if d is None:
             d = Path(os.environ.get("MLDEBUG_DIR") or ".") / "mldebug-numerics"
         try:
