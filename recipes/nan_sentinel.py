@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = dist.get_rank()
     for mode in args.modes.split(","):
         result = run_mode(mode, args.dir, rank)
-        print(f"RESULT mode={mode} rank={rank} {result}", flush=True)
+        # one write() per line: ranks share the launcher's pipe, and print() writes the text
+        # and its newline separately, so another rank's line could land in between
+        os.write(1, f"RESULT mode={mode} rank={rank} {result}\n".encode())
         dist.barrier()
     dist.destroy_process_group()
     return 0
