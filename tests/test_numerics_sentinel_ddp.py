@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs import kill_tree
 
 pytest.importorskip("torch")
 
@@ -32,16 +33,32 @@ WORLD = 4
 MODES = ("backward", "forward", "bitflip", "replica", "skip", "accum")
 
 
+def run_job(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float
+            ) -> subprocess.CompletedProcess[str]:
+    """Run torchrun; past ``timeout`` kill it with every rank (they run in their own sessions)
+    and fail: a rank that hangs is a failure, never a leak."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=cwd, stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"the job did not end within {timeout} s (a rank hangs):\n"
+                    + out.decode(errors="replace")[-2000:] + err.decode(errors="replace")[-2000:])
+    return subprocess.CompletedProcess(cmd, proc.returncode, out.decode(errors="replace"),
+                                       err.decode(errors="replace"))
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     tmp = tmp_path_factory.mktemp("sentinel")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1", MLDEBUG_PRINT_LOCK=str(tmp / "print.lock"))
-    proc = subprocess.run(
+    proc = run_job(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          str(WORLD), str(REPO / "recipes" / "nan_sentinel.py"), "--dir", str(tmp / "rec"),
-         "--modes", ",".join(MODES)],
-        capture_output=True, text=True, env=env, timeout=420, cwd=tmp, stdin=subprocess.DEVNULL)
+         "--modes", ",".join(MODES)], env, tmp, 420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr, tmp / "rec"
 
@@ -144,10 +161,9 @@ def test_the_overhead_benchmark_runs_end_to_end() -> None:
     """benchmarks/bench_sentinel.py (one short round, both workloads, 2 ranks): the figures in
     docs/benchmarks.md come from it, so it must not rot. No timing is asserted."""
     pytest.importorskip("transformers")
-    proc = subprocess.run(
+    proc = run_job(
         [sys.executable, str(REPO / "benchmarks" / "bench_sentinel.py"), "--rounds", "1",
-         "--steps", "1"], capture_output=True, text=True, timeout=420, cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.DEVNULL)
+         "--steps", "1"], dict(os.environ, PYTHONPATH=str(REPO)), REPO, 420)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for name in ("mlp", "llama"):
         assert re.search(rf"^{name} +params=[\d,]+ device=cpu world=2", proc.stdout, re.M), \
