@@ -5,10 +5,11 @@ Hot path (every step):
 
 - DDP: a communication hook wraps the default all-reduce. Each bucket is checked locally
   *before* it is reduced (one ``sum`` into a 0-d fp32 tensor: any inf/nan makes it non-finite)
-  and again after (the same on the reduced bucket). A non-finite value on any rank is
-  non-finite in the reduced bucket on every rank, so every rank learns of it in the same step
-  from the gradients themselves, without an extra collective; the local check says which rank
-  it was born on.
+  and the verdict is folded into the bucket itself: its first element becomes NaN when the
+  bucket is not finite (``+ 0`` or ``+ nan``, on the device). The all-reduce that runs anyway
+  carries it: the reduced first element is NaN on every rank, so every rank learns of it in
+  the same step by reading one element, without a collective of its own; the local check says
+  which rank it was born on.
 - A plain module (and micro-batches under ``no_sync``): one fused check of the local
   gradients after the block (``torch._foreach_norm(grads, inf)``).
 - The loss (a 0-d model output, ``output.loss``, or ``watch_loss(loss)``) is checked on the
@@ -74,30 +75,41 @@ class _Micro:
     loss: torch.Tensor | None = None  # the loss (0-d, detached) when seen
     local: torch.Tensor | None = None  # max |grad| after this block (no_sync / plain module)
     pre: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (bucket, sum) pre-reduce
-    buffers: list[torch.Tensor] = field(default_factory=list)  # the buckets, reduced in place
+    buffers: list[torch.Tensor] = field(default_factory=list)  # buckets' first elements
     bad_params: dict[int, list[str]] = field(default_factory=dict)
     bad_names: list[str] | None = None  # local gradients not finite after this block (CPU)
     n_post: int = 0
 
 
 def _comm_hook(state: NanSentinel, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-    """The DDP communication hook: check the bucket locally, then the default all-reduce (in
-    place: the reduced bucket is checked at the end of the block, without a callback here)."""
+    """The DDP communication hook: check the bucket locally (one pass), fold the verdict into
+    the bucket's first element (NaN when the bucket is not finite), then the default all-reduce.
+
+    The reduced first element is then NaN on every rank as soon as one rank's bucket was not
+    finite: every rank learns it in the same step from the collective that runs anyway, by
+    reading one element at the end of the block. (A finite bucket cannot overflow in the
+    reduction: the default hook divides by the world size first, so partial sums stay within
+    the largest local value.)"""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     buf = bucket.buffer()
     micro = state._micro
-    if micro is not None:
+    if micro is not None and buf.numel():
         s = buf.sum(dtype=torch.float32)
         idx = bucket.index()
         micro.pre.append((idx, s))
-        micro.buffers.append(buf)
         if state._names_needed(idx):
             state._bucket_params[idx] = [state._name_of(p) for p in bucket.parameters()]
-        if buf.device.type == "cpu" and not math.isfinite(float(s)):  # free on the CPU
-            micro.bad_params[idx] = [state._name_of(p) for p, g in
-                                     zip(bucket.parameters(), bucket.gradients(), strict=False)
-                                     if not bool(torch.isfinite(g).all())][:32]
+        if buf.device.type == "cpu":  # reading the flag is free on the CPU
+            if not math.isfinite(float(s)):
+                micro.bad_params[idx] = [state._name_of(p) for p, g in
+                                         zip(bucket.parameters(), bucket.gradients(),
+                                             strict=False)
+                                         if not bool(torch.isfinite(g).all())][:32]
+                buf[0] = math.nan
+        else:  # on the device, no sync: + 0 when finite, + nan when not
+            buf[:1].add_(s.mul(0))
+        micro.buffers.append(buf[:1])  # a view: reduced in place with the bucket
     return default_hooks.allreduce_hook(state._group, bucket)
 
 
@@ -338,7 +350,7 @@ class NanSentinel:
         vals: list[torch.Tensor] = []
         layout: list[int] = []
         last = self._micros[-1]
-        post = [b.sum(dtype=torch.float32) for b in last.buffers]  # the reduced buckets
+        post = [b.reshape(()).float() for b in last.buffers]  # reduced first elements
         last.buffers = []
         last.n_post = len(post)
         known = [t for m in self._micros for t in (m.local, m.loss) if t is not None]
