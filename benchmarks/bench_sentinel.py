@@ -7,7 +7,7 @@ Re-runs itself under ``torchrun --standalone --nproc_per_node 2`` (gloo on CPU, 
 ``--cuda``, one GPU per rank). Per workload, two DDP copies of the same model are trained
 interleaved, round after round (the order alternates): ``off`` (plain DDP, the builtin C++
 all-reduce) and ``on`` (the same with ``NanSentinel``: comm hook checking each bucket before
-and after the all-reduce, loss check, one read of the flags per step; replica check off).
+the all-reduce and folding the flag into it, loss check, one read of the flags per step; replica check off).
 A step is forward + backward + optimizer step + zero_grad. Prints rank 0's median and minimum
 step time over rounds and the ratios on/off (wall time, and the process's CPU time, which
 other work on a shared machine disturbs less), then the replica-hash cost per call: the local
