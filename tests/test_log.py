@@ -27,6 +27,10 @@ CASES = [
     ("torch213-gloo-rank-raises.log", "log-first-failure-exception", [2]),
     ("torch213-gloo-rank-sigkill.log", "log-killed", [1]),
     ("torch213-gloo-rank-stuck.log", "log-silent-rank", [3]),
+    ("torch213-hooks-overflow-tee.log", "log-first-failure-overflow", [2]),
+    ("torch213-hooks-watchdog-stall.log", "log-watchdog-stall", [1]),
+    ("torch213-gloo-size-mismatch.log", "log-size-mismatch", [3]),
+    ("torch213-launcher-eaddrinuse.log", "log-launcher-port-in-use", []),
 ]
 
 
@@ -37,6 +41,72 @@ def test_real_logs_name_the_stated_cause(name: str, code: str, culprits: list[in
     assert report.verdict.code == code, report.verdict
     assert report.culprits == culprits
     assert report.verdict.fix
+
+
+def test_hook_lines_point_to_the_command_that_reads_their_evidence() -> None:
+    """The watchdog's 'stacks in PATH' line -> `mldebug hang analyze DIR`; the trace ring and
+    the flight recorder lines -> `trace show` / `fr analyze` (strings from mldebug/capture,
+    trace/full.py, fr/recorder.py)."""
+    report = analyze(load([str(FIX / "torch213-hooks-watchdog-stall.log")]))
+    assert report.verdict is not None
+    assert "mldebug hang analyze /tmp/job/dumps" in report.verdict.fix
+    lines = [
+        "[rank0]: mldebug.trace: tracing into /scratch/tr/host-rank0-77.ring",
+        "[rank1]: mldebug.fr: dumped the flight recorder to /scratch/fr/rank1.pkl",
+        "[rank1]: mldebug.breakpoint: rank 1 waited 60s for the debugger on rank 0 and continues",
+    ]
+    r2 = analyze(parse_lines(lines))
+    cmds = {f.title.split(": ", 1)[1] for f in r2.findings if f.code == "log-evidence"}
+    assert cmds == {"mldebug trace show /scratch/tr", "mldebug fr analyze /scratch/fr/rank1.pkl"}
+    assert r2.parsed.notes and "breakpoint" in r2.parsed.notes[0]
+
+
+def test_exceptions_of_any_class_name_and_our_prefix() -> None:
+    lines = ["[rank1]: [vm:1] step 3", "[rank2]: [vm:2] Traceback (most recent call last):",
+             '[rank2]: [vm:2]   File "/w/train.py", line 9, in step',
+             "[rank2]: [vm:2] mylib.DataCorrupted: shard 7 has 0 rows",
+             "[rank1]: [vm:1] Traceback (most recent call last):",
+             "[rank1]: [vm:1] KeyboardInterrupt"]
+    report = analyze(parse_lines(lines))
+    assert report.culprits == [2] and "DataCorrupted: shard 7" in report.verdict.title  # type: ignore[union-attr]
+    assert report.parsed.ranks[2].host == "vm"
+
+
+def test_world_size_with_a_rank_that_printed_nothing() -> None:
+    """--world-size 4 where rank 3 never printed: no KeyError, rank 3 is the suspect."""
+    lines = [f"[rank{r}]:[E0101 10:00:0{r}.0 x.cpp:1] [Rank {r}] Watchdog caught collective operation "
+             f"timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600010 ms"
+             for r in range(3)]
+    p = parse_lines(lines)
+    p.world_size = 4
+    report = analyze(p)
+    assert report.verdict is not None and report.verdict.code == "log-silent-rank"
+    assert report.culprits == [3] and "from --world-size" in report.verdict.detail
+    p2 = parse_lines(lines + ["WORLD_SIZE=4 MASTER_ADDR=n1"])
+    r2 = analyze(p2)
+    assert r2.culprits == [3] and "from a line that states it" in r2.verdict.detail  # type: ignore[union-attr]
+    # a paste of ranks 2, 4 and 6 only says nothing about ranks 0, 1, 3, 5
+    paste = [ln.replace("rank0", "rank6").replace("Rank 0", "Rank 6").replace("rank1", "rank4")
+             .replace("Rank 1", "Rank 4") for ln in lines]
+    assert analyze(parse_lines(paste)).verdict.code == "log-all-waiting"  # type: ignore[union-attr]
+    # ranks 0-7 but 5: the gap is a rank (numbering), said with less confidence
+    many = [ln.replace("rank0", f"rank{r}").replace("Rank 0", f"Rank {r}") for r in (0, 1, 2, 3, 4, 6, 7)
+            for ln in lines[:1]]
+    r3 = analyze(parse_lines(many))
+    assert r3.culprits == [5] and "from the rank numbering" in r3.verdict.detail  # type: ignore[union-attr]
+    assert "Confidence: medium" in r3.verdict.detail  # type: ignore[union-attr]
+
+
+def test_rank_only_inside_the_message() -> None:
+    lines = ["[E0101 10:00:01.0 x.cpp:1] [Rank 0] Watchdog caught collective operation timeout: "
+             "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600010 ms",
+             "[E0101 10:00:01.0 x.cpp:1] [PG 0 (default_pg) Rank 1] Timeout at NCCL work: 7, last "
+             "enqueued NCCL work: 7, last completed NCCL work: 6.",
+             "[E0101 10:00:01.0 x.cpp:1] [PG 0 (default_pg) Rank 2] Timeout at NCCL work: 6, last "
+             "enqueued NCCL work: 6, last completed NCCL work: 6."]
+    report = analyze(parse_lines(lines))
+    assert sorted(report.parsed.ranks) == [0, 1, 2]
+    assert report.culprits == [2]
 
 
 def test_every_fixture_is_listed_with_its_source() -> None:
@@ -158,6 +228,42 @@ def test_cli_reads_stdin_and_long_lines() -> None:
                        capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
     assert "rank 1 killed by SIGKILL" in r.stdout
+
+
+def test_log_dir_tree_reads_every_rank() -> None:
+    """torchrun --log-dir DIR --redirects 3 --tee 3 (torch 2.13): DIR/RUN/attempt_0/RANK/
+    {stdout,stderr}.log. Every rank is read (empty files too), the culprit named."""
+    report = analyze(load([str(REPO / "tests" / "fixtures" / "log_logdir")]))
+    assert sorted(report.parsed.ranks) == [0, 1, 2, 3]
+    assert report.verdict is not None and report.verdict.code == "log-first-failure-overflow"
+    assert report.culprits == [2]
+
+
+@pytest.mark.slow
+def test_real_torchrun_job_with_our_hooks(tmp_path: Path) -> None:
+    """One live 4-rank gloo job (tests/fixtures/log_job/hooks_job.py, attempt 0): install_excepthook
+    and rank_print print '[host:rank] ' behind torchrun's '[rankN]:' (--tee), the detector raises
+    OverflowDetected on every rank; the combined output and the --log-dir tree both name rank 2."""
+    from tests.jobs import free_port
+
+    log = tmp_path / "job.log"
+    with log.open("w") as f:
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+             "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"),
+             "--redirects", "3", "--tee", "3",
+             str(REPO / "tests" / "fixtures" / "log_job" / "hooks_job.py"),
+             "--dumps", str(tmp_path / "dumps"), "--scenario", "0"],
+            stdout=f, stderr=subprocess.STDOUT, timeout=180, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+    text = log.read_text()
+    assert "]:[" in text or "]: [" in text  # torchrun's prefix stacked on ours
+    for inputs in ([str(log)], [str(tmp_path / "logs")]):
+        report = analyze(load(inputs))
+        assert report.verdict is not None and report.verdict.code == "log-first-failure-overflow", inputs
+        assert report.culprits == [2]
+        assert sorted(report.parsed.ranks) == [0, 1, 2, 3]
+        assert "name rank 2" in report.verdict.detail
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ PRIMARY_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error", "killed", 
 class Event:
     """One failure line (or the last line of a traceback) attributed to a rank."""
 
-    kind: str  # exception, cuda-oom, cuda-error, nccl-error, killed, signal, exit, timeout, peer-lost
+    kind: str  # exception, cuda-oom, cuda-error, nccl-error, overflow, stall, launcher, killed,
+    # signal, exit, timeout, peer-lost, size-mismatch
     message: str
     line: int  # global order: line number across all inputs, in reading order
     source: str  # file:line
@@ -101,7 +102,11 @@ class ParsedLogs:
     nccl_warn_lines: int = 0
     sources: list[str] = field(default_factory=list)
     lines: int = 0
-    world_size: int | None = None
+    world_size: int | None = None  # --world-size
+    world_hint: int | None = None  # the largest world size a line stated
+    evidence: dict[str, list[int]] = field(default_factory=dict)  # command -> ranks it covers
+    named_by_peers: dict[int, int] = field(default_factory=dict)  # rank -> peers that blamed it
+    notes: list[str] = field(default_factory=list)  # mldebug's debugger lines, attempts skipped
 
     def rank(self, r: int) -> RankLog:
         got = self.ranks.get(r)
@@ -130,4 +135,7 @@ class LogReport:
             "ranks": [p.ranks[r].to_dict() for r in sorted(p.ranks)],
             "launcher": [vars(f) for f in p.launcher],
             "nccl_warn_lines": p.nccl_warn_lines,
+            "world_size_stated": p.world_hint,
+            "evidence": [{"command": c, "ranks": r} for c, r in p.evidence.items()],
+            "notes": p.notes,
         }
