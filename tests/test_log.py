@@ -325,3 +325,75 @@ def test_no_verdict_when_no_rule_matches_only_notes() -> None:
     assert report.verdict is None and report.culprits == []
     assert report.to_dict()["verdict"] is None
     assert [f.code for f in report.findings] == ["log-nccl-warn"]
+
+
+ENGINES = [
+    pytest.param({"grep_min": 1 << 62}, id="python-prefilter"),
+    pytest.param({"grep_min": 0}, id="grep-prefilter"),
+]
+
+
+@pytest.mark.parametrize("kw", ENGINES)
+def test_prefilter_reads_like_every_line(kw: dict[str, int]) -> None:
+    """Every fixture: the prefiltered read (Python regex passes, or grep) gives the verdict,
+    culprits and per-rank first errors of a read that parses every line."""
+    files = sorted(FIX.glob("*.log")) + [REPO / "tests" / "fixtures" / "log_logdir"]
+    for f in files:
+        full = analyze(load([str(f)], prefilter=False))
+        fast = analyze(load([str(f)], **kw))  # type: ignore[arg-type]
+        assert fast.culprits == full.culprits, f
+        assert (fast.verdict and fast.verdict.code) == (full.verdict and full.verdict.code), f
+        assert {r: (s.first_primary and s.first_primary.message) for r, s in fast.parsed.ranks.items()} == \
+            {r: (s.first_primary and s.first_primary.message) for r, s in full.parsed.ranks.items()}, f
+        assert sorted(fast.parsed.ranks) == sorted(full.parsed.ranks), f
+
+
+def test_big_interleaved_log_through_grep_names_the_rank_behind(tmp_path: Path) -> None:
+    """A 4+ MiB log goes through grep; the one rank behind is found among 64 ranks, and the
+    traceback window (frames after 'Traceback') is read from the file at grep's offset."""
+    p = tmp_path / "big.log"
+    with p.open("w") as f:
+        for s in range(1200):
+            for r in range(64):
+                f.write(f"[rank{r}]:step {s} loss 2.{s % 97} lr 3e-4 grad_norm 1.{r} tokens/s 51{r}\n")
+        f.write("[rank9]:Traceback (most recent call last):\n")
+        for r in range(64):
+            if r != 9:  # the others go on printing inside rank 9's traceback
+                f.write(f"[rank{r}]:step 1200 loss 2.0\n")
+        f.write('[rank9]:  File "/u/train.py", line 41, in fetch\n')
+        f.write("[rank9]:BadShard: shard 3 is empty\n")
+    assert p.stat().st_size > 4 << 20
+    for kw in ({}, {"grep_min": 1 << 62}):
+        report = analyze(load([str(p)], **kw))  # type: ignore[arg-type]
+        assert report.culprits == [9], kw
+        assert "train.py:41 in fetch" in report.verdict.detail  # type: ignore[union-attr]
+        assert len(report.parsed.ranks) == 64
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"\x00\x01\x02binary" * 100, "binary data"),
+    (b"\x1f\x8b\x08\x00" + b"\x00" * 100, "gzip-compressed"),
+    (b"ok\n" + bytes(range(160, 256)) * 200, "not UTF-8"),
+    (b"a" * (9 << 20), "no line break"),
+])
+def test_bad_input_is_one_clear_line_and_nothing_is_written(tmp_path: Path, content: bytes,
+                                                            words: str) -> None:
+    bad = tmp_path / "in" / "bad.log"
+    bad.parent.mkdir()
+    bad.write_bytes(content)
+    home = tmp_path / "home"
+    home.mkdir()
+    r = subprocess.run([sys.executable, "-m", "mldebug", "log", str(bad)], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home),
+                            "XDG_STATE_HOME": str(home / "state")})
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2  # the message and its fix
+    assert r.stdout == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["bad.log", "home", "in"]
+    # inside a directory the bad file is skipped with its reason; the rest is read
+    (bad.parent / "rank1.log").write_text("[rank1]:Traceback (most recent call last):\n"
+                                          "[rank1]:ValueError: x\n")
+    report = analyze(load([str(bad.parent)]))
+    assert report.culprits == [1] and any(words in n for n in report.parsed.notes)

@@ -102,6 +102,7 @@ class ParsedLogs:
     nccl_warn_lines: int = 0
     sources: list[str] = field(default_factory=list)
     lines: int = 0
+    lines_lower_bound: bool = False  # grep read the file: lines = the last line that mattered
     world_size: int | None = None  # --world-size
     world_hint: int | None = None  # the largest world size a line stated
     evidence: dict[str, list[int]] = field(default_factory=dict)  # command -> ranks it covers
@@ -128,6 +129,7 @@ class LogReport:
         return {
             "sources": p.sources,
             "lines": p.lines,
+            "lines_lower_bound": p.lines_lower_bound,
             "world_size": p.world_size,
             "culprits": self.culprits,
             "verdict": self.verdict.to_dict() if self.verdict else None,

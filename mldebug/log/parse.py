@@ -25,8 +25,45 @@ from mldebug.log.model import Event, LauncherFailure, ParsedLogs, WatchdogTimeou
 from mldebug.logprefix import strip_prefix
 
 MAX_LINE = 16384  # characters of one line that are looked at
+MAX_CONTEXT = 100_000  # lines read one by one while a traceback stays open (a cut log)
+RANK_SAMPLE = 1 << 20  # bytes of each chunk whose launcher prefixes are scanned for ranks
 MAX_WARN_GROUPS = 200
 MAX_WARN_RANKS = 4096
+
+# The prefilter: a line is parsed only when it holds one of these words (regex syntax that
+# Python and POSIX ERE read alike). Everything the parser reacts to on a line of its own is
+# here; a traceback's frames and last line are read because "Traceback" opens a window that
+# reads every line until it ends (and "Failures:" the launcher's table).
+PREFILTER_WORDS = (
+    "Error", "ERROR", "EADDRINUSE",  # RuntimeError: ..., gloo's ERROR, the launcher's port
+    "xception", "xitcode",  # Exception / exception, torchrun's exitcode
+    "Traceback", "Watchdog", "watchdog", "NCCL WARN", "NCCL work", "Killed",
+    "mldebug",  # mldebug's own hooks
+    "Signal", "SIG[A-Z]", "Failures:", "Fatal", "Root Cause", "Received data size",
+    "Rank [0-9]", "DebugUnderflowOverflow", "Detected mismatch",
+    "WORLD_SIZE", "world_size", "world size",
+)
+
+
+def _by_first_char(words: tuple[str, ...]) -> list[re.Pattern[bytes]]:
+    """One regex per first character: a literal-prefixed regex is one memchr-speed pass over
+    the bytes, where one alternation of every word is 10x slower in ``re``."""
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        groups.setdefault(w[0], []).append(w[1:])
+    return [re.compile((c + "(?:" + "|".join(rest) + ")").encode()) for c, rest in groups.items()]
+
+
+_PREFILTER: list[re.Pattern[bytes]] = []  # compiled on first use (grep reads big files)
+
+
+def prefilter_patterns() -> list[re.Pattern[bytes]]:
+    if not _PREFILTER:
+        _PREFILTER.extend(_by_first_char(PREFILTER_WORDS))
+    return _PREFILTER
+
+
+GREP_PATTERN = "|".join(PREFILTER_WORDS)
 
 _TIME_GLOG = re.compile(r"^\[?[EWIFD](?P<md>\d{3,4}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:\.\d+)?)")
 _TIME_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:[.,]\d+)?)")
@@ -40,6 +77,10 @@ _RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d{1,7})\]")
 _ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last completed (?:NCCL )?work: (?P<comp>-?\d{1,18})")
 
 _TB_START = "Traceback (most recent call last):"
+# launcher prefixes that carry a rank, for the rank sample (bracketed forms only: "12: " could
+# be anything): [rank3]: [default3]: [1,3]<stdout>: and mldebug's own [host:3]
+_RANK_SAMPLE = re.compile(rb"\n(?:\[(?:rank|default)(\d{1,7})\]:|\[\d{1,7},(\d{1,7})\]<std"
+                          rb"|\[[A-Za-z][\w.-]{0,62}:(\d{1,7})\] )")
 _TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
 # the line that ends a traceback: any class name (OverflowDetected, DistNetworkError, ...)
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::\s?(?P<msg>.*))?$")
@@ -162,18 +203,105 @@ class LogParser:
     _root_section: bool = False
     _last_time: dict[int | None, float] = field(default_factory=dict)
     _open_tb: int = 0
+    _context_lines: int = 0
+    _file_rank: int | None = None
+    prefilter: bool = True  # False: parse every line (the reference the prefilter is tested against)
 
     def feed_source(self, lines: Iterable[str], source: str, file_rank: int | None = None) -> None:
         """Every line of one input; ``file_rank`` is the rank a per-rank file belongs to."""
         self.start_source(source, file_rank)
-        for i, raw in enumerate(lines, 1):
-            self.feed(raw, f"{source}:{i}", file_rank)
+        data = "\n".join(s.rstrip("\r\n") for s in lines).encode("utf-8", "replace")
+        if data:
+            self.feed_chunk(data + b"\n", source, file_rank)
         self._flush_table()
+
+    def feed_chunk(self, chunk: bytes, source: str, file_rank: int | None = None,
+                   first_line: int = 1) -> int:
+        """Lines ``chunk`` holds (whole lines, ending in a newline but for the last chunk), read
+        through the prefilter: only lines that hold one of the ``PREFILTER`` words are decoded
+        and parsed, plus every line while a traceback or the launcher's table is open. Returns
+        the number of lines in the chunk (``first_line`` is the number of its first)."""
+        p = self.parsed
+        n = chunk.count(b"\n")
+        if chunk and not chunk.endswith(b"\n"):
+            n += 1
+        p.lines += n
+        self.sample_ranks(chunk)
+        if not self.prefilter:
+            starts: list[int] = []
+            pos = 0
+            while pos < len(chunk):
+                starts.append(pos)
+                nl = chunk.find(b"\n", pos)
+                pos = len(chunk) if nl < 0 else nl + 1
+        else:
+            found: set[int] = set()
+            rfind = chunk.rfind
+            for rx in prefilter_patterns():
+                for m in rx.finditer(chunk):
+                    found.add(rfind(b"\n", 0, m.start()) + 1)
+            starts = sorted(found)
+        done = 0  # bytes of the chunk already parsed
+        line_no, counted = first_line, 0
+        find, count = chunk.find, chunk.count
+        for start in starts:
+            if start < done:
+                continue
+            pos = start
+            line_no += count(b"\n", counted, pos)
+            counted = pos
+            while True:
+                nl = find(b"\n", pos)
+                end = len(chunk) if nl < 0 else nl
+                self.line_bytes(chunk[pos:min(end, pos + MAX_LINE)], line_no, source, file_rank)
+                pos = end + 1
+                if nl < 0 or not self.needs_context:
+                    self._context_lines = 0
+                    break
+                line_no += 1
+                counted = pos
+                if not self.context_step():
+                    break
+            done = pos
+        return n
+
+    def line_bytes(self, raw: bytes, line_no: int, source: str, file_rank: int | None) -> None:
+        """One line as read from the file (its number counts from 1 in ``source``)."""
+        self.line(raw[:MAX_LINE].decode("utf-8", "replace"), f"{source}:{line_no}", file_rank)
+
+    def count_lines(self, n: int) -> None:
+        self.parsed.lines += n
+
+    def end_window(self) -> None:
+        self._context_lines = 0
+
+    def context_step(self) -> bool:
+        """One more line read inside a window; False (and the window closed) past MAX_CONTEXT."""
+        self._context_lines += 1
+        if self._context_lines > MAX_CONTEXT:  # a traceback never closed: give up on it
+            self.close_streams()
+            self._context_lines = 0
+            return False
+        return True
+
+    def sample_ranks(self, chunk: bytes) -> None:
+        """Ranks from the launcher prefixes of the first MiB of each chunk: a rank that printed
+        only lines the prefilter skips still counts as present (not silent)."""
+        if self._file_rank is not None:
+            return
+        head = chunk[:RANK_SAMPLE]
+        ranks = self.parsed.ranks
+        for m in _RANK_SAMPLE.finditer(head) if len(ranks) < 1 << 16 else ():
+            r = int(m[1] or m[2] or m[3])
+            if r not in ranks:
+                self.parsed.rank(r)
 
     def start_source(self, source: str, file_rank: int | None) -> None:
         self.parsed.sources.append(source)
         self._streams.clear()
         self._open_tb = 0
+        self._context_lines = 0
+        self._file_rank = file_rank
         if file_rank is not None:  # an empty per-rank file still says the rank existed
             self.parsed.rank(file_rank)
 

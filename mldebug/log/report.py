@@ -35,7 +35,7 @@ def render(report: LogReport, console: Console) -> None:
     from rich.text import Text
 
     p = report.parsed
-    console.print(Text(f"Read {p.lines} lines from {len(p.sources)} input(s); "
+    console.print(Text(f"Read {'at least ' if p.lines_lower_bound else ''}{p.lines} lines from {len(p.sources)} input(s); "
                        f"{len(p.ranks)} ranks seen.", style="dim"))
     if report.verdict is not None:
         console.print(Text("Verdict:", style="bold"))
