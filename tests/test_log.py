@@ -31,6 +31,7 @@ CASES = [
     ("torch213-hooks-watchdog-stall.log", "log-watchdog-stall", [1]),
     ("torch213-gloo-size-mismatch.log", "log-size-mismatch", [3]),
     ("torch213-launcher-eaddrinuse.log", "log-launcher-port-in-use", []),
+    ("torch213-detail-fingerprint-mismatch.log", "log-fingerprint-mismatch", [3]),
 ]
 
 
@@ -107,6 +108,43 @@ def test_rank_only_inside_the_message() -> None:
     report = analyze(parse_lines(lines))
     assert sorted(report.parsed.ranks) == [0, 1, 2]
     assert report.culprits == [2]
+
+
+def _fp(rank: int, op: str, seq: int = 1, shape: str = "[4]") -> str:
+    return (f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber={seq}, "
+            f"OpType={op}, TensorShape={shape}, TensorDtypes=Float, TensorDeviceTypes=TensorOptions("
+            "dtype=float (default), device=cpu))")
+
+
+def test_fingerprint_mismatch_odd_rank_by_majority() -> None:
+    """Each DETAIL message names two ranks; the odd one is the rank whose collective differs
+    from the majority over every rank named. Rank 0 is named in every message (it is the
+    reference ProcessGroupWrapper compares against), yet ranks 1-3 agree, so rank 0 is odd."""
+    lines = [f"[rank{r}]:RuntimeError: Detected mismatch between collectives on ranks. "
+             f"{_fp(0, 'ALLREDUCE')}, but {_fp(r, 'BROADCAST')}." for r in (1, 2, 3)]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None and report.verdict.code == "log-fingerprint-mismatch"
+    assert report.culprits == [0] and "majority of 4 ranks" in report.verdict.detail
+    # the same sequence number with another shape is a mismatch too
+    lines = [f"[rank{r}]:RuntimeError: Detected mismatch between collectives on ranks. "
+             f"{_fp(r, 'ALLREDUCE', 9, '[8]' if r == 2 else '[4]')}, but {_fp(0, 'ALLREDUCE', 9)}."
+             for r in (1, 2, 3)]
+    assert analyze(parse_lines(lines)).culprits == [2]
+    # two ranks only, each naming the other: no majority, said so
+    lines = [f"RuntimeError: Detected mismatch between collectives on ranks. {_fp(0, 'ALLREDUCE')}, "
+             f"but {_fp(1, 'BROADCAST')}."]
+    r2 = analyze(parse_lines(lines))
+    assert r2.culprits == [] and "Confidence: low" in r2.verdict.detail  # type: ignore[union-attr]
+
+
+def test_same_sequence_number_other_size_is_a_mismatch() -> None:
+    lines = [f"[rank{r}]:[E0101 10:00:0{r}.0 ProcessGroupNCCL.cpp:1] [Rank {r}] Watchdog caught "
+             f"collective operation timeout: WorkNCCL(SeqNum=42, OpType=ALLREDUCE, NumelIn="
+             f"{1024 if r != 1 else 512}, NumelOut=1024, Timeout(ms)=600000) ran for 600010 ms"
+             for r in range(4)]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None and report.verdict.code == "log-collective-mismatch"
+    assert report.culprits == [1] and "512 elements" in report.verdict.title
 
 
 def test_every_fixture_is_listed_with_its_source() -> None:

@@ -310,8 +310,8 @@ def mismatch(facts: Facts) -> Verdict | None:
     at: dict[tuple[str, int], dict[int, str]] = defaultdict(dict)
     for r, st in facts.ranks.items():
         for t in st.timeouts:
-            if t.seq is not None and t.op:
-                at[(t.pg, t.seq)][r] = t.op
+            if t.seq is not None and t.op:  # same seq: another op or another size is a mismatch
+                at[(t.pg, t.seq)][r] = t.op + (f" of {t.numel} elements" if t.numel is not None else "")
     ops_only: dict[str, dict[int, str]] = defaultdict(dict)
     for r, st in facts.ranks.items():
         for t in st.timeouts:
@@ -337,6 +337,37 @@ def mismatch(facts: Facts) -> Verdict | None:
             "only on rank 0: logging, checkpointing, evaluation, or uneven data at the end of an "
             "epoch). `mldebug fr` on flight-recorder dumps shows the call sites.",
             code="log-collective-mismatch", hosts=_hosts(facts, odd)), odd)
+    return None
+
+
+def fingerprint_mismatch(facts: Facts) -> Verdict | None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL mismatch messages: the odd rank by majority over every
+    rank the messages name (each message names only two)."""
+    fps = facts.parsed.fingerprints
+    for seq in sorted(fps, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0)):
+        by_rank = fps[seq]
+        count = Counter(by_rank.values())
+        if len(count) < 2:
+            continue
+        (major, n_major), *rest = count.most_common()
+        tie = rest and rest[0][1] == n_major
+        odd = sorted(r for r, fp in by_rank.items() if fp != major)
+        if tie:
+            odd = sorted(by_rank)
+        detail = (f"{n_major} of {len(by_rank)} ranks named at sequence number {seq} run {major}; "
+                  + "; ".join(f"rank {r}: {by_rank[r]}" for r in odd[:8]) + ".")
+        return Verdict(Finding(
+            Severity.ERROR,
+            (f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} ran another collective at "
+             f"sequence number {seq}" if not tie else
+             f"ranks disagree on the collective at sequence number {seq} (no majority)"),
+            detail,
+            "Collectives must be the same on every rank, in the same order, with the same shapes "
+            "and dtypes: find the rank-dependent branch on the odd rank (evaluation or logging "
+            "only on some ranks, uneven last batch).",
+            code="log-fingerprint-mismatch", hosts=_hosts(facts, odd)), [] if tie else odd,
+            f"TORCH_DISTRIBUTED_DEBUG=DETAIL fingerprints, majority of {len(by_rank)} ranks",
+            "low" if tie else ("high" if n_major >= 2 else "medium"))
     return None
 
 
@@ -408,7 +439,7 @@ def exit_only(facts: Facts) -> Verdict | None:
         "launcher.", code="log-exit-no-traceback", hosts=_hosts(facts, ranks)), ranks)
 
 
-RULES: list[Rule] = [first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
+RULES: list[Rule] = [fingerprint_mismatch, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
                      silent, exit_only, launcher_failed, all_waiting]
 
 
@@ -437,6 +468,46 @@ def _launcher_note(parsed: ParsedLogs, culprits: list[int]) -> list[Finding]:
         code="log-launcher-root")]
 
 
+MAX_CATALOGUE_FINDINGS = 6
+
+
+def _catalogue_findings(parsed: ParsedLogs, culprits: list[int]) -> list[Finding]:
+    """What PyTorch's own strings say (mldebug/log/torch_messages.json): the component, its
+    cause and fix, for the culprits' errors first, then the other ranks' and the launcher's;
+    and a known PyTorch bug when the log states a version its range holds."""
+    from mldebug.log import catalogue
+
+    events: list[tuple[int | None, Event]] = []
+    for r in culprits + sorted(set(parsed.ranks) - set(culprits)):
+        st = parsed.ranks.get(r)
+        for ev in (st.first_primary, st.first_event) if st else ():
+            if ev is not None:
+                events.append((r, ev))
+    events += [(None, ev) for ev in parsed.launcher_events[:50]]
+    out: list[Finding] = []
+    seen: set[str] = set()
+    for r, ev in events[:5000]:
+        known = catalogue.known_for(ev.message, parsed.torch_version)
+        if known is not None and known.signature not in seen:
+            seen.add(known.signature)
+            out.append(Finding(
+                Severity.WARNING, f"known bug in torch {parsed.torch_version} ({known.affected}): "
+                f"{known.title}", f"Fixed in {known.fixed_in}. Source: {known.source}",
+                f"Upgrade torch to {known.fixed_in} or later.", code="log-torch-known-issue"))
+        m = catalogue.match(ev.message)
+        if m is None or m.message.component in seen:
+            continue
+        seen.add(m.message.component)
+        who = f"rank {r}" if r is not None else "the launcher"
+        out.append(Finding(
+            Severity.INFO, f"PyTorch ({m.message.component}) on {who}: {m.cause}"[:300],
+            f"The message is PyTorch's \"{m.message.text[:160]}\" ({m.message.source}; "
+            f"torch {', '.join(m.message.versions)}).", m.fix, code=f"log-{m.code}"))
+        if len(out) >= MAX_CATALOGUE_FINDINGS:
+            break
+    return out
+
+
 def analyze(parsed: ParsedLogs) -> LogReport:
     facts = Facts.of(parsed)
     verdict: Verdict | None = None
@@ -461,6 +532,7 @@ def analyze(parsed: ParsedLogs) -> LogReport:
             "whole output; `-` reads standard input.", code="log-nothing"))
     findings += _nccl_findings(parsed)
     findings += _launcher_note(parsed, culprits)
+    findings += _catalogue_findings(parsed, culprits)
     for cmd, ranks in parsed.evidence.items():
         who = f" (rank{'s' if len(ranks) > 1 else ''} {fold_ints(sorted(ranks))})" if ranks else ""
         findings.append(Finding(

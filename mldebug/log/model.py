@@ -39,6 +39,7 @@ class WatchdogTimeout:
     op: str | None
     timeout_ms: int | None
     line: int
+    numel: int | None = None  # NumelIn: the size of the tensor (same seq, other size: a mismatch)
 
 
 @dataclass
@@ -105,8 +106,10 @@ class ParsedLogs:
     lines_lower_bound: bool = False  # grep read the file: lines = the last line that mattered
     world_size: int | None = None  # --world-size
     world_hint: int | None = None  # the largest world size a line stated
+    torch_version: str | None = None  # from "PyTorch version: 2.3.1" / "torch==2.3.1" lines
     evidence: dict[str, list[int]] = field(default_factory=dict)  # command -> ranks it covers
     named_by_peers: dict[int, int] = field(default_factory=dict)  # rank -> peers that blamed it
+    fingerprints: dict[str, dict[int, str]] = field(default_factory=dict)  # seq -> rank -> collective
     notes: list[str] = field(default_factory=list)  # mldebug's debugger lines, attempts skipped
 
     def rank(self, r: int) -> RankLog:
@@ -138,6 +141,7 @@ class LogReport:
             "launcher": [vars(f) for f in p.launcher],
             "nccl_warn_lines": p.nccl_warn_lines,
             "world_size_stated": p.world_hint,
+            "torch_version": p.torch_version,
             "evidence": [{"command": c, "ranks": r} for c, r in p.evidence.items()],
             "notes": p.notes,
         }

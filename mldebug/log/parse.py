@@ -42,16 +42,26 @@ PREFILTER_WORDS = (
     "Signal", "SIG[A-Z]", "Failures:", "Fatal", "Root Cause", "Received data size",
     "Rank [0-9]", "DebugUnderflowOverflow", "Detected mismatch",
     "WORLD_SIZE", "world_size", "world size",
+    "torch==", "torch version", "PyTorch version",  # the version, for the known-issue table
 )
 
 
 def _by_first_char(words: tuple[str, ...]) -> list[re.Pattern[bytes]]:
     """One regex per first character: a literal-prefixed regex is one memchr-speed pass over
     the bytes, where one alternation of every word is 10x slower in ``re``."""
+    import os.path
+
     groups: dict[str, list[str]] = {}
     for w in words:
-        groups.setdefault(w[0], []).append(w[1:])
-    return [re.compile((c + "(?:" + "|".join(rest) + ")").encode()) for c, rest in groups.items()]
+        groups.setdefault(w[0], []).append(w)
+    out = []
+    for group in groups.values():
+        head = os.path.commonprefix(group)  # the longer the literal prefix, the fewer candidates
+        if "[" in head:
+            head = head[:head.index("[")]
+        rest = [w[len(head):] for w in group]
+        out.append(re.compile((re.escape(head) + "(?:" + "|".join(rest) + ")").encode()))
+    return out
 
 
 _PREFILTER: list[re.Pattern[bytes]] = []  # compiled on first use (grep reads big files)
@@ -72,6 +82,11 @@ _WD_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCC
 _SEQ = re.compile(r"SeqNum=(\d{1,18})")
 _OP = re.compile(r"OpType=(\w{1,40})")
 _TMO = re.compile(r"Timeout\(ms\)=(\d{1,12})")
+_NUMEL = re.compile(r"NumelIn=(\d{1,18})")
+# TORCH_DISTRIBUTED_DEBUG=DETAIL (ProcessGroupWrapper): "Rank 0 is running collective:
+# CollectiveFingerPrint(SequenceNumber=5, OpType=ALLREDUCE, TensorShape=[20, 10], TensorDtypes=Float, ...)"
+_FP = re.compile(r"Rank (?P<rank>\d{1,7}) is running collective: CollectiveFingerPrint\((?P<fp>[^\n]{0,2000}?)\)(?=, but|\.|$)")
+_FP_FIELD = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]{0,500}\]|[\w.]{1,60})")
 _PG_RANK = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})[^\]]{0,200}?Rank (?P<rank>\d{1,7})\]")
 _RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d{1,7})\]")
 _ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last completed (?:NCCL )?work: (?P<comp>-?\d{1,18})")
@@ -166,6 +181,7 @@ _MLD_FR = re.compile(r"mldebug\.fr: .{0,200}?(?P<path>/\S{1,4000})")
 _MLD_PDB = re.compile(r"mldebug\.(?:breakpoint|ForkedPdb): ")
 _OVERFLOW_PEER = re.compile(r"DebugUnderflowOverflow: rank\(s\) (?P<ranks>[\d, ]{1,2000}) detected inf/nan")
 _EXIT_LINE = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<rank>\d{1,7})")
+_TORCH_VERSION = re.compile(r"(?:torch==|[Tt]orch version:? |PyTorch version:? )v?(?P<v>\d{1,2}\.\d{1,3}(?:\.\d{1,3})?)")
 STALL_EXIT_CODE = 54  # mldebug.capture.stall.STALL_EXIT_CODE (not imported: no torch, no capture)
 
 
@@ -341,6 +357,8 @@ class LogParser:
             if host is not None and st.host is None:
                 st.host = host[:200]
 
+        if "is running collective" in text:
+            self._fingerprints(text)
         # torchrun's ChildFailedError table (printed by the launcher, no rank prefix).
         if self._table_line(text):
             return
@@ -406,6 +424,10 @@ class LogParser:
                 n = int(w["n"])
                 if 0 < n <= 1 << 20 and n > (p.world_hint or 0):
                     p.world_hint = n
+        if "orch" in text:
+            v = _TORCH_VERSION.search(text)
+            if v is not None and p.torch_version is None:
+                p.torch_version = v["v"]
         if "mldebug" in text or "DebugUnderflowOverflow" in text:
             if self._mldebug_lines(rank, text, where, when):
                 return
@@ -466,6 +488,22 @@ class LogParser:
             return False
         return False
 
+    def _fingerprints(self, text: str) -> None:
+        """Each rank's collective fingerprint named by a DETAIL mismatch message (any rank may
+        print it; the ranks it names are what count)."""
+        fps = self.parsed.fingerprints
+        for m in _FP.finditer(text):
+            fields = dict(_FP_FIELD.findall(m["fp"]))
+            seq = fields.get("SequenceNumber", "?")
+            key = ", ".join(f"{k}={fields[k]}" for k in ("OpType", "TensorShape", "TensorDtypes") if k in fields)
+            at = fps.get(seq)
+            if at is None:
+                if len(fps) >= 1000:
+                    continue
+                at = fps[seq] = {}
+            if len(at) < 1 << 16:
+                at[int(m["rank"])] = key or m["fp"][:200]
+
     def _evidence(self, rank: int | None, command: str) -> None:
         ev = self.parsed.evidence
         if command not in ev and len(ev) < 50:
@@ -486,9 +524,11 @@ class LogParser:
             op = _OP.search(text)
             tmo = _TMO.search(text)
             if r is not None:
+                numel = _NUMEL.search(text)
                 self.parsed.rank(r).timeouts.append(WatchdogTimeout(
                     pg, int(seq.group(1)) if seq else None, op.group(1) if op else None,
-                    int(tmo.group(1)) if tmo else None, self.parsed.lines))
+                    int(tmo.group(1)) if tmo else None, self.parsed.lines,
+                    int(numel.group(1)) if numel else None))
             what = f"collective timeout in {op.group(1) if op else 'a collective'}"
             if seq:
                 what += f" #{seq.group(1)}"
