@@ -478,12 +478,12 @@ def _catalogue_findings(parsed: ParsedLogs, culprits: list[int]) -> list[Finding
     from mldebug.log import catalogue
 
     events: list[tuple[int | None, Event]] = []
-    for r in culprits + sorted(set(parsed.ranks) - set(culprits)):
-        st = parsed.ranks.get(r)
-        for ev in (st.first_primary, st.first_event) if st else ():
-            if ev is not None:
-                events.append((r, ev))
-    events += [(None, ev) for ev in parsed.launcher_events[:50]]
+    for rank in culprits + sorted(set(parsed.ranks) - set(culprits)):
+        st = parsed.ranks.get(rank)
+        for e in (st.first_primary, st.first_event) if st else ():
+            if e is not None:
+                events.append((rank, e))
+    events += [(None, e) for e in parsed.launcher_events[:50]]
     out: list[Finding] = []
     seen: set[str] = set()
     for r, ev in events[:5000]:
