@@ -147,6 +147,23 @@ def test_same_sequence_number_other_size_is_a_mismatch() -> None:
     assert report.culprits == [1] and "512 elements" in report.verdict.title
 
 
+def test_phase_only_one_rank_entered_breaks_the_tie() -> None:
+    """Every rank timed out in the same collective; rank 0 printed 'Running validation' last,
+    the others were still training: rank 0 left the common path."""
+    lines = [f"[rank{r}]:step 99 loss 1.0" for r in range(4)]
+    lines.append("[rank0]:Running validation on 512 samples")
+    lines += [f"[rank{r}]:[E0101 10:30:0{r}.0 x.cpp:1] [Rank {r}] Watchdog caught collective operation "
+              f"timeout: WorkNCCL(SeqNum=100, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600010 ms"
+              for r in range(4)]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None and report.verdict.code == "log-phase-tiebreak"
+    assert report.culprits == [0] and "validation" in report.verdict.title
+    assert "what each rank printed last" in report.verdict.detail
+    # every rank validating: no rank left the common path, every rank waited
+    same = [f"[rank{r}]:Running validation on 512 samples" for r in range(4)] + lines
+    assert analyze(parse_lines(same)).verdict.code == "log-all-waiting"  # type: ignore[union-attr]
+
+
 def test_every_fixture_is_listed_with_its_source() -> None:
     readme = (FIX / "README.md").read_text()
     for f in FIX.glob("*.log"):

@@ -404,6 +404,37 @@ def silent(facts: Facts) -> Verdict | None:
         "high" if facts.parsed.world_size or all(r in facts.ranks for r in quiet) else "medium")
 
 
+def phase_tiebreak(facts: Facts) -> Verdict | None:
+    """Every rank waited, but some entered a phase the others did not (validation,
+    evaluation, a checkpoint, the end of their data): the job hung because those ranks left
+    the common path. What each rank printed last breaks the tie."""
+    if not facts.waited:
+        return None
+    phases = {r: st.phase[0] if st.phase else None for r, st in facts.ranks.items()
+              if r in facts.known}
+    count = Counter(phases.values())
+    if len(count) < 2:
+        return None
+    common, _ = count.most_common(1)[0]
+    odd = sorted(r for r, ph in phases.items() if ph != common and ph is not None)
+    if not odd or len(odd) * 2 > len(phases):
+        return None
+    what = sorted({phases[r] for r in odd if phases[r]})
+    st0 = facts.ranks[odd[0]]
+    line = st0.phase[1] if st0.phase else ""
+    return Verdict(Finding(
+        Severity.ERROR,
+        f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} entered {', '.join(map(str, what))} "
+        "while the others waited in the collective",
+        f"Last such line of rank {odd[0]}: {line!r}. The other ranks "
+        f"({'no such phase' if common is None else common}) timed out waiting.",
+        "Code that runs only on some ranks (validation or evaluation on rank 0, a checkpoint "
+        "save, a rank whose data ran out first) must not contain collectives, or every rank must "
+        "enter it: put a barrier around it, run it on every rank, or drop_last / pad the data.",
+        code="log-phase-tiebreak", hosts=_hosts(facts, odd)), odd,
+        "what each rank printed last (a phase only these ranks entered)", "medium")
+
+
 def all_waiting(facts: Facts) -> Verdict | None:
     """Every rank timed out in the same collective: the collective itself never finished."""
     if not facts.waited:
@@ -440,7 +471,7 @@ def exit_only(facts: Facts) -> Verdict | None:
 
 
 RULES: list[Rule] = [fingerprint_mismatch, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
-                     silent, exit_only, launcher_failed, all_waiting]
+                     silent, exit_only, launcher_failed, phase_tiebreak, all_waiting]
 
 
 def _nccl_findings(parsed: ParsedLogs) -> list[Finding]:

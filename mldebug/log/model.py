@@ -57,6 +57,7 @@ class RankLog:
     exitcode: int | None = None
     exit_time: str | None = None
     nccl_warns: int = 0
+    phase: tuple[str, str] | None = None  # the last phase it entered (validation, checkpoint, ...) and the line
 
     def add(self, ev: Event) -> None:
         if self.first_event is None:
@@ -76,6 +77,7 @@ class RankLog:
                          for t in self.timeouts],
             "last_enqueued": self.enqueued, "last_completed": self.completed,
             "exitcode": self.exitcode, "nccl_warns": self.nccl_warns,
+            "last_phase": self.phase[0] if self.phase else None,
         }
 
 

@@ -43,7 +43,13 @@ PREFILTER_WORDS = (
     "Rank [0-9]", "DebugUnderflowOverflow", "Detected mismatch",
     "WORLD_SIZE", "world_size", "world size",
     "torch==", "torch version", "PyTorch version",  # the version, for the known-issue table
+    # phases a rank enters on its own (the tie break between waiting ranks)
+    "alidat", "valuat", "heckpoint", "StopIteration", "end of data", "end of epoch",
 )
+_PHASE = re.compile(r"(?P<p>[Vv]alidat|[Ee]valuat|[Cc]heckpoint|StopIteration|end of data|end of epoch)")
+PHASES = {"validat": "validation", "evaluat": "evaluation",
+          "checkpoint": "checkpoint", "stopiteration": "end of data", "end of data": "end of data",
+          "end of epoch": "end of data"}
 
 
 def _by_first_char(words: tuple[str, ...]) -> list[re.Pattern[bytes]]:
@@ -424,6 +430,11 @@ class LogParser:
                 n = int(w["n"])
                 if 0 < n <= 1 << 20 and n > (p.world_hint or 0):
                     p.world_hint = n
+        if rank is not None and ("alidat" in text or "valuat" in text or "heckpoint" in text
+                                 or "StopIteration" in text or "end of " in text):
+            ph = _PHASE.search(text)
+            if ph is not None:
+                p.rank(rank).phase = (PHASES.get(ph["p"].lower(), ph["p"].lower()), text.strip()[:200])
         if "orch" in text:
             v = _TORCH_VERSION.search(text)
             if v is not None and p.torch_version is None:
