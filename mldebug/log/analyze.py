@@ -419,7 +419,7 @@ def phase_tiebreak(facts: Facts) -> Verdict | None:
     odd = sorted(r for r, ph in phases.items() if ph != common and ph is not None)
     if not odd or len(odd) * 2 > len(phases):
         return None
-    what = sorted({phases[r] for r in odd if phases[r]})
+    what = sorted({ph for r in odd if (ph := phases[r])})
     st0 = facts.ranks[odd[0]]
     line = st0.phase[1] if st0.phase else ""
     return Verdict(Finding(
