@@ -452,3 +452,41 @@ def test_bad_input_is_one_clear_line_and_nothing_is_written(tmp_path: Path, cont
                                           "[rank1]:ValueError: x\n")
     report = analyze(load([str(bad.parent)]))
     assert report.culprits == [1] and any(words in n for n in report.parsed.notes)
+
+
+def test_launcher_prefixes_stacked_on_ours() -> None:
+    """pdsh, srun -l, mpirun --tag-output, deepspeed/accelerate [rankN]: over mldebug's [host:rank]:
+    the rank is read through any stack of them."""
+    tb = ["Traceback (most recent call last):", '  File "/w/train.py", line 3, in step',
+          "ValueError: bad batch"]
+    for pre in ("node7: [rank5]: [node7:5] ", "5: [node7:5] ", "[1,5]<stderr>:[node7:5] ",
+                "node7: [default5]:[node7:5] ", "[rank5]:[node7:5] "):
+        report = analyze(parse_lines([pre + ln for ln in tb]))
+        assert report.culprits == [5], pre
+        assert "train.py:3 in step" in report.verdict.detail, pre  # type: ignore[union-attr]
+
+
+def test_no_prefix_and_one_rank_pasted() -> None:
+    """A paste of one rank's traceback without any prefix: the failure is still named, from the
+    rank in its message when there is one, else as the launcher's (no rank)."""
+    lines = ["Traceback (most recent call last):", '  File "/w/train.py", line 3, in step',
+             "torch.distributed.DistBackendError: [PG 0 Rank 6] NCCL error in: "
+             "ProcessGroupNCCL.cpp:1, unhandled system error (run with NCCL_DEBUG=INFO for "
+             "details), NCCL version 2.21.5"]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None
+    assert report.verdict.code in ("log-first-failure-nccl-error", "log-launcher-failed")
+    assert any(f.code == "log-torch-nccl-error" for f in report.findings)
+
+
+def test_cut_and_wrapped_lines() -> None:
+    """A watchdog line wrapped over two lines (a terminal or an issue's code block) and a
+    traceback cut before its last line are read without raising; the rank is still named."""
+    lines = ["[rank2]:[E0101 10:00:00.0 ProcessGroupNCCL.cpp:1] [Rank 2] Watchdog caught collective "
+             "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE,",
+             "[rank2]: NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds",
+             "[rank1]:Traceback (most recent call last):",
+             '[rank1]:  File "/w/train.py", line 3, in step']
+    report = analyze(parse_lines(lines))
+    assert 2 in report.parsed.ranks and report.parsed.ranks[2].timeouts
+    assert report.parsed.ranks[2].timeouts[0].seq == 9
