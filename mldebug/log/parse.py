@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from mldebug.log.model import Event, LauncherFailure, ParsedLogs, WatchdogTimeout
 from mldebug.logprefix import strip_prefix
+from mldebug.text import sanitize
 
 MAX_LINE = 16384  # characters of one line that are looked at
 MAX_CONTEXT = 100_000  # lines read one by one while a traceback stays open (a cut log)
@@ -574,7 +575,7 @@ class LogParser:
     def _event(self, rank: int | None, msg: str, where: str, when: float | None,
                frame: str | None, *, kind: str | None = None, primary: bool | None = None) -> None:
         k, prim = classify(msg)
-        msg = _SRC_TAG.sub("", msg)
+        msg = sanitize(_SRC_TAG.sub("", msg), limit=500)  # outside text: controls shown escaped
         ev = Event(kind or k, msg[:500], self.parsed.lines, where,
                    when if when is not None else self._last_time.get(rank), frame,
                    prim if primary is None else primary)

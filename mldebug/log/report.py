@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from mldebug.findings import render_findings
 from mldebug.log.model import LogReport, RankLog
 from mldebug.render import fold_ints
+from mldebug.text import sanitize
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,7 +50,7 @@ def render(report: LogReport, console: Console) -> None:
     ordered = sorted(rows.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
     for state, ranks in ordered[:MAX_ROWS]:
         label = f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)}"
-        console.print(Text(f"  {label:<18} {state}"))
+        console.print(Text(f"  {label:<18} {sanitize(state)}"))
     if len(ordered) > MAX_ROWS:
         console.print(Text(f"  ... {len(ordered) - MAX_ROWS} more groups (--json has every rank)",
                            style="dim"))
