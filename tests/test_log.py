@@ -32,6 +32,9 @@ CASES = [
     ("torch213-gloo-size-mismatch.log", "log-size-mismatch", [3]),
     ("torch213-launcher-eaddrinuse.log", "log-launcher-port-in-use", []),
     ("torch213-detail-fingerprint-mismatch.log", "log-fingerprint-mismatch", [3]),
+    ("opendde-23-uneven-split.log", "log-fingerprint-mismatch", []),
+    ("ms-swift-9443-text-only-batch.log", "log-fingerprint-mismatch", []),
+    ("simpletuner-2712-allgather-vs-reduce.log", "log-fingerprint-mismatch", []),
 ]
 
 
@@ -169,6 +172,18 @@ def test_every_fixture_is_listed_with_its_source() -> None:
     for f in FIX.glob("*.log"):
         assert f.name in readme
     assert {c[0] for c in CASES} == {f.name for f in FIX.glob("*.log")}
+
+
+def test_two_rank_detail_messages_name_both_ranks_and_what_differs() -> None:
+    """Public threads where one DETAIL message names two ranks: no majority, so no culprit, but
+    both ranks and the differing shape/op are in the verdict, with low confidence."""
+    want = {"opendde-23-uneven-split.log": ("ranks 1-2", "1435", "1436"),
+            "ms-swift-9443-text-only-batch.log": ("ranks 0-1", "51123456", "195812480"),
+            "simpletuner-2712-allgather-vs-reduce.log": ("ranks 1,7", "ALLGATHER", "REDUCE")}
+    for name, words in want.items():
+        v = analyze(load([str(FIX / name)])).verdict
+        assert v is not None and "Confidence: low" in v.detail, name
+        assert all(w in v.title + v.detail for w in words), (name, v)
 
 
 def test_first_failure_names_the_user_frame_and_the_consequences() -> None:

@@ -344,27 +344,33 @@ def fingerprint_mismatch(facts: Facts) -> Verdict | None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL mismatch messages: the odd rank by majority over every
     rank the messages name (each message names only two)."""
     fps = facts.parsed.fingerprints
-    for seq in sorted(fps, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0)):
-        by_rank = fps[seq]
+    groups = [(f"sequence number {seq}", fps[seq]) for seq in
+              sorted(fps, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0))]
+    every = {r: (f"#{seq} " if len(fps) > 1 else "") + fp for seq, at in fps.items() for r, fp in at.items()}
+    groups.append(("different sequence numbers", every))  # ranks out of step: no common seq
+    for where, by_rank in groups:
         count = Counter(by_rank.values())
         if len(count) < 2:
             continue
         (major, n_major), *rest = count.most_common()
-        tie = rest and rest[0][1] == n_major
-        odd = sorted(r for r, fp in by_rank.items() if fp != major)
+        tie = bool(rest) and rest[0][1] == n_major
+        odd = sorted(by_rank) if tie else sorted(r for r, fp in by_rank.items() if fp != major)
         if tie:
-            odd = sorted(by_rank)
-        detail = (f"{n_major} of {len(by_rank)} ranks named at sequence number {seq} run {major}; "
-                  + "; ".join(f"rank {r}: {by_rank[r]}" for r in odd[:8]) + ".")
+            detail = ("The ranks named disagree and no collective has a majority: "
+                      + "; ".join(f"rank {r}: {by_rank[r]}" for r in odd[:8])
+                      + ". More ranks' messages (every rank's log) would show the odd one.")
+        else:
+            detail = (f"{n_major} of {len(by_rank)} ranks named run {major} ({where}); "
+                      + "; ".join(f"rank {r}: {by_rank[r]}" for r in odd[:8]) + ".")
         return Verdict(Finding(
             Severity.ERROR,
-            (f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} ran another collective at "
-             f"sequence number {seq}" if not tie else
-             f"ranks disagree on the collective at sequence number {seq} (no majority)"),
+            (f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} ran another collective "
+             f"({where})" if not tie else
+             f"ranks {fold_ints(odd)} ran different collectives ({where}; no majority)"),
             detail,
             "Collectives must be the same on every rank, in the same order, with the same shapes "
             "and dtypes: find the rank-dependent branch on the odd rank (evaluation or logging "
-            "only on some ranks, uneven last batch).",
+            "only on some ranks, uneven last batch, a sequence split that does not divide).",
             code="log-fingerprint-mismatch", hosts=_hosts(facts, odd)), [] if tie else odd,
             f"TORCH_DISTRIBUTED_DEBUG=DETAIL fingerprints, majority of {len(by_rank)} ranks",
             "low" if tie else ("high" if n_major >= 2 else "medium"))

@@ -93,7 +93,7 @@ _NUMEL = re.compile(r"NumelIn=(\d{1,18})")
 # TORCH_DISTRIBUTED_DEBUG=DETAIL (ProcessGroupWrapper): "Rank 0 is running collective:
 # CollectiveFingerPrint(SequenceNumber=5, OpType=ALLREDUCE, TensorShape=[20, 10], TensorDtypes=Float, ...)"
 _FP = re.compile(r"Rank (?P<rank>\d{1,7}) is running collective: CollectiveFingerPrint\((?P<fp>[^\n]{0,2000}?)\)(?=, but|\.|$)")
-_FP_FIELD = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]{0,500}\]|[\w.]{1,60})")
+_FP_FIELD = re.compile(r"(SequenceNumber)=(\d{1,20})|(OpType|TensorShape|TensorDtypes)=(\[[^\]]{0,500}\]|[\w.]{1,60})")
 _PG_RANK = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})[^\]]{0,200}?Rank (?P<rank>\d{1,7})\]")
 _RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d{1,7})\]")
 _ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last completed (?:NCCL )?work: (?P<comp>-?\d{1,18})")
@@ -505,7 +505,7 @@ class LogParser:
         print it; the ranks it names are what count)."""
         fps = self.parsed.fingerprints
         for m in _FP.finditer(text):
-            fields = dict(_FP_FIELD.findall(m["fp"]))
+            fields = {a or c: b or d for a, b, c, d in _FP_FIELD.findall(m["fp"])}
             seq = fields.get("SequenceNumber", "?")
             key = ", ".join(f"{k}={fields[k]}" for k in ("OpType", "TensorShape", "TensorDtypes") if k in fields)
             at = fps.get(seq)
