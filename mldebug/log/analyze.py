@@ -238,8 +238,10 @@ def size_mismatch(facts: Facts) -> Verdict | None:
     else:
         culprits, how = [], "gloo's size check (which rank passed the odd size is not in these lines)"
     got = f" ({sizes[1]} bytes arrived for a tensor of {sizes[2]})" if sizes else ""
-    detail = (f"gloo: 'Received data size doesn't match expected size'{got} on rank"
-              f"{'s' if len(reporters) > 1 else ''} {fold_ints(reporters) or '?'}: the ranks "
+    on = (f" on rank{'s' if len(reporters) > 1 else ''} {fold_ints(reporters)}" if reporters
+          else " (which rank is not in these lines)")
+    detail = (f"gloo's size check failed ('op.preamble.length <= op.nbytes', 'Received data size "
+              f"doesn't match expected size'){got}{on}: the ranks "
               "called the same collective with tensors of different sizes (or different "
               "collectives). gloo aborts (SIGABRT) the rank that notices: not a crash.")
     tail = facts.others(set(reporters) | set(culprits))

@@ -41,6 +41,7 @@ PREFILTER_WORDS = (
     "Traceback", "Watchdog", "watchdog", "NCCL WARN", "NCCL work", "Killed",
     "mldebug",  # mldebug's own hooks
     "Signal", "SIG[A-Z]", "Failures:", "Fatal", "Root Cause", "Received data size",
+    "op.preamble.length",  # gloo's size check before its message said so (gloo#456)
     "Rank [0-9]", "DebugUnderflowOverflow", "Detected mismatch",
     "WORLD_SIZE", "world_size", "world size",
     "torch==", "torch version", "PyTorch version",  # the version, for the known-issue table
@@ -132,7 +133,7 @@ def classify(message: str) -> tuple[str, bool]:
     low = message.lower()
     if "out of memory" in low and ("cuda" in low or "outofmemory" in low or "hip" in low):
         return "cuda-oom", True
-    if "received data size doesn't match expected size" in low:
+    if "received data size doesn't match expected size" in low or "op.preamble.length <= op.nbytes" in low:
         return "size-mismatch", False  # gloo: the peer sent another size: a mismatch, not a crash
     if "eaddrinuse" in low or "address already in use" in low:
         return "launcher", True
@@ -451,10 +452,11 @@ class LogParser:
                     st.exitcode = int(m["code"])
             return
         low = text.lower()
-        if "received data size doesn't match" in low or ("error" in low or "exception" in low) and (
+        if ("received data size doesn't match" in low or "op.preamble.length <= op.nbytes" in low
+                or ("error" in low or "exception" in low) and (
                 "cuda out of memory" in low or "cuda error" in low
                 or "terminated with exception" in low or "nccl error" in low
-                or "received data size doesn't match" in low or "eaddrinuse" in low):
+                or "received data size doesn't match" in low or "eaddrinuse" in low)):
             msg = text.strip()
             cut = msg.find("] ")
             if msg.startswith("[") and 0 < cut < 200:
