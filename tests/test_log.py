@@ -34,6 +34,7 @@ CASES = [
     ("torch213-detail-fingerprint-mismatch.log", "log-fingerprint-mismatch", [3]),
     ("opendde-23-uneven-split.log", "log-fingerprint-mismatch", []),
     ("gloo-456-preamble-size.log", "log-size-mismatch", []),
+    ("dcpdn-12-dataloader-killed.log", "log-first-failure-dataloader-killed", []),
     ("ms-swift-9443-text-only-batch.log", "log-fingerprint-mismatch", []),
     ("simpletuner-2712-allgather-vs-reduce.log", "log-fingerprint-mismatch", []),
 ]

@@ -18,7 +18,7 @@ from mldebug.findings import Finding, Severity
 from mldebug.log.model import Event, LogReport, ParsedLogs, RankLog
 from mldebug.render import fold_ints
 
-FAILURE_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error", "overflow")
+FAILURE_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error", "overflow", "dataloader-killed")
 FATAL_SIGNALS = {-int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)}
 
 
@@ -90,6 +90,11 @@ _FIXES = {
                   "usually an out-of-range index or a bad custom kernel on this rank.",
     "nccl-error": "Rerun with NCCL_DEBUG=INFO and read that output with `mldebug nccl-log`: "
                   "the WARN line before 'unhandled ... error' names the cause.",
+    "dataloader-killed": "A DataLoader worker of this rank was killed (SIGKILL: the host's OOM "
+                         "killer, not GPU memory): lower num_workers and prefetch_factor, avoid "
+                         "copying the dataset into each worker (share it, or use memory-mapped "
+                         "files), and check `dmesg -T | grep -i oom` and the job's memory limit; "
+                         "`mldebug mem peak -- CMD` measures the peak.",
     "overflow": "inf/nan on this rank: DebugUnderflowOverflow's report above the traceback names "
                 "the first module and tensor (lower the learning rate, check the input batch, "
                 "or run that module in fp32); the other ranks stopped because all_ranks_stop=True.",
@@ -272,6 +277,13 @@ def launcher_failed(facts: Facts) -> Verdict | None:
                "--master-port (torchrun --rdzv-endpoint HOST:PORT), or let torchrun pick one "
                "with --standalone on one node.")
         code = "log-launcher-port-in-use"
+    elif ev.kind in _FIXES:  # one process's log, no rank in it: the error itself, no culprit
+        where = ev.frame or ev.source
+        return Verdict(Finding(
+            Severity.ERROR, f"failed (no rank in these lines): {ev.message[:200]}",
+            f"at {where} ({ev.source})", _FIXES[ev.kind].format(where=where),
+            code=f"log-first-failure-{ev.kind}"), [], "the first real error; the lines name no rank",
+            "medium")
     else:
         fix = ("The launcher failed before the ranks ran: fix the error it names (rendezvous "
                "endpoint, --nnodes, the store's host and port) and rerun.")

@@ -137,6 +137,8 @@ def classify(message: str) -> tuple[str, bool]:
         return "size-mismatch", False  # gloo: the peer sent another size: a mismatch, not a crash
     if "eaddrinuse" in low or "address already in use" in low:
         return "launcher", True
+    if "dataloader worker" in low and "killed by signal" in low:
+        return "dataloader-killed", True
     if "debugunderflowoverflow" in low and "inf/nan detected" in low:
         return "overflow", True
     if "illegal memory access" in low or "device-side assert" in low:
