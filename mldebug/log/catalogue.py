@@ -26,7 +26,11 @@ class Message:
     source: str
     versions: tuple[str, ...]
     anchor: str
-    pattern: re.Pattern[str]
+    regex: str  # compiled on the first line that holds the anchor (most never do)
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _compiled(self.regex)
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,15 @@ class Match:
         return f"torch-{self.message.component}"
 
 
-def _compile(text: str) -> tuple[str, re.Pattern[str]]:
+@lru_cache(maxsize=None)
+def _compiled(regex: str) -> re.Pattern[str]:
+    return re.compile(regex)
+
+
+def _compile(text: str) -> tuple[str, str]:
     pieces = text.split("{}")
     anchor = max(pieces, key=len).strip()
-    rx = ".{0,300}?".join(re.escape(p) for p in pieces)
-    return anchor, re.compile(rx)
+    return anchor, ".{0,300}?".join(re.escape(p) for p in pieces)
 
 
 @lru_cache(maxsize=1)
