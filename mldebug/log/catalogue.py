@@ -44,7 +44,7 @@ class Match:
         return f"torch-{self.message.component}"
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=1024)
 def _compiled(regex: str) -> re.Pattern[str]:
     return re.compile(regex)
 
