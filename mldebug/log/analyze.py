@@ -537,7 +537,11 @@ def _catalogue_findings(parsed: ParsedLogs, culprits: list[int]) -> list[Finding
     events += [(None, e) for e in parsed.launcher_events[:50]]
     out: list[Finding] = []
     seen: set[str] = set()
+    looked: set[str] = set()  # 1,000 ranks mostly repeat a few messages: look each up once
     for r, ev in events[:5000]:
+        if ev.message in looked:
+            continue
+        looked.add(ev.message)
         known = catalogue.known_for(ev.message, parsed.torch_version)
         if known is not None and known.signature not in seen:
             seen.add(known.signature)

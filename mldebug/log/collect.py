@@ -157,7 +157,7 @@ def _feed_grep(parser: LogParser, path: Path, source: str, file_rank: int | None
             f.seek(at)
             parser.sample_ranks(b"\n" + f.read(RANK_SAMPLE_GREP))
         proc = subprocess.Popen(
-            [grep, "-a", "-n", "-b", "-E", "-e", GREP_PATTERN, "--", str(path)],
+            [grep, "-a", "-n", "-b", "-F", "-e", GREP_PATTERN, "--", str(path)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
             env={"LC_ALL": "C", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             preexec_fn=_grep_rlimit)

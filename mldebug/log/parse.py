@@ -31,8 +31,8 @@ RANK_SAMPLE = 1 << 20  # bytes of each chunk whose launcher prefixes are scanned
 MAX_WARN_GROUPS = 200
 MAX_WARN_RANKS = 4096
 
-# The prefilter: a line is parsed only when it holds one of these words (regex syntax that
-# Python and POSIX ERE read alike). Everything the parser reacts to on a line of its own is
+# The prefilter: a line is parsed only when it holds one of these words (plain strings: grep
+# -F matches them all in one pass). Everything the parser reacts to on a line of its own is
 # here; a traceback's frames and last line are read because "Traceback" opens a window that
 # reads every line until it ends (and "Failures:" the launcher's table).
 PREFILTER_WORDS = (
@@ -40,9 +40,9 @@ PREFILTER_WORDS = (
     "xception", "xitcode",  # Exception / exception, torchrun's exitcode
     "Traceback", "Watchdog", "watchdog", "NCCL WARN", "NCCL work", "Killed",
     "mldebug",  # mldebug's own hooks
-    "Signal", "SIG[A-Z]", "Failures:", "Fatal", "Root Cause", "Received data size",
+    "Signal", "SIGKILL", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGTERM", "SIGILL", "SIGFPE", "Failures:", "Fatal", "Root Cause", "Received data size",
     "op.preamble.length",  # gloo's size check before its message said so (gloo#456)
-    "Rank [0-9]", "DebugUnderflowOverflow", "Detected mismatch",
+    "DebugUnderflowOverflow", "Detected mismatch",
     "WORLD_SIZE", "world_size", "world size",
     "torch==", "torch version", "PyTorch version",  # the version, for the known-issue table
     # phases a rank enters on its own (the tie break between waiting ranks)
@@ -65,9 +65,7 @@ def _by_first_char(words: tuple[str, ...]) -> list[re.Pattern[bytes]]:
     out = []
     for group in groups.values():
         head = os.path.commonprefix(group)  # the longer the literal prefix, the fewer candidates
-        if "[" in head:
-            head = head[:head.index("[")]
-        rest = [w[len(head):] for w in group]
+        rest = [re.escape(w[len(head):]) for w in group]
         out.append(re.compile((re.escape(head) + "(?:" + "|".join(rest) + ")").encode()))
     return out
 
@@ -81,7 +79,7 @@ def prefilter_patterns() -> list[re.Pattern[bytes]]:
     return _PREFILTER
 
 
-GREP_PATTERN = "|".join(PREFILTER_WORDS)
+GREP_PATTERN = "\n".join(PREFILTER_WORDS)  # grep -F: one word per line
 
 _TIME_GLOG = re.compile(r"^\[?[EWIFD](?P<md>\d{3,4}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:\.\d+)?)")
 _TIME_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:[.,]\d+)?)")
