@@ -311,6 +311,24 @@ def test_log_dir_tree_reads_every_rank() -> None:
     assert report.culprits == [2]
 
 
+def test_log_dir_with_restarts_reads_the_last_attempt(tmp_path: Path) -> None:
+    """torchrun --max-restarts: attempt_0 failed one way, attempt_1 another; the report is about
+    the last attempt and names the earlier one as skipped."""
+    import shutil
+
+    run = next((REPO / "tests" / "fixtures" / "log_logdir").iterdir())
+    shutil.copytree(run, tmp_path / run.name)
+    a1 = tmp_path / run.name / "attempt_1"
+    for r in range(4):
+        (a1 / str(r)).mkdir(parents=True)
+        (a1 / str(r) / "stderr.log").write_text(
+            "Traceback (most recent call last):\nKeyError: 'label'\n" if r == 1 else
+            "RuntimeError: Connection closed by peer [127.0.0.1]:1\n")
+    report = analyze(load([str(tmp_path)]))
+    assert report.culprits == [1] and "KeyError" in report.verdict.title  # type: ignore[union-attr]
+    assert any("attempt_0" in n for n in report.parsed.notes)
+
+
 @pytest.mark.slow
 def test_real_torchrun_job_with_our_hooks(tmp_path: Path) -> None:
     """One live 4-rank gloo job (tests/fixtures/log_job/hooks_job.py, attempt 0): install_excepthook

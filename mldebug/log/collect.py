@@ -101,9 +101,40 @@ def _walk(root: Path, depth: int = 0) -> Iterator[Path]:
             yield Path(e.path)
 
 
-def inputs(paths: Sequence[str]) -> list[Path | None]:
-    """Expand directories; ``None`` stands for standard input. Raises UsageError for a path
-    that does not exist or is neither a file nor a directory."""
+_ATTEMPT = re.compile(r"attempt_(\d{1,6})")
+
+
+def last_attempt(files: list[Path], skipped: list[str] | None = None) -> list[Path]:
+    """torchrun --log-dir keeps each restart in RUN/attempt_N/: read only the last attempt of
+    each run (earlier attempts failed and were restarted; mixing them would blend failures)."""
+    last: dict[Path, int] = {}
+    for f in files:
+        for part in f.parents:
+            m = _ATTEMPT.fullmatch(part.name)
+            if m:
+                last[part.parent] = max(last.get(part.parent, -1), int(m[1]))
+                break
+    if not last:
+        return files
+    keep = []
+    for f in files:
+        for part in f.parents:
+            m = _ATTEMPT.fullmatch(part.name)
+            if m:
+                if int(m[1]) == last[part.parent]:
+                    keep.append(f)
+                elif skipped is not None and str(part) not in skipped and len(skipped) < 100:
+                    skipped.append(str(part))
+                break
+        else:
+            keep.append(f)
+    return keep
+
+
+def inputs(paths: Sequence[str], skipped: list[str] | None = None) -> list[Path | None]:
+    """Expand directories (the last torchrun attempt of each run: the earlier ones are listed
+    in ``skipped``); ``None`` stands for standard input. Raises UsageError for a path that
+    does not exist or is neither a file nor a directory."""
     out: list[Path | None] = []
     for p in paths:
         if p == "-":
@@ -121,7 +152,7 @@ def inputs(paths: Sequence[str]) -> list[Path | None]:
             found = list(_walk(path))
             if not found:
                 raise UsageError(f"{p}: the directory holds no files.", "Pass the log files themselves.")
-            out.extend(found[:MAX_FILES])
+            out.extend(last_attempt(found, skipped)[:MAX_FILES])
         else:  # regular files, FIFOs, /dev/stdin: read as streams
             out.append(path)
     return out
@@ -232,7 +263,10 @@ def load(paths: Sequence[str], world_size: int | None = None, *, prefilter: bool
     """Read every input. ``prefilter=False`` parses every line (the reference the prefilter is
     tested against); ``grep_min`` is the file size from which grep runs the prefilter."""
     parser = LogParser(prefilter=prefilter)
-    found = inputs(paths)
+    skipped: list[str] = []
+    found = inputs(paths, skipped)
+    parser.parsed.notes += [f"skipped the earlier torchrun attempt {d} (the last attempt is read)"
+                            for d in skipped[:20]]
     explicit = {Path(p) for p in paths if p != "-"}
     for path in found:
         if path is None:

@@ -41,6 +41,8 @@ def render(report: LogReport, console: Console) -> None:
     if report.verdict is not None:
         console.print(Text("Verdict:", style="bold"))
     render_findings(report.findings, console)
+    for note in p.notes[:10]:
+        console.print(Text(f"note: {sanitize(note)}", style="dim"))
     rows: dict[str, list[int]] = defaultdict(list)
     for r, st in p.ranks.items():
         rows[_state(st)].append(r)
