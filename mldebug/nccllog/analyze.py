@@ -11,6 +11,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from mldebug.findings import Finding, Severity, sort_findings
+from mldebug.nccllog import catalogue
+from mldebug.nccllog.catalogue import Classified
 from mldebug.nccllog.model import (
     CommInit,
     CommSummary,
@@ -142,8 +144,16 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
     findings: list[Finding] = []
     for rule in RULES:
         findings += rule(ctx)
+    cat = catalogue.load()
     for w in warns:
         if w.key in ctx.explained:
+            continue
+        where = (f"printed {w.count} time(s) by {len(w.processes)} process(es): "
+                 + (", ".join(w.processes) if len(w.processes) <= 3
+                    else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"))
+        cls = cat.describe(w.message)
+        if cls is not None:
+            findings.append(_catalogued(w, cls, where))
             continue
         findings.append(Finding(
             Severity.WARNING, f"NCCL WARN: {w.message[:200]}",
@@ -161,6 +171,18 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         collectives={s: dict(sorted(c.items())) for s, c in sorted(coll.items())},
         findings=sort_findings(findings), groups=_process_groups(procs),
         lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs))
+
+
+def _catalogued(w: WarnGroup, cls: Classified, where: str) -> Finding:
+    """A WARN no rule explained, described from NCCL's source catalogue."""
+    src = ""
+    if cls.entry is not None:
+        src = (f"\nNCCL source: {', '.join(cls.entry.files[:3])}, format "
+               f"'{cls.entry.format[:160]}' (NCCL {cls.entry.version_text}).")
+    return Finding(
+        Severity.WARNING, f"NCCL WARN ({cls.title}): {w.message[:200]}",
+        where + (f"\nLikely cause: {cls.cause}." if cls.cause else "") + src,
+        cls.fix, f"nccl-log-{cls.component}", tuple(w.hosts))
 
 
 def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
