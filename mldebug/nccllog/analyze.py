@@ -53,6 +53,10 @@ def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
                 if normalise(msg) not in m.warn_counts:
                     m.warns.append(msg)
             m.warn_counts.update(p.warn_counts)
+            for k, v in p.warn_src.items():
+                m.warn_src.setdefault(k, v)
+            for k, v in p.warn_context.items():
+                m.warn_context.setdefault(k, v)
             m.gdr_disabled += [h for h in p.gdr_disabled if h not in m.gdr_disabled]
             m.gid_link_local = m.gid_link_local or p.gid_link_local
             for sl, cnt in p.coll.items():
@@ -96,8 +100,12 @@ def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
         for key, n in p.warn_counts.items():
             g = groups.get(key)
             if g is None:
-                g = groups[key] = WarnGroup(first.get(key, key), [], 0, key=key)
+                g = groups[key] = WarnGroup(first.get(key, key), [], 0, key=key,
+                                            source=p.warn_src.get(key, ""),
+                                            context=p.warn_context.get(key, ""))
             g.count += n
+            if p.version and p.version not in g.versions and len(g.versions) < 16:
+                g.versions.append(p.version)
             if p.key not in seen[key]:
                 seen[key].add(p.key)
                 g.processes.append(p.label)
@@ -151,7 +159,7 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         where = (f"printed {w.count} time(s) by {len(w.processes)} process(es): "
                  + (", ".join(w.processes) if len(w.processes) <= 3
                     else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"))
-        cls = cat.describe(w.message)
+        cls = cat.describe(w.message, w.source, w.context)
         if cls is not None:
             findings.append(_catalogued(w, cls, where))
             continue
@@ -179,9 +187,14 @@ def _catalogued(w: WarnGroup, cls: Classified, where: str) -> Finding:
     if cls.entry is not None:
         src = (f"\nNCCL source: {', '.join(cls.entry.files[:3])}, format "
                f"'{cls.entry.format[:160]}' (NCCL {cls.entry.version_text}).")
+    how = {"values": "by the values in the message",
+           "source file": f"by NCCL's source file {w.source}",
+           "context": "by what NCCL was setting up just before"}.get(cls.how)
     return Finding(
         Severity.WARNING, f"NCCL WARN ({cls.title}): {w.message[:200]}",
-        where + (f"\nLikely cause: {cls.cause}." if cls.cause else "") + src,
+        where + (f"\nLikely cause: {cls.cause}." if cls.cause else "")
+        + (f"\nJust before it: {w.context[:200]}" if w.context else "")
+        + (f"\nComponent decided {how}." if how else "") + src,
         cls.fix, f"nccl-log-{cls.component}", tuple(w.hosts))
 
 

@@ -98,6 +98,14 @@ class Classified:
     fix: str
     cause: str | None
     entry: Entry | None  # the format string matched, if any
+    how: str = "format"  # what decided the component: format, values, source file, context
+
+
+# components that say little on their own: the WARN's source file or the setup line before
+# it (which transport was being connected) decide instead
+VAGUE = ("cuda", "socket", "proxy", "internal")
+SETUP = ("ib-verbs", "roce-gid", "bootstrap", "shm", "p2p", "nvls", "collnet", "net-plugin",
+         "cumem", "memreg")
 
 
 class Catalogue:
@@ -160,19 +168,34 @@ class Catalogue:
                 return cause, fix
         return None
 
-    def describe(self, msg: str) -> Classified | None:
-        """Component, fix and cause of one WARN message; None if nothing classifies it."""
+    def describe(self, msg: str, src: str | None = None,
+                 context: str | None = None) -> Classified | None:
+        """Component, fix and cause of one WARN message; None if nothing classifies it.
+        ``src``: NCCL's 'file.cc:123' from the log line; ``context``: the INFO line the same
+        process printed just before (what NCCL was setting up)."""
         entry = self.lookup(msg)
         comp = entry.component if entry is not None else None
+        how = "format"
         if entry is None or self.classify(entry.format, text_only=True) is None:
             # 'Call to %s failed : %s': the values (ibv_reg_mr, connect ...) say more
-            comp = self.classify(msg, text_only=True) or comp
+            by_text = self.classify(msg, text_only=True)
+            if by_text is not None and by_text != comp:
+                comp, how = by_text, "values"
+            if src and (comp is None or comp in VAGUE):
+                path = src.rsplit(":", 1)[0].removeprefix("src/")
+                by_file = self.classify(msg, [path])
+                if by_file is not None and by_file not in VAGUE:
+                    comp, how = by_file, "source file"
+        if context and (comp is None or comp in VAGUE):
+            by_context = self.classify(context, text_only=True)
+            if by_context in SETUP:
+                comp, how = by_context, "context"
         if comp is None or comp not in self.components:
             return None
         info = self.components[comp]
         c = self.cause(msg) or (self.cause(entry.format) if entry is not None else None)
         cause, fix = (c[0], c[1] or info["fix"]) if c else (None, info["fix"])
-        return Classified(comp, info["title"], fix, cause, entry)
+        return Classified(comp, info["title"], fix, cause, entry, how)
 
 
 @lru_cache(maxsize=1)

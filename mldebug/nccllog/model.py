@@ -73,6 +73,8 @@ class ProcessLog:
     comms: dict[str, CommInit] = field(default_factory=dict)  # comm address -> init
     warns: list[str] = field(default_factory=list)  # first message of each distinct kind
     warn_counts: Counter[str] = field(default_factory=Counter)  # normalised kind -> count
+    warn_src: dict[str, str] = field(default_factory=dict)  # kind -> 'file.cc:123' (first)
+    warn_context: dict[str, str] = field(default_factory=dict)  # kind -> INFO line before it
     gdr_disabled: list[str] = field(default_factory=list)  # "HCA 0 'mlx5_0' (no module)"
     gid_link_local: bool = False
     coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
@@ -113,12 +115,16 @@ class ProcessLog:
                 return n
         return next((n for n in self.nets if n.interfaces), None)
 
-    def add_warn(self, msg: str) -> None:
+    def add_warn(self, msg: str, src: str | None = None, context: str | None = None) -> None:
         key = normalise(msg)
         if key not in self.warn_counts and len(self.warn_counts) >= MAX_WARN_KINDS:
             key = "(more kinds of WARN than kept)"
         if key not in self.warn_counts:
             self.warns.append(msg)
+            if src:
+                self.warn_src[key] = src
+            if context:
+                self.warn_context[key] = context
         self.warn_counts[key] += 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,10 +177,14 @@ class WarnGroup:
     count: int
     hosts: list[str] = field(default_factory=list)
     key: str = ""
+    source: str = ""  # NCCL's file.cc:line of the first occurrence
+    context: str = ""  # the NCCL INFO line its first printer logged just before it
+    versions: list[str] = field(default_factory=list)  # NCCL versions of the printers
 
     def to_dict(self) -> dict[str, Any]:
         return {"message": self.message, "processes": self.processes, "count": self.count,
-                "hosts": self.hosts}
+                "hosts": self.hosts, "source": self.source, "context": self.context,
+                "nccl_versions": self.versions}
 
 
 @dataclass

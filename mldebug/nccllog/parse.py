@@ -92,6 +92,18 @@ SIGNALS: dict[str, tuple[str, ...]] = {
 _NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in needles]
 
 
+# INFO lines that say what NCCL was setting up (the context of a WARN that follows):
+# not the '<file>:<line> -> <code>' unwinding lines nor the per-collective lines.
+_UNWIND = re.compile(r"[\w./+-]{1,200}:\d{1,6} -> ")
+MAX_CONTEXT_PROCS = 1 << 14
+
+
+def _is_context(msg: str) -> bool:
+    if ": opCount " in msg:
+        return False
+    return " -> " not in msg or _UNWIND.match(msg) is None
+
+
 def _iface_name(item: str) -> str:
     return item.split(":", 1)[0].split("<", 1)[0].split("/", 1)[0]
 
@@ -105,6 +117,7 @@ class _Parser:
         self.slice_no = 0
         self.last_warn: str | None = None
         self.last_proc: ProcessLog | None = None
+        self.last_info: dict[str, str] = {}  # process -> its last setup INFO line
 
     def feed(self, raw: str) -> None:
         log = self.log
@@ -143,10 +156,12 @@ class _Parser:
             proc.launcher_rank = int(label)
         msg = m["msg"].strip()
         if m["level"] == "WARN":
-            proc.add_warn(msg)
+            proc.add_warn(msg, m["src"], self.last_info.get(proc.key))
             self.last_warn = msg
         else:
             _parse_info(proc, msg, self.slice_no)
+            if _is_context(msg) and len(self.last_info) < MAX_CONTEXT_PROCS:
+                self.last_info[proc.key] = msg[:300]
 
     def _process(self, ident: str | None, dev: str | None) -> ProcessLog:
         devno = int(dev) if dev is not None else None

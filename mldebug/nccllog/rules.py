@@ -567,6 +567,47 @@ def rule_odd_interfaces(ctx: Context) -> list[Finding]:
                "or exclude the odd nodes.", (p.host for p in odd))]
 
 
+def rule_known_issues(ctx: Context) -> list[Finding]:
+    """A WARN / failure line or an NCCL setting that matches a known NCCL bug of the version
+    the process runs (known_issues.json, from NCCL's release notes)."""
+    from mldebug.nccllog.known import load
+
+    versions = sorted({p.version for p in ctx.procs if p.version} | set(ctx.bare_versions))
+    out = []
+    for row in load():
+        hits: list[tuple[str, list[str], list[str]]] = []  # (evidence, versions, hosts)
+        for w in ctx.warns:
+            if row.matches_message(w.message, w.source):
+                vs = [v for v in (w.versions or versions) if row.affects(v)]
+                if vs:
+                    hits.append((w.message, vs, w.hosts))
+        for sig in ctx.signals.values():
+            for ex in sig.examples:
+                if row.matches_message(ex):
+                    vs = [v for v in versions if row.affects(v)]
+                    if vs:
+                        hits.append((ex, vs, []))
+        procs = [p for p in ctx.procs if row.env and row.matches_env(p.env)
+                 and row.affects(p.version)]
+        if procs:
+            assert row.env is not None
+            hits.append((f"{row.env}={procs[0].env[row.env]} ({labels(procs)})",
+                         sorted({p.version or "" for p in procs}), [p.host for p in procs]))
+        if not hits:
+            continue
+        vs = sorted({v for _, v_, _ in hits for v in v_})
+        out.append(_f(
+            Severity.ERROR, "nccl-log-known-bug",
+            f"known bug in NCCL {', '.join(vs)} (affects {row.range_text}), fixed in "
+            f"{row.fixed}",
+            f"{row.summary}.\nEvidence: {hits[0][0][:240]}\nSource: {', '.join(row.sources)}",
+            f"upgrade NCCL to {row.fixed} or newer (a newer torch wheel / nvidia-nccl-cu* "
+            "package or container)" + (f"; until then {row.workaround}" if row.workaround
+                                       else "") + ".",
+            [h for _, _, hs in hits for h in hs]))
+    return out
+
+
 def rule_torch_watchdog(ctx: Context) -> list[Finding]:
     """PyTorch's NCCL watchdog lines are about ranks, not the network: point to the command
     that reads them across ranks."""
@@ -602,6 +643,7 @@ RULES: list[Callable[[Context], list[Finding]]] = [
     rule_link_local_addresses,
     rule_odd_interfaces,
     rule_torch_watchdog,
+    rule_known_issues,
 ]
 
 
