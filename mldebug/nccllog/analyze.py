@@ -59,6 +59,7 @@ def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
                 m.warn_context.setdefault(k, v)
             m.gdr_disabled += [h for h in p.gdr_disabled if h not in m.gdr_disabled]
             m.gid_link_local = m.gid_link_local or p.gid_link_local
+            m.mtu = m.mtu or p.mtu
             for sl, cnt in p.coll.items():
                 m.coll[sl].update(cnt)
             if m.launcher_rank is None:

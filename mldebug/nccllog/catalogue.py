@@ -135,10 +135,13 @@ class Catalogue:
         self._rest.sort(key=lambda le: -le[1].literal_len)
 
     def classify(self, text: str, files: list[str] | tuple[str, ...] = (),
-                 text_only: bool = False) -> str | None:
+                 text_only: bool = False, file_only: bool = False) -> str | None:
         """The component of a format (with its source files) or of a bare message;
-        ``text_only``: by the rules that read the text alone."""
+        ``text_only``: by the rules that read the text alone; ``file_only``: by the rules
+        that read the source file."""
         for comp, file_re, text_re in self.rules:
+            if file_only and file_re is None:
+                continue
             if file_re is not None and (text_only or not any(file_re.search(f) for f in files)):
                 continue
             if text_re is not None and not text_re.search(text):
@@ -176,20 +179,24 @@ class Catalogue:
         entry = self.lookup(msg)
         comp = entry.component if entry is not None else None
         how = "format"
-        if entry is None or self.classify(entry.format, text_only=True) is None:
+        own = self.classify(entry.format, text_only=True) if entry is not None else None
+        if own is None:
             # 'Call to %s failed : %s': the values (ibv_reg_mr, connect ...) say more
             by_text = self.classify(msg, text_only=True)
             if by_text is not None and by_text != comp:
                 comp, how = by_text, "values"
+        if own is None or own in VAGUE:
+            # 'Cuda failure %d '%s'' is printed all over NCCL: where, and what NCCL was
+            # setting up just before, name the component
             if src and (comp is None or comp in VAGUE):
                 path = src.rsplit(":", 1)[0].removeprefix("src/")
-                by_file = self.classify(msg, [path])
-                if by_file is not None and by_file not in VAGUE:
+                by_file = self.classify(msg, [path], file_only=True)
+                if by_file in SETUP:
                     comp, how = by_file, "source file"
-        if context and (comp is None or comp in VAGUE):
-            by_context = self.classify(context, text_only=True)
-            if by_context in SETUP:
-                comp, how = by_context, "context"
+            if context and (comp is None or comp in VAGUE):
+                by_context = self.classify(context, text_only=True)
+                if by_context in SETUP:
+                    comp, how = by_context, "context"
         if comp is None or comp not in self.components:
             return None
         info = self.components[comp]

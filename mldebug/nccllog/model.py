@@ -77,6 +77,7 @@ class ProcessLog:
     warn_context: dict[str, str] = field(default_factory=dict)  # kind -> INFO line before it
     gdr_disabled: list[str] = field(default_factory=list)  # "HCA 0 'mlx5_0' (no module)"
     gid_link_local: bool = False
+    mtu: int | None = None  # NET/IB: Dev d Port p qpn q mtu N (the first)
     coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     @property
@@ -140,7 +141,7 @@ class ProcessLog:
             "bootstrap": self.bootstrap, "env": self.env,
             "comms": [c.__dict__ for c in self.comms.values()],
             "warnings": sum(self.warn_counts.values()),
-            "gdr_disabled": self.gdr_disabled,
+            "gdr_disabled": self.gdr_disabled, "ib_mtu": self.mtu,
             "collectives": {op: sum(c[op] for c in self.coll.values())
                             for op in sorted({o for c in self.coll.values() for o in c})},
         }

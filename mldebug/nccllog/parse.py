@@ -71,6 +71,7 @@ ITEM = re.compile(r"\[\d{1,4}\]=?\{?\s?(?P<item>[^\s\[;,{}=]{1,200})")
 DRIVER = re.compile(r"cudaDriverVersion (?P<v>\d{1,9})")
 PLUGIN_PATH = re.compile(r"Plugin Path : (?P<path>\S{1,400})")
 P2P_PLUGIN = re.compile(r"P2P plugin (?P<name>\S{1,100})")
+MTU = re.compile(r"NET/IB ?: Dev \d{1,4} Port \d{1,4} qpn \d{1,12} mtu (?P<mtu>\d{1,6})")
 LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded (?:net|coll) plugin (?P<name>.{1,100})")
 
 # kind -> texts that mean it, looked for in every line (NCCL's or the application's).
@@ -254,6 +255,9 @@ def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
         proc.cuda_driver = int(m["v"])
     elif msg.startswith(("NET/Plugin", "Plugin Path", "P2P plugin")):
         _parse_plugin(proc, msg)
+    elif msg.startswith("NET/IB") and " mtu " in msg:
+        if proc.mtu is None and (mm := MTU.match(msg)):
+            proc.mtu = int(mm["mtu"])
     elif "GPU Direct RDMA Disabled for HCA" in msg:
         if len(proc.gdr_disabled) < 16:
             proc.gdr_disabled.append(msg.split("HCA", 1)[1].strip())

@@ -567,6 +567,73 @@ def rule_odd_interfaces(ctx: Context) -> list[Finding]:
                "or exclude the odd nodes.", (p.host for p in odd))]
 
 
+# NCCL_* settings whose value differs per host or process by design
+PER_HOST_VARS = ("NCCL_DEBUG_FILE", "NCCL_HOSTID", "NCCL_TOPO_DUMP_FILE", "NCCL_GRAPH_DUMP_FILE",
+                 "NCCL_COMM_ID")
+MAX_VALUE_SHOWN = 60
+
+
+def _sides(values: dict[str, set[str]]) -> tuple[str, list[str]]:
+    """'hosts node[1-8] use X; node9 uses Y' (most hosts first) and the minority hosts."""
+    ranked = sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    parts = []
+    for value, hosts in ranked[:6]:
+        v = value if len(value) <= MAX_VALUE_SHOWN else value[:MAX_VALUE_SHOWN] + "..."
+        parts.append(f"host{'s' if len(hosts) > 1 else ''} {hosts_text(hosts)} "
+                     f"use{'' if len(hosts) > 1 else 's'} {v}")
+    if len(ranked) > 6:
+        parts.append(f"and {len(ranked) - 6} more values")
+    return "; ".join(parts), sorted({h for _, hs in ranked[1:] for h in hs})
+
+
+def rule_host_differences(ctx: Context) -> list[Finding]:
+    """Within one job, hosts (or processes) that differ in what NCCL printed about its setup:
+    CUDA driver, IB MTU, net plugin, transport, and every NCCL_* setting NCCL reported."""
+    out: list[Finding] = []
+    checks: list[tuple[str, str, dict[str, set[str]]]] = []
+
+    def collect(get: Callable[[ProcessLog], str | None],
+                procs: Sequence[ProcessLog]) -> dict[str, set[str]]:
+        values: dict[str, set[str]] = defaultdict(set)
+        for p in procs:
+            v = get(p)
+            if v is not None:
+                values[v].add(p.host)
+        return values
+
+    procs = ctx.procs
+    checks.append(("CUDA driver", "install the same NVIDIA driver on every node (nvidia-smi).",
+                   collect(lambda p: f"CUDA driver {p.cuda_driver // 1000}."
+                           f"{p.cuda_driver % 1000 // 10}" if p.cuda_driver else None, procs)))
+    checks.append(("InfiniBand MTU", "set the same MTU on every HCA port and switch (ibv_devinfo "
+                   "shows active_mtu; on RoCE the NIC's MTU).",
+                   collect(lambda p: f"IB MTU {p.mtu}" if p.mtu else None, procs)))
+    plugins = collect(lambda p: p.plugin, procs)
+    if "none" not in plugins:  # none vs one plugin: rule_plugins says it
+        checks.append(("net plugin", "install the same NCCL net plugin (and NCCL_NET_PLUGIN) on "
+                       "every node.", {f"plugin {k}": v for k, v in plugins.items()}))
+    transports = collect(lambda p: p.transport, procs)
+    if not (any(t.startswith("IB") for t in transports) and "Socket" in transports):
+        checks.append(("transport", "make the same network usable on every node (HCAs visible, "
+                       "same plugin, same NCCL_NET / NCCL_IB_DISABLE).",
+                       {f"NET/{k}": v for k, v in transports.items()}))
+    with_env = [p for p in procs if p.env]
+    names = sorted({k for p in with_env for k in p.env if k.startswith("NCCL_")
+                    and k not in PER_HOST_VARS})
+    for name in names:
+        checks.append((name, f"set {name} the same way on every node (the launcher's "
+                       "environment, /etc/nccl.conf, ~/.nccl.conf), unless a host needs it.",
+                       collect(lambda p, n=name: f"{n}={p.env[n]}" if n in p.env
+                               else f"no {n}", with_env)))
+    for what, fix, values in checks:
+        if len(values) < 2:
+            continue
+        detail, odd = _sides(values)
+        out.append(_f(Severity.WARNING, "nccl-log-host-difference",
+                      f"hosts differ in {what}", detail + ".", fix, odd))
+    return out
+
+
 def rule_known_issues(ctx: Context) -> list[Finding]:
     """A WARN / failure line or an NCCL setting that matches a known NCCL bug of the version
     the process runs (known_issues.json, from NCCL's release notes)."""
@@ -644,6 +711,7 @@ RULES: list[Callable[[Context], list[Finding]]] = [
     rule_odd_interfaces,
     rule_torch_watchdog,
     rule_known_issues,
+    rule_host_differences,
 ]
 
 
