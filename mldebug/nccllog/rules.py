@@ -621,10 +621,12 @@ def rule_host_differences(ctx: Context) -> list[Finding]:
     names = sorted({k for p in with_env for k in p.env if k.startswith("NCCL_")
                     and k not in PER_HOST_VARS})
     for name in names:
+        setting: dict[str, set[str]] = defaultdict(set)
+        for p in with_env:
+            setting[f"{name}={p.env[name]}" if name in p.env else f"no {name}"].add(p.host)
         checks.append((name, f"set {name} the same way on every node (the launcher's "
                        "environment, /etc/nccl.conf, ~/.nccl.conf), unless a host needs it.",
-                       collect(lambda p, n=name: f"{n}={p.env[n]}" if n in p.env
-                               else f"no {n}", with_env)))
+                       setting))
     for what, fix, values in checks:
         if len(values) < 2:
             continue
