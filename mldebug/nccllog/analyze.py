@@ -153,13 +153,14 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
     findings: list[Finding] = []
     for rule in RULES:
         findings += rule(ctx)
-    cat = catalogue.load()
+    cat: catalogue.Catalogue | None = None  # loaded when a WARN needs it (~10 ms)
     for w in warns:
         if w.key in ctx.explained:
             continue
         where = (f"printed {w.count} time(s) by {len(w.processes)} process(es): "
                  + (", ".join(w.processes) if len(w.processes) <= 3
                     else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"))
+        cat = cat or catalogue.load()
         cls = cat.describe(w.message, w.source, w.context)
         if cls is not None:
             findings.append(_catalogued(w, cls, where))

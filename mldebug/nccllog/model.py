@@ -78,6 +78,7 @@ class ProcessLog:
     gdr_disabled: list[str] = field(default_factory=list)  # "HCA 0 'mlx5_0' (no module)"
     gid_link_local: bool = False
     mtu: int | None = None  # NET/IB: Dev d Port p qpn q mtu N (the first)
+    last_info: str | None = None  # the last setup INFO line (parser state, cut at 300)
     coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     @property

@@ -96,13 +96,7 @@ _NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in ne
 # INFO lines that say what NCCL was setting up (the context of a WARN that follows):
 # not the '<file>:<line> -> <code>' unwinding lines nor the per-collective lines.
 _UNWIND = re.compile(r"[\w./+-]{1,200}:\d{1,6} -> ")
-MAX_CONTEXT_PROCS = 1 << 14
-
-
-def _is_context(msg: str) -> bool:
-    if ": opCount " in msg:
-        return False
-    return " -> " not in msg or _UNWIND.match(msg) is None
+MAX_CONTEXT = 300
 
 
 def _iface_name(item: str) -> str:
@@ -118,7 +112,6 @@ class _Parser:
         self.slice_no = 0
         self.last_warn: str | None = None
         self.last_proc: ProcessLog | None = None
-        self.last_info: dict[str, str] = {}  # process -> its last setup INFO line
 
     def feed(self, raw: str) -> None:
         log = self.log
@@ -157,12 +150,10 @@ class _Parser:
             proc.launcher_rank = int(label)
         msg = m["msg"].strip()
         if m["level"] == "WARN":
-            proc.add_warn(msg, m["src"], self.last_info.get(proc.key))
+            proc.add_warn(msg, m["src"], proc.last_info)
             self.last_warn = msg
-        else:
-            _parse_info(proc, msg, self.slice_no)
-            if _is_context(msg) and len(self.last_info) < MAX_CONTEXT_PROCS:
-                self.last_info[proc.key] = msg[:300]
+        elif _parse_info(proc, msg, self.slice_no):
+            proc.last_info = msg if len(msg) <= MAX_CONTEXT else msg[:MAX_CONTEXT]
 
     def _process(self, ident: str | None, dev: str | None) -> ProcessLog:
         devno = int(dev) if dev is not None else None
@@ -220,10 +211,13 @@ class _Parser:
             sig.examples.append(line.strip()[:300])
 
 
-def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
+def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> bool:
+    """Read one INFO message into ``proc``; True if it may say what NCCL was setting up (not
+    a collective call, not a '<file>:<line> -> <code>' unwinding line)."""
     m: re.Match[str] | None
     if m := COLL.match(msg):
         proc.coll[slice_no][m["op"]] += 1
+        return False
     elif m := VERSION.match(msg):
         proc.version = m["v"]
     elif m := NET.match(msg):
@@ -263,8 +257,11 @@ def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
             proc.gdr_disabled.append(msg.split("HCA", 1)[1].strip())
     else:
         _parse_init(proc, msg)
+        if " -> " in msg and _UNWIND.match(msg):
+            return False
     if "(80FE/" in msg or "GID fe80" in msg:
         proc.gid_link_local = True
+    return True
 
 
 def _parse_plugin(proc: ProcessLog, msg: str) -> None:

@@ -591,39 +591,44 @@ def rule_host_differences(ctx: Context) -> list[Finding]:
     CUDA driver, IB MTU, net plugin, transport, and every NCCL_* setting NCCL reported."""
     out: list[Finding] = []
     checks: list[tuple[str, str, dict[str, set[str]]]] = []
-
-    def collect(get: Callable[[ProcessLog], str | None],
-                procs: Sequence[ProcessLog]) -> dict[str, set[str]]:
-        values: dict[str, set[str]] = defaultdict(set)
-        for p in procs:
-            v = get(p)
-            if v is not None:
-                values[v].add(p.host)
-        return values
-
-    procs = ctx.procs
+    driver: dict[str, set[str]] = defaultdict(set)
+    mtu: dict[str, set[str]] = defaultdict(set)
+    plugins: dict[str, set[str]] = defaultdict(set)
+    transports: dict[str, set[str]] = defaultdict(set)
+    env: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    with_env: list[ProcessLog] = []
+    for p in ctx.procs:  # one pass: 8,192 processes cost a few ms
+        host = p.host
+        if p.cuda_driver:
+            driver[f"CUDA driver {p.cuda_driver // 1000}.{p.cuda_driver % 1000 // 10}"].add(host)
+        if p.mtu:
+            mtu[f"IB MTU {p.mtu}"].add(host)
+        if p.plugin is not None:
+            plugins[p.plugin].add(host)
+        t = p.transport
+        if t is not None:
+            transports[t].add(host)
+        if p.env:
+            with_env.append(p)
+            for k, v in p.env.items():
+                if k.startswith("NCCL_") and k not in PER_HOST_VARS:
+                    env[k][f"{k}={v}"].add(host)
     checks.append(("CUDA driver", "install the same NVIDIA driver on every node (nvidia-smi).",
-                   collect(lambda p: f"CUDA driver {p.cuda_driver // 1000}."
-                           f"{p.cuda_driver % 1000 // 10}" if p.cuda_driver else None, procs)))
+                   driver))
     checks.append(("InfiniBand MTU", "set the same MTU on every HCA port and switch (ibv_devinfo "
-                   "shows active_mtu; on RoCE the NIC's MTU).",
-                   collect(lambda p: f"IB MTU {p.mtu}" if p.mtu else None, procs)))
-    plugins = collect(lambda p: p.plugin, procs)
+                   "shows active_mtu; on RoCE the NIC's MTU).", mtu))
     if "none" not in plugins:  # none vs one plugin: rule_plugins says it
         checks.append(("net plugin", "install the same NCCL net plugin (and NCCL_NET_PLUGIN) on "
                        "every node.", {f"plugin {k}": v for k, v in plugins.items()}))
-    transports = collect(lambda p: p.transport, procs)
     if not (any(t.startswith("IB") for t in transports) and "Socket" in transports):
         checks.append(("transport", "make the same network usable on every node (HCAs visible, "
                        "same plugin, same NCCL_NET / NCCL_IB_DISABLE).",
                        {f"NET/{k}": v for k, v in transports.items()}))
-    with_env = [p for p in procs if p.env]
-    names = sorted({k for p in with_env for k in p.env if k.startswith("NCCL_")
-                    and k not in PER_HOST_VARS})
-    for name in names:
-        setting: dict[str, set[str]] = defaultdict(set)
-        for p in with_env:
-            setting[f"{name}={p.env[name]}" if name in p.env else f"no {name}"].add(p.host)
+    for name in sorted(env):
+        setting = env[name]
+        unset = {p.host for p in with_env if name not in p.env}
+        if unset:
+            setting[f"no {name}"] = unset
         checks.append((name, f"set {name} the same way on every node (the launcher's "
                        "environment, /etc/nccl.conf, ~/.nccl.conf), unless a host needs it.",
                        setting))
