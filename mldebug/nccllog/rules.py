@@ -652,7 +652,8 @@ def rule_known_issues(ctx: Context) -> list[Finding]:
         hits: list[tuple[str, list[str], list[str]]] = []  # (evidence, versions, hosts)
         for w in ctx.warns:
             if row.matches_message(w.message, w.source):
-                vs = [v for v in (w.versions or versions) if row.affects(v)]
+                known = w.versions or versions
+                vs = [v for v in known if row.affects(v)] if known else ["?"]
                 if vs:
                     hits.append((w.message, vs, w.hosts))
         for sig in ctx.signals.values():
@@ -669,11 +670,13 @@ def rule_known_issues(ctx: Context) -> list[Finding]:
                          sorted({p.version or "" for p in procs}), [p.host for p in procs]))
         if not hits:
             continue
-        vs = sorted({v for _, v_, _ in hits for v in v_})
+        vs = sorted({v for _, v_, _ in hits for v in v_} - {"?"})
+        title = (f"known bug in NCCL {', '.join(vs)} (affects {row.range_text}), fixed in "
+                 f"{row.fixed}" if vs else
+                 f"matches a known bug of NCCL {row.range_text}, fixed in {row.fixed} (the "
+                 "log does not show its NCCL version: check it is in that range)")
         out.append(_f(
-            Severity.ERROR, "nccl-log-known-bug",
-            f"known bug in NCCL {', '.join(vs)} (affects {row.range_text}), fixed in "
-            f"{row.fixed}",
+            Severity.ERROR if vs else Severity.WARNING, "nccl-log-known-bug", title,
             f"{row.summary}.\nEvidence: {hits[0][0][:240]}\nSource: {', '.join(row.sources)}",
             f"upgrade NCCL to {row.fixed} or newer (a newer torch wheel / nvidia-nccl-cu* "
             "package or container)" + (f"; until then {row.workaround}" if row.workaround
