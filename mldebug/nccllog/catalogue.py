@@ -58,10 +58,15 @@ class Entry:
 
     def regex(self) -> re.Pattern[str]:
         if self._regex is None:
-            out, pos = [], 0
+            out: list[str] = []
+            pos = 0
             for m in _SPEC.finditer(self.format):
-                out.append(_lit(self.format[pos:m.start()]))
-                out.append(_VALUE.get(m.group(1), r".*?"))
+                lit = _lit(self.format[pos:m.start()])
+                value = _VALUE.get(m.group(1), r".*?")
+                if value == r".*?" and not lit and out and out[-1] == r".*?":
+                    pos = m.end()  # '%s%s%s': one lazy run, not nested ones (backtracking)
+                    continue
+                out += [lit, value] if lit else [value]
                 pos = m.end()
             out.append(_lit(self.format[pos:]))
             self._regex = re.compile("".join(out), re.S)
