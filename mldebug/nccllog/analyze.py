@@ -204,7 +204,8 @@ def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
                     findings: Sequence[Finding]) -> list[Finding]:
     out = []
     unparsed = sum(log.unparsed_nccl for log in logs)
-    if not procs and not findings and not any(log.bare_versions for log in logs):
+    if not procs and not findings and not any(log.bare_versions for log in logs) \
+            and not all(log.binary for log in logs):
         out.append(Finding(
             Severity.WARNING, "no NCCL debug lines found",
             "None of the files has lines like 'host:pid:tid [0] NCCL INFO ...'.",
@@ -216,6 +217,13 @@ def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
             Severity.INFO, f"{unparsed} NCCL line(s) in an unknown shape were read as text",
             f"e.g. {example[:200]}", "if mldebug misreads them, report the line shape.",
             "nccl-log-unknown-shape"))
+    odd = [log for log in logs if log.binary and not log.nccl_lines]
+    if odd:
+        out.append(Finding(
+            Severity.WARNING, f"{len(odd)} input file(s) are not text logs",
+            ", ".join(f"{log.source} ({log.binary})" for log in odd[:5]),
+            "decompress compressed logs first (zcat FILE | mldebug nccl-log -); leave binary "
+            "files out.", "nccl-log-not-text"))
     long_lines = sum(log.long_lines for log in logs)
     cut = [log.source for log in logs if log.truncated]
     if long_lines or cut:

@@ -170,6 +170,7 @@ class ParsedLog:
     signals: dict[str, Signal] = field(default_factory=dict)
     long_lines: int = 0  # lines cut at the length bound
     truncated: bool = False  # stopped at the size bound
+    binary: str | None = None  # 'gzip' / 'binary' when the start of the file is not text
 
 
 @dataclass

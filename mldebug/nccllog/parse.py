@@ -43,6 +43,7 @@ from mldebug.nccllog.model import (
 )
 
 MAX_LINE = 64 << 10
+BINARY_PROBE = 64 << 10  # NUL bytes or a compression magic in the first 64 KiB: not a text log
 MAX_BYTES = 16 << 30
 MAX_NRANKS = 1 << 22  # a communicator size beyond this is not believed
 UNKNOWN_HOST = "(no host in line)"
@@ -317,6 +318,11 @@ def read_lines(fh: BinaryIO, log: ParsedLog, max_bytes: int = MAX_BYTES) -> Iter
         chunk = fh.readline(MAX_LINE)
         if not chunk:
             return
+        if total < BINARY_PROBE and log.binary is None:
+            if total == 0 and chunk.startswith((b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"BZh")):
+                log.binary = "compressed"
+            elif b"\x00" in chunk:
+                log.binary = "binary"
         total += len(chunk)
         if len(chunk) == MAX_LINE and not chunk.endswith(b"\n"):
             log.long_lines += 1
@@ -387,4 +393,13 @@ def load(paths: Sequence[str | Path], split: str | None = None,
                 for line in read_lines(fh, p.log, max_bytes):
                     p.feed(line)
         logs.append(p.log)
+    binary = [log for log in logs if log.binary and not log.nccl_lines]
+    if binary and len(binary) == len(logs):
+        log = binary[0]
+        raise UsageError(
+            f"{log.source} is {'a compressed file' if log.binary == 'compressed' else 'binary'}"
+            ", not a text log.",
+            "decompress it first (e.g. zcat FILE | mldebug nccl-log -)"
+            if log.binary == "compressed" else
+            "pass the NCCL_DEBUG=INFO text output (NCCL_DEBUG_FILE files or the job's log).")
     return logs
