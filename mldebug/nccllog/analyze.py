@@ -119,9 +119,14 @@ def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
 def _process_groups(procs: Sequence[ProcessLog]) -> list[ProcessGroup]:
     """Rows equal apart from rank/host/pid, folded into one row each (first-seen order)."""
     rows: dict[tuple[str, str, str, str, str], list[ProcessLog]] = {}
+    seen: dict[tuple[str, ...], str] = {}  # interface lists repeat across processes
     for p in procs:
         net = p.net
-        ifaces = " ".join(normalise(i) for i in net.items) if net else ""
+        ifaces = ""
+        if net:
+            items = tuple(net.items)
+            ifaces = seen.get(items) or seen.setdefault(
+                items, " ".join(normalise(i) for i in items))
         key = (p.version or "", p.transport or "", ifaces, ",".join(p.bootstrap),
                "warn" if p.warn_counts else "")
         rows.setdefault(key, []).append(p)
@@ -154,16 +159,17 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
     for rule in RULES:
         findings += rule(ctx)
     cat: catalogue.Catalogue | None = None  # loaded when a WARN needs it (~10 ms)
+    # WARN kinds printed from one format with one class and cause (a socket path or a peer
+    # differs) are one finding
+    by_format: dict[tuple[str, str, str], list[tuple[WarnGroup, Classified]]] = {}
     for w in warns:
         if w.key in ctx.explained:
             continue
-        where = (f"printed {w.count} time(s) by {len(w.processes)} process(es): "
-                 + (", ".join(w.processes) if len(w.processes) <= 3
-                    else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"))
         cat = cat or catalogue.load()
         cls = cat.describe(w.message, w.source, w.context)
         if cls is not None:
-            findings.append(_catalogued(w, cls, where))
+            fmt = cls.entry.format if cls.entry is not None else w.key
+            by_format.setdefault((cls.component, fmt, cls.cause or ""), []).append((w, cls))
             continue
         findings.append(Finding(
             Severity.WARNING, f"NCCL WARN: {w.message[:200]}",
@@ -171,6 +177,7 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
             + (", ".join(w.processes) if len(w.processes) <= 3
                else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"),
             warn_fix(w.message), "nccl-log-warn", tuple(w.hosts)))
+    findings += [_catalogued(group) for group in by_format.values()]
     findings += _input_findings(logs, procs, findings)
     coll: dict[int, Counter[str]] = defaultdict(Counter)
     for p in procs:
@@ -183,8 +190,17 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs))
 
 
-def _catalogued(w: WarnGroup, cls: Classified, where: str) -> Finding:
-    """A WARN no rule explained, described from NCCL's source catalogue."""
+def _catalogued(group: list[tuple[WarnGroup, Classified]]) -> Finding:
+    """WARN kinds no rule explained, printed from one NCCL format string, described from
+    NCCL's source catalogue."""
+    w, cls = group[0]
+    names = list(dict.fromkeys(n for g, _ in group for n in g.processes))
+    hosts = sorted({h for g, _ in group for h in g.hosts})
+    count = sum(g.count for g, _ in group)
+    where = (f"printed {count} time(s) by {len(names)} process(es): "
+             + (", ".join(names) if len(names) <= 3
+                else f"{len(names)} processes on {hosts_text(hosts)}")
+             + (f" ({len(group)} variants of the message)" if len(group) > 1 else ""))
     src = ""
     if cls.entry is not None:
         src = (f"\nNCCL source: {', '.join(cls.entry.files[:3])}, format "
@@ -197,7 +213,7 @@ def _catalogued(w: WarnGroup, cls: Classified, where: str) -> Finding:
         where + (f"\nLikely cause: {cls.cause}." if cls.cause else "")
         + (f"\nJust before it: {w.context[:200]}" if w.context else "")
         + (f"\nComponent decided {how}." if how else "") + src,
-        cls.fix, f"nccl-log-{cls.component}", tuple(w.hosts))
+        cls.fix, f"nccl-log-{cls.component}", tuple(hosts))
 
 
 def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],

@@ -92,6 +92,9 @@ SIGNALS: dict[str, tuple[str, ...]] = {
     "torch watchdog": ("Watchdog caught collective operation timeout", "last enqueued NCCL work"),
 }
 _NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in needles]
+# the SIGNALS texts that NCCL itself prints at INFO level (2.25: 'NCCL INFO ncclMaxSharedMem
+# 82240 exceeds device/fn maxSharedMem 79856'); other INFO lines are not scanned
+INFO_NEEDLES = ("maxSharedMem", "rror")
 
 
 # INFO lines that say what NCCL was setting up (the context of a WARN that follows):
@@ -123,11 +126,8 @@ class _Parser:
             log.long_lines += 1
         if self.split is not None and self.split.search(line):
             self.slice_no += 1
-        for kind, needle in _NEEDLES:
-            if needle in line:
-                self._signal(kind, line)
-                break
         if "NCCL" not in line and "WARN" not in line and "INFO" not in line:
+            self._scan(line)
             return
         label: str | None = None
         rest = line
@@ -135,6 +135,10 @@ class _Parser:
         if m is None:
             label, rest = split_prefix(line)
             m = HEAD.match(rest) or NOHEAD.match(rest)
+        # NCCL's own INFO lines carry none of the failure texts but the shared-memory one:
+        # they skip the scan (most lines of a log)
+        if m is None or m["level"] != "INFO" or any(n in line for n in INFO_NEEDLES):
+            self._scan(line)
         if m is None:
             v = VERSION.match(rest)
             if v is not None:  # NCCL <= 2.8 printed it bare, right after rank 0's NET lines
@@ -155,6 +159,12 @@ class _Parser:
             self.last_warn = msg
         elif _parse_info(proc, msg, self.slice_no):
             proc.last_info = msg if len(msg) <= MAX_CONTEXT else msg[:MAX_CONTEXT]
+
+    def _scan(self, line: str) -> None:
+        for kind, needle in _NEEDLES:
+            if needle in line:
+                self._signal(kind, line)
+                return
 
     def _process(self, ident: str | None, dev: str | None) -> ProcessLog:
         devno = int(dev) if dev is not None else None

@@ -662,8 +662,8 @@ def rule_known_issues(ctx: Context) -> list[Finding]:
                     vs = [v for v in versions if row.affects(v)]
                     if vs:
                         hits.append((ex, vs, []))
-        procs = [p for p in ctx.procs if row.env and row.matches_env(p.env)
-                 and row.affects(p.version)]
+        procs = [p for p in ctx.procs if row.matches_env(p.env)
+                 and row.affects(p.version)] if row.env else []
         if procs:
             assert row.env is not None
             hits.append((f"{row.env}={procs[0].env[row.env]} ({labels(procs)})",
