@@ -75,3 +75,12 @@ def test_uniform_hosts_give_no_difference() -> None:
     for i in range(1, 5):
         lines += _host(i, "3", 12040, 3, "libnccl-net.so")
     assert "nccl-log-host-difference" not in _codes(_report(lines))
+
+
+def test_unhandled_error_names_the_component_of_the_warn_before_it() -> None:
+    report = _report([
+        "h1:10:11 [0] misc/ibvwrap.cc:1 NCCL WARN Call to ibv_reg_mr failed with error "
+        "Cannot allocate memory errno 12",
+        "RuntimeError: NCCL error: unhandled system error, NCCL version 2.18.6"])
+    f = next(f for f in report.findings if f.code == "nccl-log-unhandled-error")
+    assert "ibv_reg_mr" in f.title and "memory registration" in f.detail

@@ -466,10 +466,16 @@ def rule_unhandled(ctx: Context) -> list[Finding]:
         if sig is None:
             continue
         cause = sig.preceding_warn
+        where = ""
+        if cause:  # which part of NCCL that WARN comes from (catalogue, loaded on demand)
+            from mldebug.nccllog.catalogue import load
+
+            cls = load().describe(cause)
+            where = f"\nThe WARN before it is about: {cls.title}." if cls else ""
         out.append(_f(Severity.ERROR, "nccl-log-unhandled-error",
                       f"NCCL failed with '{kind}'"
                       + (f"; the WARN before it: {cause[:160]}" if cause else ""),
-                      f"{sig.examples[0]}\n(seen {sig.count} time(s))",
+                      f"{sig.examples[0]}\n(seen {sig.count} time(s))" + where,
                       ("the error code is generic; the WARN line NCCL printed just before it "
                        "is the cause (see its own finding, if any)." if cause else
                        "no NCCL WARN preceded it: rerun with NCCL_DEBUG=INFO "
