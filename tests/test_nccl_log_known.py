@@ -29,7 +29,7 @@ def _known(report) -> list:
 
 def test_table_rows_are_well_formed_and_sourced() -> None:
     rows = json.loads(known.PATH.read_text())["rows"]
-    assert len(rows) >= 8 and len({r["id"] for r in rows}) == len(rows)
+    assert len(rows) >= 9 and len({r["id"] for r in rows}) == len(rows)
     for row in known.load():
         assert row.sources and all(s.startswith("https://github.com/NVIDIA/") or
                                    s.startswith("https://github.com/pytorch/") for s in row.sources)
@@ -84,3 +84,17 @@ def test_open_lower_bound(version: str, expect: bool) -> None:
     warn = ("misc/shmutils.cc:62 NCCL WARN Error while creating shared memory segment "
             "/dev/shm/nccl-Xy1 (size 9637888)")
     assert bool(_known(_report(_log(version + "+cuda12.1", warn)))) is expect
+
+
+def test_a_setting_that_differs_between_ranks_can_be_the_signature() -> None:
+    def host(i: int, cross: str | None, version: str) -> list[str]:
+        out = [f"n{i}:{i}:{i} [0] NCCL INFO NCCL version {version}\n",
+               f"n{i}:{i}:{i} [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0\n"]
+        if cross is not None:
+            out.append(f"n{i}:{i}:{i} [0] NCCL INFO NCCL_CROSS_NIC set by environment to {cross}\n")
+        return out
+    mixed = host(1, "0", "2.20.5+cuda12.4") + host(2, "1", "2.20.5+cuda12.4") + host(3, None, "2.20.5+cuda12.4")
+    hits = _known(_report(mixed))
+    assert hits and "fixed in 2.21.5" in hits[0].title
+    assert not _known(_report(host(1, "0", "2.20.5+cuda12.4") + host(2, "0", "2.20.5+cuda12.4")))
+    assert not _known(_report(host(1, "0", "2.21.5+cuda12.4") + host(2, "1", "2.21.5+cuda12.4")))

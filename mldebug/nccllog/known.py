@@ -31,6 +31,7 @@ class KnownIssue:
     env: str | None = None
     env_value: re.Pattern[str] | None = None
     workaround: str | None = None
+    env_differs: bool = False  # the setting differs between processes (not just set)
 
     def affects(self, version: str | None) -> bool:
         v = version_tuple(version)
@@ -65,5 +66,5 @@ def load() -> list[KnownIssue]:
         return re.compile(r[key]) if key in r else None
     return [KnownIssue(r["id"], r["summary"], r["fixed"], tuple(r["sources"]), r.get("from"),
                        r["to"], rx("message", r), rx("source_file", r), r.get("env"),
-                       rx("env_value", r), r.get("workaround"))
+                       rx("env_value", r), r.get("workaround"), bool(r.get("env_differs")))
             for r in rows]

@@ -668,11 +668,19 @@ def rule_known_issues(ctx: Context) -> list[Finding]:
                     vs = [v for v in versions if row.affects(v)]
                     if vs:
                         hits.append((ex, vs, []))
-        procs = [p for p in ctx.procs if row.matches_env(p.env)
-                 and row.affects(p.version)] if row.env else []
+        if row.env and row.env_differs:
+            with_env = [p for p in ctx.procs if p.env]
+            values = {p.env.get(row.env, "(unset)") for p in with_env}
+            procs = [p for p in with_env if row.affects(p.version)] \
+                if len(values) > 1 and row.env in {k for p in with_env for k in p.env} else []
+        else:
+            procs = [p for p in ctx.procs if row.matches_env(p.env)
+                     and row.affects(p.version)] if row.env else []
         if procs:
             assert row.env is not None
-            hits.append((f"{row.env}={procs[0].env[row.env]} ({labels(procs)})",
+            hits.append((f"{row.env}={procs[0].env.get(row.env, '(unset)')} ({labels(procs)})"
+                         + (" while other processes set it otherwise" if row.env_differs
+                            else ""),
                          sorted({p.version or "" for p in procs}), [p.host for p in procs]))
         if not hits:
             continue
