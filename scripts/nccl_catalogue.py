@@ -154,6 +154,14 @@ def fold(tags: set[str], order: list[str]) -> list[list[str]]:
     return runs
 
 
+def dump(data: dict) -> str:
+    """The catalogue as JSON with one line per string (reviewable diffs when NCCL changes)."""
+    head = {k: v for k, v in data.items() if k != "strings"}
+    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # drop the closing brace
+    lines = [json.dumps(s, ensure_ascii=False) for s in data.get("strings", [])]
+    return text + ',\n "strings": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repo", required=True, help="an NCCL git tree or mirror")
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if s["component"] is None:
             missing += 1
             print(f"no class: {s['files'][0]}: {s['format']}", file=sys.stderr)
-    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    path.write_text(dump(data))
     print(f"{len(data['strings'])} strings from {len(args.tags)} tags -> {path}; "
           f"{missing} without a class")
     return 1 if missing else 0
