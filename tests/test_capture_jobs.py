@@ -209,8 +209,10 @@ def test_dump_and_abort_keeps_every_ranks_dump_when_the_culprit_dumps_last(tmp_p
             ranks = sorted(int(m) for f in (cap / "dumps").glob("*.json")
                            for m in re.findall(r"-rank(\d+)-", f.name))
             assert ranks == [0, 1, 2, 3], (attempt, ranks, text[-3000:])
+            # the last rank to dump writes its note and exits; torchrun may then SIGTERM the
+            # others before they write theirs: at least that one, and none missing anything
             notes = [json.loads(f.read_text()) for f in (cap / "abort").glob("*.exit")]
-            assert len(notes) == 4 and all(n["missing"] == [] for n in notes), notes
+            assert notes and all(n["missing"] == [] for n in notes), notes
             assert "no dump from" not in text
             saved = report("hang", "analyze", str(cap))
             assert [s["rank"] for s in saved["suspects"]] == [1], saved["suspects"]
