@@ -9,8 +9,8 @@ forgets its document), and returns one result per node, in host order.
 
 Engines: pdsh over ssh (read line by line as nodes answer: ``PdshStream``, ``_run_streaming``) for
 host lists, and SLURM's
-``srun --overlap --jobid`` for a job. The script travels inside the command line (base64), so
-nodes need only a Python 3. Every host is bounded by pdsh's own connect (``-t``) and command
+``srun --overlap --jobid`` for a job. The script travels inside the command line (zlib, then
+base64: ``pack``), so nodes need only a Python 3. Every host is bounded by pdsh's own connect (``-t``) and command
 (``-u``) timeouts; the whole call has a safety deadline sized for pdsh's waves of ``-f N``
 hosts. A node that did not answer gets an error saying why: unreachable, timed out, not
 reached before the deadline, printed nothing, or answered a document of the wrong shape.
@@ -27,8 +27,8 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,12 +37,19 @@ from mldebug.errors import MldebugError, UsageError
 from mldebug.hosts import validate_host
 from mldebug.nodekit import MARKER, short_hostname
 
-# Runs on the node: decode the script from argv[1], run it as __main__ with argv[2:].
+# Runs on the node: inflate the script from argv[1] (zlib, base64), run it as __main__ with
+# argv[2:]. Compressed, the script is a third of its base64 size: pdsh copies the command line
+# into every host's ssh, whose cost grows with its length (docs/benchmarks.md, fan-out).
 _BOOTSTRAP = (
-    "import base64,sys;s=base64.b64decode(sys.argv[1]).decode();"
+    "import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv[1])).decode();"
     "sys.argv=[sys.argv[0]]+sys.argv[2:];"
     "exec(compile(s,'<mldebug-node>','exec'),{'__name__':'__main__'})"
 )
+
+
+def pack(script_source: str) -> str:
+    """The script as the bootstrap's argv[1]: zlib (level 9), then base64."""
+    return base64.b64encode(zlib.compress(script_source.encode(), 9)).decode()
 
 # Seconds added to the last wave's bound before the safety deadline ends pdsh.
 _DEADLINE_SLACK = 10.0
@@ -154,7 +161,7 @@ def check_document(data: Any, schema: Mapping[str, type | tuple[type, ...]]) -> 
 
 def remote_command(script_source: str, args: Sequence[str], python: str | None = None) -> str:
     """The shell command a node runs: the caller's interpreter if it exists there, else python3."""
-    b64 = base64.b64encode(script_source.encode()).decode()
+    b64 = pack(script_source)
     py = python or sys.executable
     quoted_args = " ".join(shlex.quote(a) for a in args)
     return (
@@ -377,6 +384,8 @@ def _run_pdsh(hosts: list[str], command: str, options: FanoutOptions,
     if options.ssh_args:
         env["PDSH_SSH_ARGS_APPEND"] = (env.get("PDSH_SSH_ARGS_APPEND", "") + " "
                                        + options.ssh_args).strip()
+    import tempfile
+
     deadline = options.deadline(len(hosts))
     with tempfile.NamedTemporaryFile("w", prefix="mldebug-hosts-", suffix=".txt") as f:
         f.write("\n".join(hosts) + "\n")
@@ -479,7 +488,7 @@ def _run_local(source: str, args: Sequence[str], options: FanoutOptions,
     try:
         r = subprocess.run(
             [options.remote_python or sys.executable, "-c", _BOOTSTRAP,
-             base64.b64encode(source.encode()).decode(), *args],
+             pack(source), *args],
             capture_output=True, text=True, timeout=options.timeout + 5,
             stdin=subprocess.DEVNULL,
         )
