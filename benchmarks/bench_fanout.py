@@ -202,13 +202,18 @@ def _tree_cpu(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """CPU seconds (user+sys) of a command and every descendant it waited for, its wall
     seconds, and its stdout."""
     import subprocess
+    import tempfile
 
     start = time.monotonic()
-    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          stdin=subprocess.DEVNULL, text=True) as proc:
+    with tempfile.TemporaryFile("w+") as err, subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+            text=True) as proc:
         out = proc.stdout.read() if proc.stdout else ""
         _, _, ru = os.wait4(proc.pid, 0)
         proc.returncode = 0
+        err.seek(0)
+        if argv[0] == "pdsh":  # plain pdsh: the hosts it says failed
+            out += "".join(line for line in err if line.startswith("pdsh@"))
     return ru.ru_utime + ru.ru_stime, time.monotonic() - start, out
 
 
@@ -216,8 +221,9 @@ def _lost(kind: str, out: str, nodes: int) -> int:
     """Nodes without an answer, from the command's output (--json for mldebug's rows)."""
     import json
 
-    if kind.startswith("pdsh"):
-        return nodes - out.count("MLDEBUG-JSON") if "MLDEBUG" in kind else 0
+    if kind == "pdsh":
+        return len({line.split(": ")[1] for line in out.splitlines()
+                    if line.startswith("pdsh@") and ": " in line})
     try:
         doc = json.loads(out)
     except ValueError:
@@ -292,8 +298,11 @@ def bench_ssh(node_counts: list[int], rounds: int, fanout: int) -> None:
             hostlist = f"bench[0-{nodes - 1}]"
             hostfile = f"{d}/hosts-{nodes}"
             Path(hostfile).write_text("".join(f"bench{i}\n" for i in range(nodes)))
-            pdsh = ["pdsh", "-R", "ssh", "-S", "-f", str(fanout), "-w", f"^{hostfile}"]
-            ff = ["--nodes", hostlist, "--fanout", str(fanout), "--json"]
+            # generous bounds: on a loaded machine ssh's handshake alone can take 10 s
+            pdsh = ["pdsh", "-R", "ssh", "-S", "-f", str(fanout), "-t", "60", "-u", "120",
+                    "-w", f"^{hostfile}"]
+            ff = ["--nodes", hostlist, "--fanout", str(fanout), "--json",
+                  "--connect-timeout", "60", "--timeout", "120"]
             cases = {
                 "pdsh true": ("pdsh", "", pdsh + ["true"]),
                 "pdsh 42 KB of A": ("pdsh", "", pdsh + ["true " + "A" * 42_000]),
