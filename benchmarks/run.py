@@ -240,9 +240,10 @@ def main() -> int:
                   f"{vals['rev']:>9.3f} {ratio:>8.2f}x  {f.what}{bad}{flag}")
         for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live")):
             if (anchor, "this") in runs and (fig, "this") in runs:
+                # the anchor is the same command for both trees: its runs are pooled
+                den = statistics.median(x.wall for t in trees for x in runs[anchor, t])
                 for t in trees:
                     num = statistics.median(x.wall for x in runs[fig, t])
-                    den = statistics.median(x.wall for x in runs[anchor, t])
                     print(f"{fig} / {anchor} on {t}: {num / den:.2f}x")
     if flagged:
         print(f"{flagged} figure(s) more than {round((WORSE - 1) * 100)}% worse than {rev}")

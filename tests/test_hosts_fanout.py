@@ -74,7 +74,7 @@ def _node_modules() -> list[str]:
 
     sets = [("mldebug.hang.collect", "NODE_MODULES"), ("mldebug.env.collect", "NODE_MODULES"),
             ("mldebug.fr.collect", "NODE_MODULES"), ("mldebug.debugger.collect", "NODE_MODULES"),
-            ("mldebug.memory.top", "NODE_MODULES"), ("mldebug.capture.signal", "MODULES")]
+            ("mldebug.memory.top", "NODE_MODULES"), ("mldebug.hang.signal_node", "MODULES")]
     return sorted({m for mod, name in sets
                    for m in getattr(importlib.import_module(mod), name)})
 
