@@ -18,7 +18,7 @@ document returned, then folded into the hang collection: the flow before streami
 dropped). Each runs in its own child process, side by side; "floor" is a child that imports
 the same modules and collects nothing.
 
-``python benchmarks/bench_fanout.py ssh [NODES ...] [--rounds R] [--fanout F]``: the whole
+``python benchmarks/bench_fanout.py ssh [NODES ...] [--rounds R] [--fanout F] [--only hang,env]``: the whole
 fan-out through real ssh, side by side with plain ``pdsh -f F ... true``. One local sshd stands in
 for every node (host names ``bench0..benchN-1`` all reach 127.0.0.1 through a generated ssh
 config); its ``ForceCommand`` runs the command for the plain pdsh rows and, for mldebug's
@@ -287,7 +287,8 @@ def ssh_nodes() -> Iterator[Callable[[str], dict[str, str]]]:
             sshd.wait()
 
 
-def bench_ssh(node_counts: list[int], rounds: int, fanout: int) -> None:
+def bench_ssh(node_counts: list[int], rounds: int, fanout: int,
+              only: set[str] | None = None) -> None:
     import shutil
     import tempfile
     from pathlib import Path
@@ -311,6 +312,8 @@ def bench_ssh(node_counts: list[int], rounds: int, fanout: int) -> None:
                 "fr trigger --nodes": ("fr", "fr", py + ["fr", "trigger", *ff,
                                                         "--out", f"{d}/fr-out"]),
             }
+            cases = {k: v for k, v in cases.items()
+                     if only is None or k == "pdsh true" or k.split()[0] in only}
             cpu_s: dict[str, list[float]] = {k: [] for k in cases}
             wall_s: dict[str, list[float]] = {k: [] for k in cases}
             lost: dict[str, int] = {k: 0 for k in cases}
@@ -342,8 +345,10 @@ def main() -> None:
         ap.add_argument("nodes", type=int, nargs="*", default=[512, 2048])
         ap.add_argument("--rounds", type=int, default=3)
         ap.add_argument("--fanout", type=int, default=64)
+        ap.add_argument("--only", help="comma-separated: pdsh (the 42 KB row), hang, env, fr; "
+                                       "plain pdsh true always runs")
         a = ap.parse_args(sys.argv[2:])
-        bench_ssh(a.nodes, a.rounds, a.fanout)
+        bench_ssh(a.nodes, a.rounds, a.fanout, set(a.only.split(",")) if a.only else None)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "memory-child":
         memory_child(sys.argv[2], int(sys.argv[3]))
