@@ -650,12 +650,15 @@ def strip_source(source: str) -> str:
                 spans.append((first.lineno, first.col_offset, first.end_lineno,
                               first.end_col_offset, '""'))  # still a docstring: __future__ ok
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            spans.append((*tok.start, *tok.end, ""))
+        if tok.type == tokenize.COMMENT:  # with the blanks before it
+            row, col = tok.start
+            line = lines[row - 1]
+            spans.append((row, len(line[:col].rstrip()) if line[:col].strip() else 0,
+                          *tok.end, ""))
     for row, col, end_row, end_col, text in sorted(spans, reverse=True):
         head, tail = lines[row - 1][:col] + text, lines[end_row - 1][end_col:]
         if row == end_row:
             lines[row - 1] = head + tail
         else:
             lines[row - 1:end_row] = [head + "\n", *["\n"] * (end_row - row - 1), tail]
-    return "".join(line.rstrip() + "\n" for line in "".join(lines).splitlines())
+    return "".join(lines)  # trailing blanks stay: a line inside a string literal is data
