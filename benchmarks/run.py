@@ -159,11 +159,12 @@ def _hang_live(stack: ExitStack, py: str) -> list[Figure]:
     path = {"PATH": str(Path(py).parent) + os.pathsep + os.environ["PATH"]}  # py-spy
     return [
         Figure("hang-live", [py, "-m", "mldebug", "hang", "--pid", str(job.pid)], "wall",
-               "mldebug hang --pid LAUNCHER (8 hung ranks, Python stacks)", env=path),
+               "mldebug hang --pid LAUNCHER (8 hung ranks, Python stacks)", env=path,
+               check=lambda out: "8 rank processes" in out),
         Figure("hang-recipe", ["bash", "-c", f"pgrep -P {job.pid} | xargs -I {{}} py-spy dump "
                                "--pid {}"], "wall",
                "pgrep -P LAUNCHER | xargs -I {} py-spy dump --pid {} (the anchor)", env=path,
-               anchor=True),
+               anchor=True, check=lambda out: out.count("Process ") >= 8),
     ]
 
 
