@@ -154,7 +154,10 @@ def _hang_live(stack: ExitStack, py: str) -> list[Figure]:
         return []
     from jobs import torchrun
 
-    job = torchrun("collective_mismatch.py", 8, Path("/tmp/mldebug-bench-run-hang.log"))
+    # hung for the whole run: the recipe's collective times out after --timeout (600 s by
+    # default), less than a loaded machine's run of every figure
+    job = torchrun("collective_mismatch.py", 8, Path("/tmp/mldebug-bench-run-hang.log"),
+                   "--timeout", "7200")
     stack.callback(job.stop)
     job.wait_ready(timeout=300, settle=3)
     path = {"PATH": str(Path(py).parent) + os.pathsep + os.environ["PATH"]}  # py-spy
