@@ -61,6 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="user (non-torch) frames per call site (default: 2)")
     a.add_argument("--rank", type=int, metavar="R",
                    help="with --all: only the timeline rank R belongs to")
+    from mldebug.views import add_view_arguments
+
+    add_view_arguments(a, trace_event=True)
     add_json_argument(a)
     a.set_defaults(_fr=_analyze)
 
@@ -74,6 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between the two dumps (default: 10)")
     _add_dir_out(w, "for both dumps (<out>/1, <out>/2)")
     add_target_arguments(w, default_timeout=30.0)
+    add_view_arguments(w, what=" of the stragglers")
     add_json_argument(w)
     w.set_defaults(_fr=_watch)
 
@@ -119,6 +123,9 @@ def _analyze(args: argparse.Namespace) -> int:
         if not Path(item).exists():
             raise UsageError(f"{item} does not exist.",
                              "Pass the directory 'mldebug fr trigger' wrote, or dump files.")
+    from mldebug.views import check_view_targets, write_views
+
+    check_view_targets(args)
     files = expand_inputs(args.inputs)
     if not files:
         raise MldebugError(f"no files in {', '.join(args.inputs)}.",
@@ -132,6 +139,16 @@ def _analyze(args: argparse.Namespace) -> int:
         if args.all:
             render_timeline(ds, con, args.frames, args.rank)
         render(result, con)
+    if ds.dumps:
+        from mldebug.views.fr import fr_html
+        from mldebug.views.traceevent import fr_trace
+
+        write_views(args, lambda: fr_html(ds, result, "mldebug fr analyze"),
+                    lambda: fr_trace(ds, result))
+    elif args.html or args.trace_event:
+        raise MldebugError("none of the files could be loaded as a flight-recorder dump, so "
+                           "there is nothing to draw.",
+                           "See the reasons above; collect again with mldebug fr trigger.")
     if not ds.dumps:
         if not args.json:
             raise MldebugError("none of the files could be loaded as a flight-recorder dump.",
@@ -198,13 +215,17 @@ def _watch(args: argparse.Namespace) -> int:
     if not 0 < args.interval < 86400:
         raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
                          "Pass e.g. --interval 10.")
+    from mldebug.views import check_view_targets, write_views
+
+    check_view_targets(args)
     result = watch(fanout_options(args), args.interval, args.out, args.dir)
     files = result.second.files
     if not files:
         raise MldebugError(f"no rank dumped (first trigger: {len(result.first.files)} dump(s)).",
                            "Check that the job called mldebug.fr.enable(); "
                            "'mldebug fr trigger' shows each rank's reason.")
-    analysis = analyze(load_files(files), since=result.since)
+    ds = load_files(files)
+    analysis = analyze(ds, since=result.since)
     if args.json:
         doc = result.to_dict()
         doc["analysis"] = analysis.to_dict()
@@ -219,6 +240,10 @@ def _watch(args: argparse.Namespace) -> int:
                        f"({result.second.out_dir}); {analysis.straggler_window} collective(s) "
                        "in between"))
         render(analysis, con)
+    if args.html:
+        from mldebug.views.fr import fr_html
+
+        write_views(args, lambda: fr_html(ds, analysis, "mldebug fr watch", result.since))
     return 0
 
 

@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="py-spy binary on the nodes (default: beside their Python, then PATH)")
     d.add_argument("--watch", type=float, metavar="S",
                    help="dump twice S seconds apart and mark each group stuck or moving")
+    from mldebug.views import add_view_arguments
+
+    add_view_arguments(d, force=False, what=" of the ranks' state at both dumps (with --watch;"
+                       " --force replaces a file mldebug wrote)")
     d.add_argument("--signal", nargs="?", const="SIGUSR1", metavar="SIG",
                    help="no ptrace: send SIG (default SIGUSR1) to the ranks and collect the dumps "
                         "their mldebug.watchdog()/install_dump_handler() writes (docs/capture.md)")
@@ -122,7 +126,14 @@ def run(args: argparse.Namespace) -> int:
 
     from mldebug.hang.collect import collect, options_from_args, prepare_out, save_report
     from mldebug.hang.report import render_text
+    from mldebug.views import check_view_targets, write_views
 
+    if args.html and not args.watch:
+        from mldebug.errors import UsageError
+
+        raise UsageError("--html draws the ranks' state over a --watch.",
+                         "Add --watch S, e.g. mldebug hang --watch 5 --html hang.html.")
+    check_view_targets(args)
     target = fanout_options(args)
     opts = options_from_args(args)
     out = Path(args.out) if args.out else None
@@ -172,4 +183,13 @@ def run(args: argparse.Namespace) -> int:
             from mldebug.render import console
 
             render_capture(results, console())
+    if args.html:
+        if not report.processes:
+            from mldebug.errors import MldebugError
+
+            raise MldebugError("no rank process was dumped, so there is nothing to draw.",
+                               "See the errors above; check --pid/--pattern and --nodes.")
+        from mldebug.views.hang import hang_html
+
+        write_views(args, lambda: hang_html(report))
     return 0 if report.processes else 1

@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="this process, or its rank-carrying descendants if it is a launcher")
     t.add_argument("--rows", type=int, default=10, metavar="N",
                    help="ranks listed, largest first (default: 10)")
+    from mldebug.views import add_view_arguments
+
+    add_view_arguments(t, what=" of every rank's memory over the --watch")
     add_json_argument(t)
     add_target_arguments(t, default_timeout=30.0)
     pk = sub.add_parser("peak", help="run a command; peak memory of its whole process tree",
@@ -165,10 +168,25 @@ def _top(args: argparse.Namespace) -> int:
 
     if args.watch < 0 or args.rows < 1:
         raise UsageError("--watch must be >= 0 and --rows >= 1.", "e.g. --watch 10 --rows 20")
+    from mldebug.views import check_view_targets, write_views
+
+    if args.html and not args.watch:
+        raise UsageError("--html draws memory over a --watch.",
+                         "Add --watch S, e.g. mldebug mem top --watch 10 --html mem.html.")
+    check_view_targets(args)
     results = collect_top(fanout_options(args), watch=args.watch, pid=args.pid,
                           pattern=args.pattern)
     rep = analyze_top(results, watch=args.watch, rows=args.rows)
     _print(rep, args.json)
+    if args.html:
+        if not rep.processes:
+            from mldebug.errors import MldebugError
+
+            raise MldebugError("no rank process was sampled, so there is nothing to draw.",
+                               "Check --pid/--pattern and --nodes (see the findings above).")
+        from mldebug.views.mem import mem_html
+
+        write_views(args, lambda: mem_html(rep))
     return 0 if rep.processes else 1
 
 

@@ -98,6 +98,9 @@ def _host_offsets(m: Matched, hosts: list[str]) -> dict[str, float]:
             for h, e in earliest.items()}
 
 
+host_offsets = _host_offsets  # public: the HTML view shows the correction it applies
+
+
 def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
                     ) -> tuple[list[Straggler], int]:
     """Ranks consistently last at matched collectives, and how many collectives were compared.
