@@ -12,7 +12,7 @@ all_reduce of that step. After STALL_TIMEOUT seconds without a beat each rank wr
 stacks and ring into $MLDEBUG_DIR. Knobs (environment): STALL_TIMEOUT (5), ON_STALL (dump),
 HANG_RANK (2), HANG_STEP (3), BLOCK=gil (block in a C call that holds the GIL for
 GIL_SECONDS, 8), NO_PTRACE=1 (forbid ptrace on this process: prctl(PR_SET_DUMPABLE, 0)),
-NO_HANDLER_RANK (this rank installs nothing).
+NO_HANDLER_RANK (this rank installs nothing), MLDEBUG_FR=1 (also the flight recorder).
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ def validate(step: int) -> None:
 def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
+    if os.environ.get("MLDEBUG_FR"):  # the flight recorder too (mldebug fr trigger)
+        import mldebug.fr
+
+        mldebug.fr.enable()
     if os.environ.get("NO_HANDLER_RANK") != str(rank):
         mldebug.trace.enable(events="lines", ring=256)
         mldebug.watchdog(timeout=float(os.environ.get("STALL_TIMEOUT", "5")),

@@ -109,6 +109,7 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
     marks = []
     for m in a.mismatches:
         at: dict[str, int] = {}
+        gap: dict[str, int] = {}
         for i, tl in enumerate(ds.timelines):
             gi = tl.groups.get(m.pg)
             if gi is None:
@@ -122,10 +123,12 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
                 hit = gi.order[gi.starts[pos]] if pos is not None else None
             if hit is not None:
                 at[str(i)] = hit
+            elif not m.p2p and gi.order:
+                gap[str(i)] = max(gi.order) + 1  # never enqueued: where it would come
         marks.append({"pg": m.pg, "pg_desc": m.pg_desc, "seq": m.seq, "kind": m.kind,
                       "p2p": m.p2p, "culprits": m.culprit_ranks, "culprit_text":
                       fold_ints(m.culprit_ranks), "reasoning": m.reasoning,
-                      "began_at": m.began_at, "at": at,
+                      "began_at": m.began_at, "at": at, "gap": gap,
                       "culprit_lanes": sorted({lane_of[r] for r in m.culprit_ranks
                                                if r in lane_of}),
                       "groups": [g.to_dict() for g in m.groups]})
@@ -251,9 +254,12 @@ function draw() {
     for (const last of l.last) { for (const [idx, ch, col] of [[last.enq_i, "E", "#000"], [last.done_i, "C", "#2e7d32"]]) {
       if (idx < 0) continue; const [x0] = xOf(l, idx); if (x0 < 0) continue;
       g.fillStyle = col; g.fillRect(x0, y0, 1, H); if (H >= 12) g.fillText(ch, x0 + 2, y0 + H - 3); } }
-    for (const m of D.marks) { const idx = m.at[String(row.lane)]; if (idx === undefined) continue;
-      const [x0, x1] = xOf(l, idx); g.strokeStyle = "#e00"; g.lineWidth = 2;
-      g.strokeRect(x0 - 2, y0 + 0.5, x1 - x0 + 4, H - 1); } });
+    for (const m of D.marks) { const idx = m.at[String(row.lane)], gap = m.gap[String(row.lane)];
+      if (idx !== undefined) { const [x0, x1] = xOf(l, idx); g.strokeStyle = "#e00"; g.lineWidth = 2; g.setLineDash([]);
+        g.strokeRect(x0 - 2, y0 + 0.5, x1 - x0 + 4, H - 1); }
+      else if (gap !== undefined) { const x0 = gapX(l, gap); g.strokeStyle = "#e00"; g.lineWidth = 2;
+        g.setLineDash([3, 2]); g.strokeRect(x0, y0 + 0.5, Math.max(6, W / maxN), H - 1); g.setLineDash([]);
+        if (H >= 12) { g.fillStyle = "#e00"; g.fillText("missing #" + m.seq, x0 + Math.max(6, W / maxN) + 3, y0 + H - 3); } } } });
   const lab = document.getElementById("labels"); lab.textContent = "";
   const pad = h("div"); pad.style.height = TOP + "px"; lab.appendChild(pad);
   rows.forEach((row) => { const l = D.lanes[row.lane];
@@ -277,9 +283,13 @@ function entryText(l, i) { const c = code[l.cells[i]], k = D.kinds[c >> 2] || {o
 function markText(m) { let t = "group " + m.pg + " collective #" + m.seq + ": " + m.kind + " mismatch, culprit rank(s) " + m.culprit_text;
   for (const gr of m.groups) t += "\n\nranks " + fold(gr.ranks) + ": " + gr.what + (gr.state ? " [" + gr.state + "]" : "") + (gr.call_site.length ? "\n  " + gr.call_site.join("\n  ") : "");
   return t; }
+function gapX(l, gap) { if (gap < l.cells.length) return xOf(l, gap)[0];
+  if (timeAxis() && l.t1) { return xOf(l, l.cells.length - 1)[1] + 2; }
+  return Math.min(W - 4, Math.floor(gap * W / maxN)); }
 function placeMarks() { const wrap = document.getElementById("wrap");
   for (const e of wrap.querySelectorAll(".mark")) e.remove();
-  D.marks.forEach((m) => { const lane = m.culprit_lanes.length ? m.culprit_lanes[0] : Number(Object.keys(m.at)[0]);
+  D.marks.forEach((m) => { const withAt = m.culprit_lanes.filter(k => m.at[String(k)] !== undefined);
+    const lane = withAt.length ? withAt[0] : Number(Object.keys(m.at)[0]); if (Number.isNaN(lane)) return;
     const idx = m.at[String(lane)]; if (idx === undefined) return; const [x0] = xOf(D.lanes[lane], idx);
     const r = rows.findIndex(x => x.lane === lane && !x.rank);
     const e = h("div", "mark", "\u25bc #" + m.seq); e.style.left = x0 + "px"; e.style.top = (TOP + r * H - 13) + "px";

@@ -101,6 +101,7 @@ def fr_trace(ds: DumpSet, a: Analysis) -> str:
         if len(hits) < 2 or flows + len(hits) > MAX_FLOW_EVENTS:
             continue
         fid += 1
+        hits.sort(key=lambda h: (h[2], h[0]))  # a flow runs forward in time
         for k, (r, tid, ts) in enumerate(hits):
             ph = "s" if k == 0 else "f" if k == len(hits) - 1 else "t"
             ev: dict[str, Any] = {"name": f"group {pg} #{seq}", "cat": "match", "ph": ph,
