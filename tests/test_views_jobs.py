@@ -116,7 +116,7 @@ def views(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         out["fr"] = json.loads(f.stdout)
         keep = os.environ.get("MLDEBUG_VIEWS_KEEP")  # a copy of the dumps and views, to look at
         if keep:
-            shutil.copytree(base, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+            shutil.copytree(base, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock", "*.trigger"))
         yield out
     finally:
         for p in procs.values():

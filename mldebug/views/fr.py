@@ -42,17 +42,37 @@ def _label(ranks: list[int]) -> str:
     return (f"ranks {fold_ints(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}") if ranks else "-"
 
 
-def _lane_last(ds: DumpSet, tl: Timeline, completed: int) -> list[dict[str, Any]]:
+def _lane_last(tl: Timeline, states: list[int]) -> list[dict[str, Any]]:
     """Per group: the last enqueued and last completed collective (seq and entry index)."""
     out = []
     for pg, gi in tl.groups.items():
         if not gi.order:
             continue
         enq_i = max(gi.order)
-        done_i = next((i for i in sorted(gi.order, reverse=True) if tl.state[i] == completed), -1)
+        done_i = next((i for i in sorted(gi.order, reverse=True) if states[i] == 0), -1)
         out.append({"pg": pg, "enq": tl.seq[enq_i] if gi.seqs else None, "enq_i": enq_i,
                     "done": tl.seq[done_i] if done_i >= 0 else None, "done_i": done_i})
     return out
+
+
+def _states(ds: DumpSet, tl: Timeline, state_of: list[int]) -> list[int]:
+    """Each entry's state index; an entry the recorder left "scheduled" (gloo never updates
+    them) counts as completed up to the group's last completed collective in the dump's
+    pg_status, as the analysis reads it."""
+    states = [state_of[st] for st in tl.state]
+    status = ds.dumps[tl.ranks[0]].pg_status if tl.ranks else {}
+    done = {k: v.last_completed for k, v in status.items()
+            if v.last_completed is not None and v.last_completed >= 0}
+    if not done or all(x == 0 for x in states):
+        return states
+    statics = ds.statics
+    for i, st in enumerate(states):
+        if st:
+            sc = statics[tl.sid[i]]
+            last = done.get(str(sc.pg_id)) if not sc.is_p2p else None
+            if last is not None and tl.seq[i] <= last:
+                states[i] = 0
+    return states
 
 
 def fr_data(ds: DumpSet, a: Analysis, title: str,
@@ -68,7 +88,6 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
             kinds[key] = len(kinds)
         kind_of.append(kinds.get(key, MAX_KINDS - 1))
     state_of = [STATES.index(s) if s in STATES[:3] else 3 for s in ds.states]
-    completed = ds.states.index("completed") if "completed" in ds.states else -1
     total = sum(len(tl) for tl in ds.timelines)
     detail = total <= DETAIL_ENTRIES
     code = [[ALPHA[k * 4 + s] for s in range(4)] for k in range(MAX_KINDS)]
@@ -76,12 +95,12 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
     tmin = None
     has_time = False
     for tl in ds.timelines:
-        cells = "".join(code[kind_of[sid]][state_of[st]] for sid, st in zip(tl.sid, tl.state,
-                                                                            strict=True))
+        states = _states(ds, tl, state_of)
+        cells = "".join(code[kind_of[sid]][st] for sid, st in zip(tl.sid, states, strict=True))
         ranks = sorted(tl.ranks)
         lane: dict[str, Any] = {
             "ranks": ranks, "label": _label(ranks), "hosts": _hosts(ds, ranks),
-            "cells": cells, "last": _lane_last(ds, tl, completed),
+            "cells": cells, "last": _lane_last(tl, states),
             "per_rank": [{"rank": r, "host": ds.dumps[r].host or "", "pid": ds.dumps[r].pid,
                           "status": {k: [v.last_enqueued, v.last_completed]
                                      for k, v in ds.dumps[r].pg_status.items()}}
@@ -149,10 +168,10 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
     }
 
 
-def _bin(ms: float) -> str:
+def _bin(ms: float, top: float = HEAT_MAX_MS) -> str:
     if ms <= 0:
         return HEAT[0]
-    k = round(math.log1p(ms) / math.log1p(HEAT_MAX_MS) * (len(HEAT) - 1))
+    k = round(math.log1p(ms) / math.log1p(top) * (len(HEAT) - 1))
     return HEAT[max(1, min(len(HEAT) - 1, k))]
 
 
@@ -167,6 +186,7 @@ def straggler_data(ds: DumpSet, a: Analysis, since: dict[str, int] | None = None
     named = [st.to_dict() for st in a.stragglers]
     order = {st.rank: i for i, st in enumerate(a.stragglers)}
     maps: list[dict[str, Any]] = []
+    top_ms = 1.0
     found = arrival_times(ds, since)
     for pg, m in sorted(found.items(), key=lambda kv: -len(kv[1].ranks) * len(kv[1].seqs)):
         if len(maps) >= max_groups:
@@ -176,18 +196,23 @@ def straggler_data(ds: DumpSet, a: Analysis, since: dict[str, int] | None = None
         shift = [offsets[h] for h in hosts]
         mids = [statistics.median(t - s for t, s in zip(col, shift, strict=True))
                 for col in zip(*m.times, strict=True)]
+        late = [[((t - shift[i]) - mid) / 1e6 for t, mid in zip(m.times[i], mids, strict=True)]
+                for i in range(len(m.ranks))]
+        pos = sorted(v for row in late for v in row if v > 0)  # the scale: p99, not one outlier
+        top = min(HEAT_MAX_MS, max(1.0, pos[int(0.99 * (len(pos) - 1))] if pos else 1.0))
+        top_ms = max(top_ms, top)
         rows = sorted(range(len(m.ranks)),
                       key=lambda i: (order.get(m.ranks[i], 1 << 30), m.ranks[i]))
         maps.append({
             "pg": pg, "seqs": [m.seqs[0], m.seqs[-1]], "n": len(m.seqs),
             "ranks": [m.ranks[i] for i in rows],
             "hosts": [hosts[i] for i in rows],
-            "cells": ["".join(_bin(((t - shift[i]) - mid) / 1e6)
-                              for t, mid in zip(m.times[i], mids, strict=True)) for i in rows],
+            "top_ms": top,
+            "cells": ["".join(_bin(v, top) for v in late[i]) for i in rows],
             "offsets": [{"host": h, "ms": round(v / 1e6, 3)} for h, v in sorted(offsets.items())],
         })
     return {"window": a.straggler_window, "named": named, "min": MIN_COLLECTIVES,
-            "heat": HEAT, "heat_max_ms": HEAT_MAX_MS, "maps": maps}
+            "heat": HEAT, "maps": maps}
 
 
 _CSS = """#lanes{display:flex;align-items:flex-start;max-height:78vh;overflow:auto;
@@ -325,13 +350,13 @@ if (S) { const box = document.getElementById("strag");
   if (S.named.length) for (const s of S.named) add(named, h("div", "strag", "rank " + s.rank + (s.host ? " (" + s.host + ")" : "") + ": last at " + s.times_last + " of " + s.collectives + " collectives, median " + s.late_ms_median.toFixed(1) + " ms late, p90 " + s.late_ms_p90.toFixed(1) + " ms"));
   else add(named, h("div", "", S.window >= S.min ? "no straggler: no rank is consistently last" : "too few collectives to judge"));
   box.appendChild(named);
-  const hv = {}; for (let i = 0; i < S.heat.length; i++) hv[S.heat[i]] = i === 0 ? 0 : Math.expm1(i / (S.heat.length - 1) * Math.log1p(S.heat_max_ms));
   for (const m of S.maps) {
+    const hv = {}; for (let i = 0; i < S.heat.length; i++) hv[S.heat[i]] = i === 0 ? 0 : Math.expm1(i / (S.heat.length - 1) * Math.log1p(m.top_ms));
     const sk = h("div", "card"); sk.className = "card skew";
     add(sk, h("b", "", "Clock-skew correction (group " + m.pg + "): each host's clock aligned to " + (m.offsets[0].host || "the first host") + " by the median gap between the hosts' earliest arrivals"));
     for (const o of m.offsets) add(sk, h("div", "", (o.host || "(host unknown)") + ": " + (o.ms >= 0 ? "+" : "") + o.ms.toFixed(3) + " ms subtracted" + (m.offsets.length === 1 ? " (one host: nothing to correct)" : "")));
     box.appendChild(sk);
-    add(box, h("div", "muted", "group " + m.pg + ": lateness behind the median rank at collectives #" + m.seqs[0] + "-#" + m.seqs[1] + " (" + m.n + "), darker = later; stragglers on top"));
+    add(box, h("div", "muted", "group " + m.pg + ": lateness behind the median rank at collectives #" + m.seqs[0] + "-#" + m.seqs[1] + " (" + m.n + "), white = on time, darkest = " + m.top_ms.toFixed(1) + " ms late (log scale); stragglers on top"));
     const wrap = h("div"); wrap.style.display = "flex"; const labs = h("div"); labs.style.flex = "0 0 170px";
     const RH = m.ranks.length > 200 ? 3 : 14, c = h("canvas"); const CW = Math.max(1, Math.floor(900 / m.n));
     c.width = Math.max(200, m.n * CW); c.height = m.ranks.length * RH; const cg = c.getContext("2d");

@@ -85,6 +85,7 @@ def page(title: str, kind: str, data: Any, script: str, body: str = "", css: str
             f"<title>{esc(title)}</title><style>{BASE_CSS}{css}</style></head><body>"
             f'<h2 id="title">{esc(title)}</h2>{body}<div id="tip"></div>\n'
             f"<script>\nconst D = {embed(data)};\n{BASE_JS}\n{script}\n"
+            "document.body.dataset.renderMs = String(Math.round(performance.now()));\n"
             "document.body.dataset.rendered = '1';\n</script></body></html>\n")
 
 
