@@ -129,9 +129,11 @@ def browser():
         yield d
 
 
-def _show(browser, path: Path, name: str, tmp_path: Path) -> None:
+def _show(browser, path: Path, name: str, tmp_path: Path, scroll: str = "") -> None:
     open_view(browser, path)
     assert severe(browser) == [], path
+    if scroll:  # the part of the page this view is about, at the top of the screenshot
+        browser.execute_script(f"document.querySelector({scroll!r}).scrollIntoView()")
     shot = tmp_path / f"{name}.png"
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
@@ -178,14 +180,14 @@ def test_fr_trace_event_file_is_valid_and_links_the_ranks(views):
 
 def test_stragglers_view_names_the_sleeper_and_shows_the_skew(views, browser, tmp_path):
     assert [s["rank"] for s in views["strag"]["stragglers"]] == [2]
-    _show(browser, views["base"] / "strag.html", "stragglers", tmp_path)
+    _show(browser, views["base"] / "strag.html", "stragglers", tmp_path, "#strag")
     named = text(browser, "#stragglers")
     assert named.startswith("rank 2") and "ms late" in named, named
     assert "Clock-skew correction" in text(browser, ".skew")
     top = browser.find_elements("css selector", "#strag .lbl")
     assert top and top[0].text.startswith("rank 2"), [e.text for e in top]  # named on top
     assert [s["rank"] for s in views["watch"]["analysis"]["stragglers"]] == [2]
-    _show(browser, views["base"] / "watch.html", "fr-watch", tmp_path)
+    _show(browser, views["base"] / "watch.html", "fr-watch", tmp_path, "#strag")
     assert text(browser, "#stragglers").startswith("rank 2")
 
 

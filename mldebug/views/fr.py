@@ -134,9 +134,8 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
             if gi is None:
                 continue
             if m.p2p:
-                hit = next((k for k in range(len(tl)) if tl.p2p_seq[k] == m.seq
-                            and statics[tl.sid[k]].pg_name == m.pg
-                            and statics[tl.sid[k]].is_p2p), None)
+                hit = next((k for idx in gi.p2p.values() for k in idx
+                            if tl.p2p_seq[k] == m.seq), None)
             else:
                 pos = gi.positions().get(m.seq)
                 hit = gi.order[gi.starts[pos]] if pos is not None else None

@@ -43,8 +43,15 @@ def fr_trace(ds: DumpSet, a: Analysis) -> str:
     total = sum(ds.dumps[r].entry_count for r in ranks)
     omitted: list[int] = []
     if total > MAX_SLICES:
-        keep = {min(tl.ranks) for tl in ds.timelines if tl.ranks}
-        keep |= set(a.culprits) | {s.rank for s in a.stragglers}
+        must = set(a.culprits) | {s.rank for s in a.stragglers}
+        must |= {r + d for r in a.culprits for d in (-1, 1)}  # a culprit's neighbours (p2p peers)
+        keep = {r for r in must if r in ds.dumps}
+        budget = MAX_SLICES - sum(ds.dumps[r].entry_count for r in keep)
+        for r in sorted({min(tl.ranks) for tl in ds.timelines if tl.ranks} - keep):
+            if ds.dumps[r].entry_count > budget:
+                break
+            keep.add(r)
+            budget -= ds.dumps[r].entry_count
         omitted = [r for r in ranks if r not in keep]
         ranks = sorted(keep & set(ds.dumps))
     created = [ds.dumps[r].created for r in ranks]
