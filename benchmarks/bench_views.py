@@ -52,7 +52,6 @@ def _analyze(d: Path, html: Path | None) -> float:
 def _render(html: Path, rounds: int) -> tuple[float, float]:
     """(median ms to drawn, by the page's clock; median wall s of the driver's load)."""
     import pytest  # browser.py reports an unavailable browser through pytest
-
     from browser import chromium, open_view, severe
 
     try:

@@ -49,9 +49,9 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
     if os.environ.get("MLDEBUG_FR"):  # the flight recorder too (mldebug fr trigger)
-        import mldebug.fr
+        from mldebug.fr import enable as enable_flight_recorder
 
-        mldebug.fr.enable()
+        enable_flight_recorder()
     if os.environ.get("NO_HANDLER_RANK") != str(rank):
         mldebug.trace.enable(events="lines", ring=256)
         mldebug.watchdog(timeout=float(os.environ.get("STALL_TIMEOUT", "5")),

@@ -75,7 +75,7 @@ def views(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                        "--rate", "20", "--seconds", "120"),
     }
     try:
-        for name, p in procs.items():
+        for name in procs:
             _wait(lambda name=name: _ready(base / f"{name}.log", 3), f"{name} job ready",
                   base / f"{name}.log")
         time.sleep(1.0)
