@@ -20,9 +20,9 @@ from trace_event_schema import validate
 from mldebug.errors import MldebugError, UsageError
 from mldebug.fr.analyze import analyze
 from mldebug.fr.loader import from_docs
-from mldebug.views.fr import fr_html
-from mldebug.views.page import GENERATOR, embed, esc, write_file
-from mldebug.views.traceevent import fr_trace
+from mldebug.fr.traceevent import fr_trace
+from mldebug.fr.view import fr_html
+from mldebug.htmlview import GENERATOR, embed, esc, write_file
 
 EVIL = "</script><script>window.__pwned=1</script><img src=x onerror=window.__pwned=2>"
 

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="user (non-torch) frames per call site (default: 2)")
     a.add_argument("--rank", type=int, metavar="R",
                    help="with --all: only the timeline rank R belongs to")
-    from mldebug.views import add_view_arguments
+    from mldebug.htmlview import add_view_arguments
 
     add_view_arguments(a, trace_event=True)
     add_json_argument(a)
@@ -123,7 +123,7 @@ def _analyze(args: argparse.Namespace) -> int:
         if not Path(item).exists():
             raise UsageError(f"{item} does not exist.",
                              "Pass the directory 'mldebug fr trigger' wrote, or dump files.")
-    from mldebug.views import check_view_targets, write_views
+    from mldebug.htmlview import check_view_targets, write_views
 
     check_view_targets(args)
     files = expand_inputs(args.inputs)
@@ -140,8 +140,8 @@ def _analyze(args: argparse.Namespace) -> int:
             render_timeline(ds, con, args.frames, args.rank)
         render(result, con)
     if ds.dumps:
-        from mldebug.views.fr import fr_html
-        from mldebug.views.traceevent import fr_trace
+        from mldebug.fr.traceevent import fr_trace
+        from mldebug.fr.view import fr_html
 
         write_views(args, lambda: fr_html(ds, result, "mldebug fr analyze"),
                     lambda: fr_trace(ds, result))
@@ -215,7 +215,7 @@ def _watch(args: argparse.Namespace) -> int:
     if not 0 < args.interval < 86400:
         raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
                          "Pass e.g. --interval 10.")
-    from mldebug.views import check_view_targets, write_views
+    from mldebug.htmlview import check_view_targets, write_views
 
     check_view_targets(args)
     result = watch(fanout_options(args), args.interval, args.out, args.dir)
@@ -241,7 +241,7 @@ def _watch(args: argparse.Namespace) -> int:
                        "in between"))
         render(analysis, con)
     if args.html:
-        from mldebug.views.fr import fr_html
+        from mldebug.fr.view import fr_html
 
         write_views(args, lambda: fr_html(ds, analysis, "mldebug fr watch", result.since))
     return 0

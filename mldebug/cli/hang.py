@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="py-spy binary on the nodes (default: beside their Python, then PATH)")
     d.add_argument("--watch", type=float, metavar="S",
                    help="dump twice S seconds apart and mark each group stuck or moving")
-    from mldebug.views import add_view_arguments
+    from mldebug.htmlview import add_view_arguments
 
     add_view_arguments(d, force=False, what=" of the ranks' state at both dumps (with --watch;"
                        " --force replaces a file mldebug wrote)")
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     from mldebug.hang.collect import collect, options_from_args, prepare_out, save_report
     from mldebug.hang.report import render_text
-    from mldebug.views import check_view_targets, write_views
+    from mldebug.htmlview import check_view_targets, write_views
 
     if args.html and not args.watch:
         from mldebug.errors import UsageError
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
 
             raise MldebugError("no rank process was dumped, so there is nothing to draw.",
                                "See the errors above; check --pid/--pattern and --nodes.")
-        from mldebug.views.hang import hang_html
+        from mldebug.hang.view import hang_html
 
         write_views(args, lambda: hang_html(report))
     return 0 if report.processes else 1

@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="this process, or its rank-carrying descendants if it is a launcher")
     t.add_argument("--rows", type=int, default=10, metavar="N",
                    help="ranks listed, largest first (default: 10)")
-    from mldebug.views import add_view_arguments
+    from mldebug.htmlview import add_view_arguments
 
     add_view_arguments(t, what=" of every rank's memory over the --watch")
     add_json_argument(t)
@@ -168,7 +168,7 @@ def _top(args: argparse.Namespace) -> int:
 
     if args.watch < 0 or args.rows < 1:
         raise UsageError("--watch must be >= 0 and --rows >= 1.", "e.g. --watch 10 --rows 20")
-    from mldebug.views import check_view_targets, write_views
+    from mldebug.htmlview import check_view_targets, write_views
 
     if args.html and not args.watch:
         raise UsageError("--html draws memory over a --watch.",
@@ -184,7 +184,7 @@ def _top(args: argparse.Namespace) -> int:
 
             raise MldebugError("no rank process was sampled, so there is nothing to draw.",
                                "Check --pid/--pattern and --nodes (see the findings above).")
-        from mldebug.views.mem import mem_html
+        from mldebug.memory.view import mem_html
 
         write_views(args, lambda: mem_html(rep))
     return 0 if rep.processes else 1

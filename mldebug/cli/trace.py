@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("paths", nargs="+", metavar="DIR|FILE",
                    help="the watchdog's directory (its trace/ folder is used) or ring files")
     s.add_argument("--json", action="store_true", help="the report as JSON")
-    from mldebug.views import add_view_arguments
+    from mldebug.htmlview import add_view_arguments
 
     add_view_arguments(s, trace_event=True)
     r = sub.add_parser("run", help="run a Python command with a full per-rank trace",
@@ -45,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.trace_action == "show":
         from mldebug.cli._common import print_report
+        from mldebug.htmlview import check_view_targets, write_views
         from mldebug.trace.analyze import analyze
         from mldebug.trace.collect import load
-        from mldebug.views import check_view_targets, write_views
 
         check_view_targets(args)
         traces, errors = load(args.paths)
@@ -61,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
         print_report(report, args.json, _render)
         if traces:
-            from mldebug.views.trace import trace_html
-            from mldebug.views.traceevent import trace_trace
+            from mldebug.trace.view import trace_html, trace_trace
 
             write_views(args, lambda: trace_html(report), lambda: trace_trace(report))
         elif args.html or args.trace_event:

@@ -18,8 +18,8 @@ from typing import Any
 
 from mldebug.findings import findings_to_json
 from mldebug.fr.model import NOT_RECORDED, Analysis, DumpSet, Timeline
+from mldebug.htmlview import page
 from mldebug.render import fold_ints
-from mldebug.views.page import page
 
 # one character per entry: kind * 4 + state; 80 characters that JSON and HTML leave alone
 ALPHA = ("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"

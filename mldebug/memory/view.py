@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from mldebug.findings import findings_to_json, fold_hosts
+from mldebug.htmlview import page
 from mldebug.memory.model import TopReport
-from mldebug.views.page import page
 
 
 def mem_data(rep: TopReport, title: str) -> dict[str, Any]:

@@ -12,29 +12,13 @@ Fields as the Trace Event Format document defines them (JSON object form): ``tra
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from mldebug.fr.model import NOT_RECORDED, Analysis, DumpSet
-from mldebug.views.page import GENERATOR
+from mldebug.htmlview import SEQ_STEP_US, trace_event_doc, trace_event_process
 
 MAX_SLICES = 400_000  # beyond: one rank per distinct timeline, plus every culprit/straggler
 MAX_FLOW_EVENTS = 200_000
-SEQ_STEP_US = 1000  # the sequence axis when a dump has no enqueue times
-
-
-def _doc(events: list[dict[str, Any]], other: dict[str, Any]) -> str:
-    # the marker first: --force replaces only a file whose first bytes carry it
-    head = json.dumps({"otherData": dict(other, generator=GENERATOR), "displayTimeUnit": "ms"},
-                      separators=(",", ":"))[:-1]
-    body = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
-    return f'{head},"traceEvents":[\n{body}\n]}}\n'
-
-
-def _meta(pid: int, name: str, sort: int) -> list[dict[str, Any]]:
-    return [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
-            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
-             "args": {"sort_index": sort}}]
 
 
 def fr_trace(ds: DumpSet, a: Analysis) -> str:
@@ -68,7 +52,7 @@ def fr_trace(ds: DumpSet, a: Analysis) -> str:
         tl = ds.timelines[d.timeline] if d.timeline >= 0 else None
         name = f"rank {r}" + (f" ({d.host})" if d.host else "") + (
             " - culprit" if r in culprits else "")
-        events += _meta(r, name, r)
+        events += trace_event_process(r, name, r)
         if tl is None:
             continue
         times = d.created
@@ -117,37 +101,6 @@ def fr_trace(ds: DumpSet, a: Analysis) -> str:
                 ev["bp"] = "e"
             events.append(ev)
         flows += len(hits)
-    return _doc(events, {"tool": "mldebug fr analyze", "axis": "time" if timed else "sequence",
+    return trace_event_doc(events, {"tool": "mldebug fr analyze", "axis": "time" if timed else "sequence",
                          "ranks_omitted": len(omitted),
                          "culprit_ranks": a.culprits})
-
-
-def trace_trace(report: Any) -> str:
-    """``trace show``'s rings as a trace: rank = process, recorded call = slice, the rings
-    aligned on the last call every rank recorded (a flow links it across ranks)."""
-    from mldebug.views.trace import align
-
-    cols = align(report)
-    events: list[dict[str, Any]] = []
-    anchor_hits = []
-    for pid, col in enumerate(cols["columns"]):
-        events += _meta(pid, col["label"], pid)
-        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0,
-                       "args": {"name": "main thread"}})
-        for row, ev in col["cells"]:
-            loc = cols["locs"][ev]
-            ts = row * SEQ_STEP_US
-            events.append({"name": loc["func"], "cat": "call", "ph": "X", "ts": ts,
-                           "dur": SEQ_STEP_US * 8 // 10, "pid": pid, "tid": 0,
-                           "args": {"file": loc["file"], "line": loc["line"], "text": loc["text"],
-                                    "left_here": bool(col.get("left_row") == row)}})
-        if col.get("anchor_row") is not None:
-            anchor_hits.append((pid, col["anchor_row"] * SEQ_STEP_US))
-    for k, (pid, ts) in enumerate(anchor_hits if len(anchor_hits) > 1 else []):
-        ph = "s" if k == 0 else "f" if k == len(anchor_hits) - 1 else "t"
-        ev = {"name": "last common call", "cat": "match", "ph": ph, "id": 1, "ts": ts,
-              "pid": pid, "tid": 0}
-        if ph != "s":
-            ev["bp"] = "e"
-        events.append(ev)
-    return _doc(events, {"tool": "mldebug trace show", "axis": "sequence (aligned)"})

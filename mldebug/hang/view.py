@@ -9,8 +9,8 @@ from typing import Any
 
 from mldebug.findings import findings_to_json, fold_hosts
 from mldebug.hang.model import Process, Report, main_thread
+from mldebug.htmlview import page
 from mldebug.render import fold_ints
-from mldebug.views.page import page
 
 
 def _where(p: Process, later: bool) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from mldebug.findings import findings_to_json
+from mldebug.htmlview import SEQ_STEP_US, page, trace_event_doc, trace_event_process
 from mldebug.render import fold_ints
 from mldebug.trace.model import TraceReport
-from mldebug.views.page import page
 
 BEFORE = 40  # events shown before the anchor
 MAX_COLUMNS = 48
@@ -113,3 +113,32 @@ for (let r = 0; r <= maxRow; r++) { const tr = h("tr"); add(tr, h("td", "muted",
 
 def trace_html(report: TraceReport, title: str = "mldebug trace show") -> str:
     return page(title, "trace", trace_data(report, title), _JS, _BODY, _CSS)
+
+
+def trace_trace(report: TraceReport) -> str:
+    """``trace show``'s rings as a trace: rank = process, recorded call = slice, the rings
+    aligned on the last call every rank recorded (a flow links it across ranks)."""
+    cols = align(report)
+    events: list[dict[str, Any]] = []
+    anchor_hits: list[tuple[int, int]] = []
+    for pid, col in enumerate(cols["columns"]):
+        events += trace_event_process(pid, col["label"], pid)
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"name": "main thread"}})
+        for row, k in col["cells"]:
+            loc = cols["locs"][k]
+            ts = row * SEQ_STEP_US
+            events.append({"name": loc["func"], "cat": "call", "ph": "X", "ts": ts,
+                           "dur": SEQ_STEP_US * 8 // 10, "pid": pid, "tid": 0,
+                           "args": {"file": loc["file"], "line": loc["line"], "text": loc["text"],
+                                    "left_here": bool(col.get("left_row") == row)}})
+        if col.get("anchor_row") is not None:
+            anchor_hits.append((pid, col["anchor_row"] * SEQ_STEP_US))
+    for k, (pid, ts) in enumerate(anchor_hits if len(anchor_hits) > 1 else []):
+        ph = "s" if k == 0 else "f" if k == len(anchor_hits) - 1 else "t"
+        ev: dict[str, Any] = {"name": "last common call", "cat": "match", "ph": ph, "id": 1,
+                              "ts": ts, "pid": pid, "tid": 0}
+        if ph != "s":
+            ev["bp"] = "e"
+        events.append(ev)
+    return trace_event_doc(events, {"tool": "mldebug trace show", "axis": "sequence (aligned)"})

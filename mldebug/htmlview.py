@@ -1,5 +1,8 @@
-"""One self-contained HTML page (data and drawing script inline, no network), and the one way
-mldebug writes a single output file (``--html FILE``, ``--trace-event FILE``, ``mem plot``).
+"""One self-contained HTML page (data and drawing script inline, no network), Chrome
+trace-event JSON, and the one way mldebug writes such a single output file (``--html FILE``,
+``--trace-event FILE``; ``mem plot`` uses the same escaping). Each capability draws its own
+view (``fr/view.py``, ``trace/view.py``, ``hang/view.py``, ``memory/view.py``) from the results
+its analysis produced; this shared module knows nothing of them (docs/views.md).
 
 Every string from outside (frame names, host names, op names) reaches the page either as
 inline JSON, where ``<``, ``>``, ``&`` and ``/`` are escaped so that nothing can close the
@@ -14,13 +17,16 @@ wrote it (``GENERATOR`` near its start), as docs/safety.md says for directories.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
 
+SEQ_STEP_US = 1000  # trace-event time axis when there are no times: 1 ms per entry
 GENERATOR = "mldebug-view"  # in the first bytes of every file written here: --force's marker
 _MARK_BYTES = 512
 
@@ -153,3 +159,58 @@ def write_file(path: str | Path, text: str, *, force: bool, flag: str) -> Path:
         if tmp.exists():
             tmp.unlink()
     return p
+
+
+
+def add_view_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                       trace_event: bool = False, force: bool = True, what: str = "") -> None:
+    """--html FILE (and --trace-event FILE), with --force unless the command has one."""
+    p.add_argument("--html", metavar="FILE",
+                   help=f"also write a self-contained HTML view{what} (opens offline; "
+                        "docs/views.md)")
+    if trace_event:
+        p.add_argument("--trace-event", metavar="FILE", dest="trace_event",
+                       help="also write Chrome trace-event JSON (Perfetto, chrome://tracing)")
+    if force:
+        p.add_argument("--force", action="store_true",
+                       help="replace an existing --html/--trace-event file mldebug wrote")
+
+
+def check_view_targets(args: argparse.Namespace) -> None:
+    """Refuse bad output paths before any work (exists without --force, unwritable dir)."""
+    force = bool(getattr(args, "force", False))
+    if getattr(args, "html", None):
+        check_target(args.html, force=force, flag="--html")
+    if getattr(args, "trace_event", None):
+        check_target(args.trace_event, force=force, flag="--trace-event")
+
+
+def write_views(args: argparse.Namespace, html: Callable[[], str] | None,
+                trace: Callable[[], str] | None = None) -> list[Path]:
+    """Write what was asked for; the paths written (said on stderr by the caller)."""
+    import sys
+
+    force = bool(getattr(args, "force", False))
+    out = []
+    if getattr(args, "html", None) and html is not None:
+        out.append(write_file(args.html, html(), force=force, flag="--html"))
+    if getattr(args, "trace_event", None) and trace is not None:
+        out.append(write_file(args.trace_event, trace(), force=force, flag="--trace-event"))
+    for p in out:
+        print(f"mldebug: wrote {p}", file=sys.stderr)
+    return out
+
+
+# Chrome trace-event JSON (JSON object form): the marker first, one event per line
+def trace_event_doc(events: list[dict[str, Any]], other: dict[str, Any]) -> str:
+    # the marker first: --force replaces only a file whose first bytes carry it
+    head = json.dumps({"otherData": dict(other, generator=GENERATOR), "displayTimeUnit": "ms"},
+                      separators=(",", ":"))[:-1]
+    body = ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
+    return f'{head},"traceEvents":[\n{body}\n]}}\n'
+
+
+def trace_event_process(pid: int, name: str, sort: int) -> list[dict[str, Any]]:
+    return [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+             "args": {"sort_index": sort}}]
