@@ -15,7 +15,7 @@ from mldebug._version import __version__
 _LAZY: dict[str, str] = {
     "printflock": "mldebug.printing",
     "rank_print": "mldebug.printing",
-    "install_excepthook": "mldebug.printing",
+    "install_excepthook": "mldebug.debugger.excepthook",
     "ForkedPdb": "mldebug.debugger.forked",
     "breakpoint": "mldebug.debugger.hooks",
     "post_mortem": "mldebug.debugger.hooks",

@@ -17,9 +17,7 @@ import stat
 import sys
 import tempfile
 import threading
-import traceback
 from collections.abc import Iterator
-from types import TracebackType
 from typing import IO, Any
 
 from mldebug.dist import Identity, identity
@@ -168,30 +166,3 @@ def rank_print(*args: Any, sep: str = " ", end: str = "\n", file: IO[str] | None
     buf = io.StringIO()
     print(*args, sep=sep, end=end, file=buf)
     _write_locked(prefix_lines(buf.getvalue(), make_prefix(fmt, numeric_host=numeric_host)), file)
-
-
-def install_excepthook(fmt: str = DEFAULT_FORMAT, *, numeric_host: bool = False,
-                       file: IO[str] | None = None, debug: bool = False) -> None:
-    """Print uncaught exceptions (main thread and threads) whole, prefixed, under the lock.
-
-    ``debug=True``: then open a debugger at the frame that raised (``mldebug.post_mortem``:
-    on the terminal, or a session for ``mldebug pdb connect`` when there is none).
-    """
-
-    def _emit(exc_type: type[BaseException], exc: BaseException,
-              tb: TracebackType | None) -> None:
-        text = "".join(traceback.format_exception(exc_type, exc, tb))
-        prefix = make_prefix(fmt, numeric_host=numeric_host)
-        _write_locked(prefix_lines(text, prefix), file if file is not None else sys.stderr)
-        if debug and tb is not None and not issubclass(exc_type, KeyboardInterrupt):
-            from mldebug.debugger.hooks import post_mortem
-
-            post_mortem(tb)
-
-    def _thread_hook(args: threading.ExceptHookArgs) -> None:
-        if args.exc_type is SystemExit:
-            return
-        _emit(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback)
-
-    sys.excepthook = _emit
-    threading.excepthook = _thread_hook

@@ -33,7 +33,7 @@ dist.destroy_process_group()
 STOP_LINE = 8  # the line after mldebug.breakpoint(): where pdb stops
 
 POST_MORTEM = r"""
-from mldebug.printing import install_excepthook
+from mldebug.debugger.excepthook import install_excepthook
 install_excepthook(debug=True)
 
 def inner(scale):

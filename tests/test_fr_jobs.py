@@ -26,7 +26,8 @@ from jobs import kill_tree
 
 from mldebug.fr.analyze import analyze
 from mldebug.fr.collect import trigger_local
-from mldebug.fr.loader import load, safe_loads
+from mldebug.fr.loader import load
+from mldebug.safeload import safe_loads
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow

@@ -10,7 +10,8 @@ import fr_synth as synth
 import pytest
 
 from mldebug.fr.analyze import analyze
-from mldebug.fr.loader import UnsafePickle, load, safe_loads
+from mldebug.fr.loader import load
+from mldebug.safeload import UnsafePickle, safe_loads
 
 
 class _RunsCode:
@@ -158,7 +159,7 @@ def test_ordered_dicts_load_as_dicts_and_cannot_hide_deep_tuples():
     large-stack decode sees only built-in types; a deep tuple under one is still refused."""
     from collections import OrderedDict
 
-    from mldebug.fr.loader import DeepNesting
+    from mldebug.safeload import DeepNesting
 
     doc = safe_loads(pickle.dumps(OrderedDict(b=1, a=(2, (3,))), protocol=2))
     assert type(doc) is dict and list(doc.items()) == [("b", 1), ("a", (2, (3,)))]

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mldebug.hang.analyze import analyze, collective_of, frame_kind
+from mldebug.hang.analyze import analyze
 from mldebug.hang.collect import load
+from mldebug.hang.frames import collective_of, frame_kind
 from mldebug.hang.model import Collection, Process, StackFrame, Thread
 from mldebug.hang.pyspy import parse_text_dump
 

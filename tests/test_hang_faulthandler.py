@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 from mldebug import cli
-from mldebug.capture.stacks import faulthandler_dumps
 from mldebug.hang.collect import load
+from mldebug.stacks import faulthandler_dumps
 
 FIX = Path(__file__).parent / "fixtures" / "hang"
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
@@ -159,5 +159,5 @@ def test_hostile_texts_are_bounded_and_skipped_with_their_reason(tmp_path, capsy
     (fh / "vm-rank3-103.gil.txt").write_text(fh_dump(VALIDATE))
     fh.chmod(0o777)
     rep = analyze_json(capsys, str(d))
-    assert any("writable by other users" in e["error"] for e in rep["errors"])
+    assert any("can be written by other users" in e["error"] for e in rep["errors"])
     assert sorted(p["rank"] for p in rep["processes"]) == [0, 1]

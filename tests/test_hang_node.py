@@ -13,7 +13,8 @@ import pytest
 
 from mldebug.fanout import MARKER, bundle
 from mldebug.hang.collect import NODE_MODULES
-from mldebug.hang.node import PTRACE_FIX, explain_pyspy_error, find_ranks, proc_status
+from mldebug.hang.node import PTRACE_FIX, explain_pyspy_error
+from mldebug.ranks import find_ranks, proc_status
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -70,7 +70,7 @@ def test_rank_print_prefixes_every_line_and_numeric_host(tmp_path):
 
 
 def test_excepthook_prints_the_whole_traceback_prefixed(tmp_path):
-    code = ("from mldebug.printing import install_excepthook\ninstall_excepthook()\n"
+    code = ("from mldebug.debugger.excepthook import install_excepthook\ninstall_excepthook()\n"
             "def inner():\n    raise ValueError('boom\\nsecond line')\ninner()\n")
     env = dict(os.environ, PYTHONPATH=str(REPO), RANK="3", MLDEBUG_PRINT_LOCK=str(tmp_path / "l"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

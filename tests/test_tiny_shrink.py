@@ -12,9 +12,9 @@ from mldebug.tiny.shrink import (
     block_signatures,
     check_constraints,
     select_layers,
-    shrink_config,
     token_id_map,
 )
+from mldebug.tiny.shrinker import shrink_config
 
 
 def llama_like(**kw):

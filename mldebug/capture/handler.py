@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mldebug.capture.privdir import (
+from mldebug.privdir import (
     default_dir,
     open_private,
     own_registry_dir,
@@ -30,8 +30,8 @@ from mldebug.capture.privdir import (
     read_bounded,
     write_atomic,
 )
-from mldebug.capture.signal import start_time
-from mldebug.capture.stacks import parse_faulthandler, python_threads
+from mldebug.ranks import start_time
+from mldebug.stacks import parse_faulthandler, python_threads
 
 DUMP_FORMAT = "mldebug.hang.dump/1"  # mldebug.hang.collect.DUMP_FORMAT (a test pins it)
 REGISTRY_FORMAT = "mldebug.capture.registry/1"
@@ -61,7 +61,9 @@ class DumpHandler:
                  locals: bool = False, poll: float = 1.0) -> None:
         from mldebug.dist import identity
 
-        self.dir = private_dir(dir if dir is not None else default_dir()).resolve()
+        # the default place may be taken by another user: a fresh private dir then, said on stderr
+        self.dir = private_dir(dir if dir is not None else default_dir(),
+                               fallback=dir is None, what="dump directory").resolve()
         self.dumps_dir = private_dir(self.dir / "dumps")
         self.fh_dir = private_dir(self.dir / "faulthandler")
         self.signum = _signum(signum)

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 from mldebug.capture import handler as _handler
 from mldebug.capture.abort import ABORT_SIGNAL, AbortTimer, AbortUnavailable
 from mldebug.capture.handler import DumpHandler, _log
-from mldebug.capture.privdir import open_private
 from mldebug.errors import UsageError
+from mldebug.privdir import open_private
 
 # dump+abort: the job fails in minutes, with a code that says why. It is the abort timer's
 # signal number, because with the GIL held the kernel calls _exit(signo) (abort.py).
@@ -104,7 +104,7 @@ class Watchdog(DumpHandler):
 
     def _gil_from_faulthandler(self, stalled: float) -> None:
         """faulthandler fired while this thread could not run: the GIL was held."""
-        from mldebug.capture.privdir import read_bounded
+        from mldebug.privdir import read_bounded
 
         raw = read_bounded(self.fh_dir / f"{self.stem}.gil.txt")[self._gil_seen:]
         assert self._gil_fd is not None

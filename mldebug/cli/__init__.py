@@ -190,7 +190,7 @@ def _report_bug(e: Exception, debug: bool) -> int:
     if debug:
         sys.stderr.write(text)
         return 1
-    from mldebug.errors import save_traceback
+    from mldebug.privdir import save_traceback
 
     where = save_traceback(text)
     saved = f"traceback saved in {where}" if where else "the traceback could not be saved"

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         prepare_out(out, force=args.force)
     docs = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
-        from mldebug.capture.remote import signal_docs
+        from mldebug.hang.signal_collect import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
     results, coll, written = collect(opts, target, progress=not args.json, docs=docs, out=out)
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if record is not None:
             doc["flight_recorder"] = record.to_dict()
         if args.signal:
-            from mldebug.capture.report import to_dict
+            from mldebug.hang.signal_report import to_dict
 
             doc["capture"] = to_dict(results)
         write_json(doc)
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
             flight.render(record, console())
         if args.signal:  # which route answered, which ranks have no handler
-            from mldebug.capture.report import render as render_capture
+            from mldebug.hang.signal_report import render as render_capture
             from mldebug.render import console
 
             render_capture(results, console())

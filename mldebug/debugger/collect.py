@@ -13,7 +13,8 @@ from typing import Any
 
 from mldebug import fanout
 
-NODE_MODULES = ("mldebug.nodekit", "mldebug.debugger.registry", "mldebug.debugger.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.debugger.registry",
+                "mldebug.debugger.node")
 NODE_SCHEMA = {"host": str, "sessions": list}
 
 

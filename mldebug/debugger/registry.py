@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from mldebug.nodekit import atomic_write, short_hostname
+from mldebug.privdir import UnsafeDir, check_dir
 
 FORMAT = "mldebug.pdb.session/1"
 MAX_FILE = 64 * 1024  # a registration is a few hundred bytes; anything bigger is not ours
@@ -41,23 +42,12 @@ def short_host() -> str:
 
 
 def check_private(path: str) -> None:
-    """Raise RegistryError unless ``path`` is a real directory of ours that nobody else can use."""
+    """Raise RegistryError unless ``path`` passes ``mldebug.privdir``'s rule (a real directory
+    of ours that nobody else can write); FileNotFoundError when it is missing."""
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise RegistryError(f"cannot inspect {path}: {e.strerror}") from None
-    if stat.S_ISLNK(st.st_mode):
-        raise RegistryError(f"{path} is a symbolic link; refusing to follow it (remove it)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise RegistryError(f"{path} is not a directory (remove it)")
-    if st.st_uid != os.geteuid():
-        raise RegistryError(f"{path} is owned by uid {st.st_uid}, not by you (uid "
-                            f"{os.geteuid()}); refusing to use it (set MLDEBUG_PDB_DIR)")
-    if st.st_mode & 0o077:
-        raise RegistryError(f"{path} has mode {stat.S_IMODE(st.st_mode):o}; other users can "
-                            f"reach it (chmod 700 {path})")
+        check_dir(path, what="debugger session directory (MLDEBUG_PDB_DIR)")
+    except UnsafeDir as e:
+        raise RegistryError(str(e)) from None
 
 
 def private_dir(path: str | None = None) -> str:
@@ -67,6 +57,8 @@ def private_dir(path: str | None = None) -> str:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    except OSError as e:
+        raise RegistryError(f"cannot create {path}: {e.strerror}") from None
     check_private(path)
     return path
 

@@ -6,7 +6,6 @@ node, or for many nodes the differences as a table with the odd nodes highlighte
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from mldebug.env.facts import NodeFacts
 from mldebug.env.rules import check, socket_selection
 from mldebug.findings import Finding, Severity, findings_to_json, sort_findings
 from mldebug.hosts import collapse
+from mldebug.redact import redact_value
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -202,18 +202,10 @@ def render(report: EnvReport, console: Console) -> None:
 
 
 # ------------------------------------------------------------------ --markdown
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE|AUTH|COOKIE|SESSION",
-                         re.I)
-SECRET_VALUE = re.compile(r"^(?:hf_|ghp_|gho_|github_pat_|sk-|xox[bp]-|AKIA|glpat-)"
-                          r"|^[A-Za-z0-9+/_=-]{32,}$")
-URL_PASSWORD = re.compile(r"(//[^/:@\s]{1,200}:)[^@/\s]{1,200}@")
-
-
 def redact(name: str, value: str) -> str:
-    """The value, or '<redacted>' when the name or the value looks like a secret."""
-    if SECRET_NAME.search(name) or SECRET_VALUE.search(value):
-        return "<redacted>"
-    return URL_PASSWORD.sub(r"\1<redacted>@", value)
+    """The value, or '<redacted>' when the name or the value looks like a secret
+    (``mldebug.redact``'s one rule)."""
+    return redact_value(name, value)
 
 
 def _package(n: NodeFacts, name: str) -> str | None:

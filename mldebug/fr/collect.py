@@ -239,7 +239,7 @@ class NodeArgs:
     pids: str | None = None  # comma-separated
 
 
-NODE_MODULES = ("mldebug.nodekit", "mldebug.fr.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.fr.node")
 NODE_SCHEMA = {"host": str, "ranks": list}
 
 

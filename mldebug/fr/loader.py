@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import io
 import json
-import marshal
 import os
 import pickle
 import re
@@ -45,13 +43,7 @@ from mldebug.fr.model import (
     Timeline,
 )
 from mldebug.names import trailing_number
-
-# Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
-_ALLOWED_GLOBALS = {
-    ("builtins", "set"), ("builtins", "frozenset"), ("__builtin__", "set"),
-    ("__builtin__", "frozenset"), ("collections", "OrderedDict"),
-}
-
+from mldebug.safeload import DeepNesting, UnsafePickle, decode, on_stack, stack_needed
 
 # Bounds on outside data: a dump larger or deeper than these is refused, not analysed.
 MAX_FILE_BYTES = 1 << 30
@@ -66,112 +58,6 @@ MAX_INT = 1 << 62  # sizes, sequence numbers, lines
 
 class BadDump(ValueError):
     """A dump that breaks a bound or a type the format fixes; the message says which."""
-
-
-class UnsafePickle(pickle.UnpicklingError):
-    """The pickle asks for a Python object; flight-recorder dumps never do."""
-
-
-class _Restricted(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("collections", "OrderedDict"):
-            return dict  # ordered too; and only built-in types come out (``safe_loads``)
-        if (module, name) in _ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise UnsafePickle(f"{module}.{name}")
-
-
-class DeepNesting(pickle.UnpicklingError):
-    """Tuples that could nest so deep that hashing one (a dict key, a set member) would
-    overflow the C stack and kill the process (no recursion limit guards that), or
-    containers nested deeper than any dump does."""
-
-
-# Tuple-building opcodes (TUPLE, TUPLE1-3) cannot outnumber the bytes that spell them, so
-# a pickle with few such bytes cannot nest tuples deeply; ~120,000 levels overflow an 8 MiB
-# stack (CPython 3.11, x86-64: ~70 bytes a level).
-_TUPLE_OPCODES = (b"t", b"\x85", b"\x86", b"\x87")
-_SAFE_TUPLE_BYTES = 20_000  # up to this many: decoded on the caller's stack
-_STACK_PER_LEVEL = 256
-_MAX_STACK = 1 << 30
-
-
-def safe_loads(data: bytes) -> Any:
-    """Decode a dump (pickle or JSON) building only plain data; raises on anything else.
-    A pickle that could nest tuples deeply is decoded on a stack that fits them, then
-    refused (``DeepNesting``) if it nests anything over 2,000 deep, so that whatever the
-    caller hashes later cannot crash it."""
-    need = stack_needed(data)
-    if not need:
-        return _loads(data)
-    doc = _on_stack(need, partial(_loads, data))
-    try:
-        marshal.dumps(doc)  # C speed; stops at ~2,000 levels of any container
-    except ValueError as e:  # "too deeply nested" (the decoder builds only types it writes)
-        raise DeepNesting(f"containers nested over 2,000 deep ({e}); refused") from None
-    return doc
-
-
-_LEADING_SPACE = re.compile(rb"\s*")
-
-
-def _is_json(data: bytes) -> bool:
-    """A JSON document (``_dump_fr_trace_json``) rather than a pickle; nothing is copied."""
-    start = _LEADING_SPACE.match(data).end()  # type: ignore[union-attr]
-    return data[start:start + 1] in (b"{", b"[")
-
-
-def _loads(data: bytes) -> Any:
-    if _is_json(data):
-        return json.loads(data)  # nested too deep: RecursionError
-    return _Restricted(io.BytesIO(data)).load()
-
-
-def stack_needed(data: bytes) -> int:
-    """0 when decoding ``data`` and hashing what it holds is safe on an ordinary stack, else
-    the stack size that fits the deepest tuples it could hold; ``DeepNesting`` over 1 GiB.
-    Legitimate dumps land here too when their strings and numbers hold many such bytes (or
-    torch writes a tuple per entry): a thread with a larger stack costs them nothing."""
-    if _is_json(data):
-        return 0  # JSON has no tuples
-    bound = sum(map(data.count, _TUPLE_OPCODES))
-    if bound <= _SAFE_TUPLE_BYTES:
-        return 0
-    need = bound * _STACK_PER_LEVEL + (8 << 20)
-    if need > _MAX_STACK:
-        raise DeepNesting(f"{bound:,} tuple-building bytes: tuples could nest that deep; "
-                          "refused")
-    return need
-
-
-def _on_stack(size: int, fn: Callable[[], Any]) -> Any:
-    """``fn()`` on a thread with a ``size``-byte stack (reserved, touched only as deep as
-    it goes); its result or exception."""
-    import threading
-
-    out: list[Any] = []
-    err: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as e:  # noqa: BLE001 - handed to the caller below
-            err.append(e)
-
-    try:
-        old = threading.stack_size(size)
-        try:
-            t = threading.Thread(target=run, name="mldebug-decode", daemon=True)
-            t.start()
-        finally:
-            threading.stack_size(old)
-    except (RuntimeError, ValueError, MemoryError) as e:  # address-space limits (ulimit -v)
-        raise DeepNesting(f"decoding it safely needs a thread with a {size >> 20} MiB stack, "
-                          f"which could not start ({e}); refused") from None
-    t.join()
-    if err:
-        raise err[0]
-    return out[0]
 
 
 def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
@@ -297,7 +183,7 @@ def _scan_checked(name: str) -> _Scanned:
     except DeepNesting as e:
         return _Scanned(name, _nesting_problem(e))
     if need:  # decoded and scanned (all its values hashed, normalised) on a stack that fits
-        return _on_stack(need, partial(_scan_data, name, data))  # type: ignore[no-any-return]
+        return on_stack(need, partial(_scan_data, name, data))  # type: ignore[no-any-return]
     return _scan_data(name, data)
 
 
@@ -639,7 +525,7 @@ def _decode(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
     if not data:
         return None, "empty file (the rank died or was killed while dumping?); skipped"
     try:
-        doc = _loads(data)  # the caller chose the stack (``stack_needed``)
+        doc = decode(data)  # the caller chose the stack (``stack_needed``)
     except UnsafePickle as e:
         return None, (f"refused: the pickle asks for the Python object '{e}', which a "
                       "flight-recorder dump never contains; it may run code, so it was not "

@@ -29,7 +29,6 @@ import base64
 import errno
 import json
 import os
-import pwd
 import re
 import stat
 import sys
@@ -38,6 +37,9 @@ import zlib
 from typing import Any
 
 from mldebug.nodekit import ArgumentParser, emit, read_fd, short_hostname
+from mldebug.privdir import UnsafeDir, check_stat, owner_name
+from mldebug.privdir import check_dir as _check_dir
+from mldebug.privdir import private_dir as _private_dir
 
 REGISTRY_PREFIX = ".mldebug-fr-"
 
@@ -49,57 +51,19 @@ _TOKEN = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 _DUMP_NAME = re.compile(r"^fr_rank([0-9]{1,9})$")
 
 
-class UnsafeDir(Exception):
-    """The dump directory is not private to its owner (message names owner and mode)."""
-
-
 def default_dir() -> str:
     return os.environ.get("MLDEBUG_FR_DIR") or f"/tmp/mldebug-fr-{os.getuid()}"
 
 
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def check_dir(path: str, uid: int | None = None) -> os.stat_result:
-    """The directory's lstat when it is safe to use; raises UnsafeDir saying why and what to do.
-
-    Safe: a real directory (not a symlink), not writable by group or others, and owned by
-    ``uid`` when given (the recorder: its own user) - anyone else could plant files in it.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise UnsafeDir(f"cannot inspect {path}: {e.strerror}") from None
-    fix = ("Remove it (it is not mldebug's) or choose another directory with MLDEBUG_FR_DIR "
-           "/ --dir; mldebug creates its own with mode 0700.")
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeDir(f"{path} is a symlink (owner {_owner(st.st_uid)}), refused as a "
-                        f"flight-recorder directory. {fix}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeDir(f"{path} is not a directory. {fix}")
-    mode = stat.S_IMODE(st.st_mode)
-    if uid is not None and st.st_uid != uid:
-        raise UnsafeDir(f"{path} belongs to {_owner(st.st_uid)}, not to {_owner(uid)} "
-                        f"(mode {mode:04o}): another user created it, so it is refused. {fix}")
-    if mode & 0o022:
-        raise UnsafeDir(f"{path} (owner {_owner(st.st_uid)}, mode {mode:04o}) can be written "
-                        f"by other users, so it is refused. {fix} Or: chmod go-w {path}")
-    return st
+    """The directory's lstat when it is safe to use (``mldebug.privdir``'s rule; ``uid``: the
+    owner it must have, None: any); raises UnsafeDir saying why and what to do."""
+    return _check_dir(path, uid, "flight-recorder directory")
 
 
 def private_dir(path: str) -> os.stat_result:
     """Create ``path`` mode 0700 (parents as needed) or accept it when it is already safe."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
+    _private_dir(path, what="flight-recorder directory")
     return check_dir(path, os.getuid())
 
 
@@ -116,10 +80,13 @@ def open_in(dir_fd: int, name: str, owner: int, kind: str, flags: int = os.O_RDO
         if not ok:
             raise ValueError(f"{name} is not a {kind}")
         if st.st_uid != owner:
-            raise ValueError(f"{name} belongs to {_owner(st.st_uid)}, not to the directory's "
-                             f"owner {_owner(owner)}")
-        if kind == "dir" and stat.S_IMODE(st.st_mode) & 0o022:
-            raise ValueError(f"{name} can be written by other users")
+            raise ValueError(f"{name} belongs to {owner_name(st.st_uid)}, not to the directory's "
+                             f"owner {owner_name(owner)}")
+        if kind == "dir":
+            try:
+                check_stat(st, name, owner)
+            except UnsafeDir as e:
+                raise ValueError(e.message) from None
     except BaseException:
         os.close(fd)
         raise
@@ -233,8 +200,11 @@ def trigger(dump_dir: str, timeout: float, include_data: bool = True,
             max_bytes: int = MAX_DUMP_BYTES, pids: set[int] | None = None) -> dict[str, Any]:
     host = short_hostname()
     out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
+    # /tmp/mldebug-fr-<uid> is that user's by name: another user's directory there is a plant
+    named = re.fullmatch(r"mldebug-fr-([0-9]{1,9})(-[A-Za-z0-9_]{8})?",
+                         os.path.basename(dump_dir.rstrip("/")))
     try:
-        st = check_dir(dump_dir)
+        st = check_dir(dump_dir, int(named.group(1)) if named else None)
     except FileNotFoundError:
         out["notes"].append(f"{dump_dir} does not exist on {host}: no rank called "
                             "mldebug.fr.enable() with this directory here")
@@ -284,7 +254,7 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             pid_uid = owner  # no /proc (not Linux): the directory's checks stand alone
         if pid_uid != owner:
             item["error"] = (f"registration {name} names pid {pid}, a process of "
-                             f"{_owner(pid_uid)}, not of the directory's owner {_owner(owner)}; "
+                             f"{owner_name(pid_uid)}, not of the directory's owner {owner_name(owner)}; "
                              "ignored")
             out["ranks"].append(item)
             continue
@@ -410,7 +380,8 @@ def discover_dirs(only: set[int] | None = None) -> list[str]:
                 found.setdefault(var[len(key):].decode(errors="replace"), None)
     try:
         for name in sorted(os.listdir("/tmp")) if only is None else []:
-            if re.fullmatch(r"mldebug-fr-[0-9]+", name):
+            # the default, or the private one fr.enable() made beside it when that was taken
+            if re.fullmatch(r"mldebug-fr-[0-9]+(-[A-Za-z0-9_]{8})?", name):
                 found.setdefault(os.path.join("/tmp", name), None)
     except OSError:
         pass

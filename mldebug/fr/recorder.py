@@ -152,7 +152,7 @@ class Recorder:
             folder = self.dump_dir / TRIGGERED / token
             private_dir(str(folder))
         raw = _raw_trace()
-        from mldebug.fr.loader import safe_loads
+        from mldebug.safeload import safe_loads
 
         doc = safe_loads(raw)
         rank = self.current_rank()
@@ -315,7 +315,7 @@ def _raw_trace() -> bytes:
                            "torch >= 2.5 is needed")
     if len(dumps) == 1:
         return dumps[0]
-    from mldebug.fr.loader import safe_loads
+    from mldebug.safeload import safe_loads
 
     docs = [safe_loads(d) for d in dumps]
     full = [d for d in docs if isinstance(d, dict) and d.get("entries")]
@@ -399,9 +399,16 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
     try:
         private_dir(str(d))
     except (UnsafeDir, OSError) as e:
-        from mldebug.errors import MldebugError
+        if dump_dir is not None:
+            from mldebug.errors import MldebugError
 
-        raise MldebugError(f"mldebug.fr.enable(): {e}") from None
+            raise MldebugError(f"mldebug.fr.enable(): {e}") from None
+        # the default place is taken (another user made it): a private one beside it, which
+        # `mldebug fr trigger` also finds, rather than killing the training job
+        from mldebug.privdir import private_dir as fresh_private_dir
+
+        d = fresh_private_dir(d, fallback=True, what="flight-recorder directory")
+        os.environ["MLDEBUG_FR_DIR"] = str(d)
     if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(buffer_size)
     if native:

@@ -18,7 +18,8 @@ from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Proces
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
 
-NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
+                "mldebug.hang.node")
 NODE_SCHEMA = {"host": str, "processes": list}
 DUMP_FORMAT = "mldebug.hang.dump/1"
 MAX_DUMP_BYTES = 64 << 20  # one process's dump; anything bigger is not one
@@ -161,7 +162,7 @@ def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = Fal
     is False. ``docs``: another way to get the node documents with ``node_docs``'s signature
     (the ranks dumping themselves on a signal). ``out``: a directory from ``prepare_out``
     where each node's raw dumps are written as the node answers. Returns per node its host,
-    error and a slim document (each process without its stacks, for ``mldebug.capture.report``),
+    error and a slim document (each process without its stacks, for ``mldebug.hang.signal_report``),
     the collection, and the dump files written.
     """
     node_docs_fn = docs or node_docs
@@ -322,8 +323,8 @@ def load(paths: Iterable[str]) -> Collection:
 
 
 def _load(paths: Iterable[str]) -> Collection:
-    from mldebug.capture.stacks import looks_like_faulthandler
     from mldebug.hang import fhtext
+    from mldebug.stacks import looks_like_faulthandler
 
     coll = Collection()
     watch = False

@@ -1,7 +1,7 @@
 """Raw faulthandler text as saved stacks: what a watchdog leaves in ``DIR/faulthandler/`` when
 no Python ran after the C-level dump (``dump+abort`` with the GIL held), or a faulthandler
 text file given directly. Found and read here (bounded, never through a symlink, owner
-checked), parsed by ``mldebug.capture.stacks``, handed to the hang analysis as Processes.
+checked), parsed by ``mldebug.stacks``, handed to the hang analysis as Processes.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from mldebug.capture.stacks import faulthandler_dumps
 from mldebug.hang.model import CollectError, Process
 from mldebug.hang.pyspy import threads_from_json
 from mldebug.names import trailing_number
 from mldebug.nodekit import read_fd
+from mldebug.privdir import UnsafeDir, check_stat
+from mldebug.stacks import faulthandler_dumps
 
 MAX_FH_BYTES = 16 << 20  # the newest dumps: one is at most 100 threads x 100 frames x ~1 KB
 # the watchdog's file names: <host>-rank<R>-<pid>.txt (signal), <...>.gil.txt (GIL held)
@@ -42,11 +43,10 @@ def capture_texts(d: Path, covered: set[str]) -> tuple[list[Path], list[CollectE
         st = os.lstat(fh)
     except OSError:
         return [], []
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        return [], [CollectError(str(fh), None, "not a plain directory (a symlink?): skipped")]
-    if st.st_mode & 0o022:
-        return [], [CollectError(str(fh), None, f"writable by other users (mode "
-                                                f"{st.st_mode & 0o777:o}): skipped")]
+    try:
+        check_stat(st, fh, owner=None)
+    except UnsafeDir as e:
+        return [], [CollectError(str(fh), None, f"{e.message} Skipped.")]
     newest: dict[str, tuple[float, Path]] = {}
     errors: list[CollectError] = []
     for name in sorted(os.listdir(fh)):

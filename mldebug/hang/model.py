@@ -62,7 +62,7 @@ class Process:
     cmdline: list[str] = field(default_factory=list)
     threads: list[Thread] = field(default_factory=list)
     threads_later: list[Thread] | None = None  # second dump with --watch
-    # The job this process belongs to, as the node saw it (mldebug.hang.node.job_of); None
+    # The job this process belongs to, as the node saw it (mldebug.ranks.job_of); None
     # for pasted or old dumps, which then fall back to the run id.
     job: str | None = None
     job_launcher: str | None = None  # "torchrun", "deepspeed", "srun", ... when known

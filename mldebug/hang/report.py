@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from mldebug.findings import Finding, finding_lines, render_findings
-from mldebug.hang.analyze import frame_kind, s_label
+from mldebug.hang.analyze import s_label
+from mldebug.hang.frames import frame_kind
 from mldebug.hang.model import Group, Job, Report, StackFrame, fold_ranks, join_labels, proc_label
 from mldebug.hosts import collapse
 from mldebug.render import Line, write_lines

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mldebug.findings import Finding, Severity
-from mldebug.hang.analyze import user_frames
+from mldebug.hang.frames import user_frames
 from mldebug.hang.model import (
     Group,
     Process,
@@ -334,7 +334,7 @@ def thread_deadlock(s: Situation) -> list[Finding]:
     """Two or more threads of one process each waiting on a lock (--all-threads)."""
     if not s.all_threads:
         return []
-    from mldebug.hang.analyze import is_background, wait_of
+    from mldebug.hang.frames import is_background, wait_of
 
     stuck: list[Process] = []
     for p in s.procs:

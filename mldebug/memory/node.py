@@ -17,8 +17,8 @@ import sys
 import time
 from typing import Any
 
-from mldebug.hang.node import find_ranks, list_processes
 from mldebug.nodekit import ArgumentParser, emit, short_hostname
+from mldebug.ranks import find_ranks, list_processes
 
 
 def _kib_fields(path: str, names: tuple[str, ...]) -> dict[str, int]:

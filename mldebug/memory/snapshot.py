@@ -41,7 +41,7 @@ TORCH_PARTS = ("/torch/", "/site-packages/torch", "/dist-packages/torch", "/_dyn
 
 def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
     """The snapshot dict; a clear error for a missing, huge, unsafe or foreign file."""
-    from mldebug.fr.loader import DeepNesting, UnsafePickle, safe_loads
+    from mldebug.safeload import DeepNesting, UnsafePickle, safe_loads
 
     p = Path(path)
     try:

@@ -18,8 +18,7 @@ from mldebug.findings import Finding, Severity
 from mldebug.memory.model import JobMemory, RankMemory, TopReport
 from mldebug.memory.units import fmt_bytes
 
-NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node",
-                "mldebug.memory.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.ranks", "mldebug.memory.node")
 NODE_SCHEMA = {"host": str, "processes": list}
 MiB = 1024**2
 GiB = 1024**3

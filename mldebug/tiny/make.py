@@ -20,7 +20,8 @@ from mldebug.tiny.processor import (
     special_tokens,
     write_and_check,
 )
-from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids, shrink_config
+from mldebug.tiny.shrink import Change, ShrinkSpec, collect_token_ids
+from mldebug.tiny.shrinker import shrink_config
 
 BYTES_PER = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1}
 

@@ -20,8 +20,8 @@ from mldebug.trace.ring import FileVerdicts, user_file_filter
 
 class FullTrace:
     def __init__(self, out: str | Path, lines: bool = False) -> None:
-        from mldebug.capture.privdir import open_private, private_dir
         from mldebug.dist import identity
+        from mldebug.privdir import open_private, private_dir
 
         ident = identity()
         d = private_dir(out)

@@ -254,7 +254,7 @@ class Ring:
 
     def write(self, dir: str | Path | None = None, reason: str = "requested") -> Path | None:
         """Write this rank's file into ``dir`` (private); returns it, or None on failure."""
-        from mldebug.capture.privdir import default_dir, private_dir, write_atomic
+        from mldebug.privdir import default_dir, private_dir, write_atomic
 
         try:
             d = private_dir(dir if dir is not None else self.dir or default_dir() / "trace")

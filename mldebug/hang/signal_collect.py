@@ -1,4 +1,4 @@
-"""The caller's side of ``mldebug hang --signal``: run ``mldebug.capture.signal`` here or on
+"""The caller's side of ``mldebug hang --signal``: run ``mldebug.hang.signal_node`` here or on
 every node, and return hang's per-node results. All fan-out of this package is here."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ def signal_docs(opts: CollectOptions, target: FanoutOptions, on_result: OnResult
                 progress: bool = True, *, signal: str = "SIGUSR1") -> list[NodeResult]:
     """Hand one hang node document per node to ``on_result`` as it arrives, the stacks coming
     from the ranks' own handlers (``mldebug.hang.collect.node_docs``'s contract)."""
-    from mldebug.capture import signal as node
     from mldebug.errors import UsageError
+    from mldebug.hang import signal_node as node
     from mldebug.hang.collect import NODE_SCHEMA, CollectOptions
 
     try:

@@ -7,8 +7,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mldebug.capture.signal import NO_HANDLER
 from mldebug.findings import Finding, Severity, findings_to_json, render_findings
+from mldebug.hang.signal_node import NO_HANDLER
 from mldebug.render import fold_ints
 
 if TYPE_CHECKING:

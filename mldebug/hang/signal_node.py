@@ -22,14 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mldebug.capture.privdir import check_private, read_bounded, registry_dir
-from mldebug.capture.stacks import parse_faulthandler
 from mldebug.hang.node import NODE_VERSION, select_targets
 from mldebug.nodekit import emit, short_hostname, signal_in_mask
+from mldebug.privdir import check_dir, read_bounded, registry_dir
+from mldebug.ranks import start_time
+from mldebug.stacks import parse_faulthandler
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
-MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.hang.node", "mldebug.capture.privdir",
-           "mldebug.capture.stacks", "mldebug.capture.signal")
+MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
+           "mldebug.hang.node", "mldebug.privdir", "mldebug.stacks", "mldebug.hang.signal_node")
 MAX_ENTRY = 1 << 20
 FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread should have
                     # woken (its poll), how long the Python route may still take
@@ -53,17 +54,6 @@ def catches(pid: int, signum: int) -> bool:
             return signal_in_mask(f.read(1 << 16).decode(errors="replace"), "SigCgt", signum)
     except (OSError, ValueError):
         return False
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks (/proc/PID/stat field 22): pid + start time
-    names one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        return int(stat[stat.rfind(")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _read_json(path: Path, uid: int) -> dict[str, Any] | None:
@@ -95,7 +85,7 @@ def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
             continue
         reg = registry_dir(home)
         try:
-            check_private(reg, uid)
+            check_dir(reg, uid)
             names = os.listdir(reg)
         except Exception:  # noqa: BLE001 - no registry, or one we must not trust
             continue
@@ -129,8 +119,8 @@ def _rank_dump(entry: dict[str, Any], since: float) -> dict[str, Any] | None:
     if not _inside(dump, d):
         return None
     try:
-        check_private(Path(d), entry["uid"])
-        check_private(Path(dump).parent, entry["uid"])
+        check_dir(Path(d), entry["uid"])
+        check_dir(Path(dump).parent, entry["uid"])
     except Exception:  # noqa: BLE001
         return None
     doc = _read_json(Path(dump), entry["uid"])

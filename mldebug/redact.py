@@ -1,0 +1,83 @@
+"""Secrets never copied into reports: one rule for environment values, command lines and
+free text.
+
+A value is a secret when its name says so (token, secret, password, key, credential, auth,
+cookie, session), when it is the value of such a ``--flag=value`` / ``--flag value``, when it
+is a URL's password, or when it has a well-known token shape (``hf_``, ``ghp_``, ``sk-``,
+``AKIA``, ``xoxb-``, ``glpat-``, JWTs, long base64/hex runs). Every report and saved file
+passes command lines and env values through here unless the user gives ``--show-secrets``.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+REDACTED = "<redacted>"
+SECRET_NAME = re.compile(
+    r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|AUTH|COOKIE|"
+    r"SESSION|SIGNATURE|(^|[_-])KEY$|(^|[_-])PWD$", re.I)
+# names that match the rule above but are never secret values
+NOT_SECRET_NAME = re.compile(r"^(SSH_AUTH_SOCK|XDG_SESSION_\w+|DBUS_SESSION_BUS_ADDRESS|"
+                             r"SESSION_MANAGER|KRB5CCNAME|.*_KEY_?(FILE|PATH)|.*_TOKEN_?(FILE|PATH)|"
+                             r"TOKENIZERS_PARALLELISM|.*TOKENIZER.*)$", re.I)
+TOKEN_SHAPE = re.compile(
+    r"(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+    r"sk-[A-Za-z0-9_-]{16,}|sk_live_[A-Za-z0-9]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|"
+    r"AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{16,}|"
+    r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
+TOKEN_PREFIX = re.compile(r"^(?:hf_|ghp_|gho_|ghs_|ghu_|github_pat_|sk-|sk_live_|xox[abprs]-|AKIA|"
+                          r"glpat-)")
+LONG_OPAQUE = re.compile(r"^[A-Za-z0-9+/_=-]{32,}$")
+URL_PASSWORD = re.compile(r"(//[^/:@\s]{1,200}:)[^@/\s]{1,200}@")
+_FLAG = re.compile(r"^(--?[A-Za-z0-9][\w.-]*)(=)(.*)$", re.S)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME.search(name)) and not NOT_SECRET_NAME.match(name)
+
+
+def redact_text(text: str) -> str:
+    """Free text (a log line, a finding title) with URL passwords and token shapes replaced."""
+    text = URL_PASSWORD.sub(r"\1" + REDACTED + "@", text)
+    return TOKEN_SHAPE.sub(REDACTED, text)
+
+
+def redact_value(name: str, value: str) -> str:
+    """An environment variable's value, or ``<redacted>`` when the name or the value looks
+    like a secret; a URL keeps everything but its password."""
+    if is_secret_name(name) or TOKEN_PREFIX.match(value) or LONG_OPAQUE.match(value):
+        return REDACTED if value else value
+    return redact_text(value)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: redact_value(k, v) for k, v in env.items()}
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    """A command line with the values of secret-named flags (``--api-key=X``, ``--token X``,
+    ``HF_TOKEN=X`` assignments) and token-shaped words replaced."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        m = _FLAG.match(arg)
+        if m and is_secret_name(m.group(1).lstrip("-")):
+            out.append(f"{m.group(1)}={REDACTED}")
+            continue
+        if arg.startswith("-") and "=" not in arg and is_secret_name(arg.lstrip("-")):
+            out.append(arg)
+            hide_next = True
+            continue
+        name, eq, value = arg.partition("=")
+        if eq and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and is_secret_name(name):
+            out.append(f"{name}={REDACTED}")
+            continue
+        out.append(redact_text(arg))
+    return out
