@@ -13,7 +13,7 @@ entries travel as one character per entry (op kind x state) so 1,024 distinct ti
 from __future__ import annotations
 
 import math
-import statistics
+from bisect import bisect_left
 from typing import Any
 
 from mldebug.findings import findings_to_json
@@ -29,6 +29,7 @@ STATES = ("completed", "started", "scheduled", "other")
 DETAIL_ENTRIES = 300_000  # up to this many entries in all: seqs and times for hover/time axis
 HEAT = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # lateness bins
 HEAT_MAX_MS = 10_000.0
+HEAT_COLUMNS = 400  # the latest matched collectives in the heat map (the statistics: up to 1,000)
 
 
 def _hosts(ds: DumpSet, ranks: list[int]) -> str:
@@ -167,47 +168,48 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
     }
 
 
-def _bin(ms: float, top: float = HEAT_MAX_MS) -> str:
-    if ms <= 0:
-        return HEAT[0]
-    k = round(math.log1p(ms) / math.log1p(top) * (len(HEAT) - 1))
-    return HEAT[max(1, min(len(HEAT) - 1, k))]
+def _bins(top_ms: float) -> list[float]:
+    """Upper bounds (ns) of the lateness bins 1.. of ``HEAT``: log scale up to ``top_ms``."""
+    n = len(HEAT) - 1
+    return [math.expm1((k + 0.5) / n * math.log1p(top_ms)) * 1e6 for k in range(1, n)]
 
 
 def straggler_data(ds: DumpSet, a: Analysis, since: dict[str, int] | None = None,
-                   max_groups: int = 3) -> dict[str, Any] | None:
+                   max_groups: int = 3, columns: int = HEAT_COLUMNS) -> dict[str, Any] | None:
     """The heat map: per group (the largest ``max_groups``), rank x collective lateness
-    behind the median rank, host clocks aligned exactly as the analysis aligns them."""
+    behind the median rank over the latest ``columns`` matched collectives, from the arrival
+    times, clock shifts and medians the straggler analysis computed (``Analysis.arrivals``)."""
     if not a.straggler_window:
         return None
-    from mldebug.fr.stragglers import MIN_COLLECTIVES, arrival_times, host_offsets
+    from mldebug.fr.stragglers import MIN_COLLECTIVES
 
     named = [st.to_dict() for st in a.stragglers]
     order = {st.rank: i for i, st in enumerate(a.stragglers)}
     maps: list[dict[str, Any]] = []
-    top_ms = 1.0
-    found = arrival_times(ds, since)
-    for pg, m in sorted(found.items(), key=lambda kv: -len(kv[1].ranks) * len(kv[1].seqs)):
+    for arr in sorted(a.arrivals, key=lambda x: -len(x.matched.ranks) * len(x.matched.seqs)):
         if len(maps) >= max_groups:
             break
+        m, shift, mids = arr.matched, arr.shift, arr.mids
+        first = max(0, len(m.seqs) - columns)
+        mids = mids[first:]
         hosts = [ds.dumps[r].host or "" for r in m.ranks]
-        offsets = host_offsets(m, hosts)
-        shift = [offsets[h] for h in hosts]
-        mids = [statistics.median(t - s for t, s in zip(col, shift, strict=True))
-                for col in zip(*m.times, strict=True)]
-        late = [[((t - shift[i]) - mid) / 1e6 for t, mid in zip(m.times[i], mids, strict=True)]
-                for i in range(len(m.ranks))]
+        # lateness in ns, per rank, over the shown columns
+        late = [[(t - sh) - mid for t, mid in zip(times[first:], mids, strict=True)]
+                for times, sh in zip(m.times, shift, strict=True)]
         pos = sorted(v for row in late for v in row if v > 0)  # the scale: p99, not one outlier
-        top = min(HEAT_MAX_MS, max(1.0, pos[int(0.99 * (len(pos) - 1))] if pos else 1.0))
-        top_ms = max(top_ms, top)
+        top = min(HEAT_MAX_MS, max(1.0, pos[int(0.99 * (len(pos) - 1))] / 1e6 if pos else 1.0))
+        bounds = _bins(top)
         rows = sorted(range(len(m.ranks)),
                       key=lambda i: (order.get(m.ranks[i], 1 << 30), m.ranks[i]))
+        offsets: dict[str, float] = {}
+        for h, sh in zip(hosts, shift, strict=True):
+            offsets.setdefault(h, sh)
         maps.append({
-            "pg": pg, "seqs": [m.seqs[0], m.seqs[-1]], "n": len(m.seqs),
-            "ranks": [m.ranks[i] for i in rows],
-            "hosts": [hosts[i] for i in rows],
-            "top_ms": top,
-            "cells": ["".join(_bin(v, top) for v in late[i]) for i in rows],
+            "pg": arr.pg, "seqs": [m.seqs[first], m.seqs[-1]], "n": len(m.seqs) - first,
+            "of": len(m.seqs), "ranks": [m.ranks[i] for i in rows],
+            "hosts": [hosts[i] for i in rows], "top_ms": top,
+            "cells": ["".join([HEAT[0] if v <= 0 else HEAT[1 + bisect_left(bounds, v)]
+                               for v in late[i]]) for i in rows],
             "offsets": [{"host": h, "ms": round(v / 1e6, 3)} for h, v in sorted(offsets.items())],
         })
     return {"window": a.straggler_window, "named": named, "min": MIN_COLLECTIVES,
@@ -355,7 +357,7 @@ if (S) { const box = document.getElementById("strag");
     add(sk, h("b", "", "Clock-skew correction (group " + m.pg + "): each host's clock aligned to " + (m.offsets[0].host || "the first host") + " by the median gap between the hosts' earliest arrivals"));
     for (const o of m.offsets) add(sk, h("div", "", (o.host || "(host unknown)") + ": " + (o.ms >= 0 ? "+" : "") + o.ms.toFixed(3) + " ms subtracted" + (m.offsets.length === 1 ? " (one host: nothing to correct)" : "")));
     box.appendChild(sk);
-    add(box, h("div", "muted", "group " + m.pg + ": lateness behind the median rank at collectives #" + m.seqs[0] + "-#" + m.seqs[1] + " (" + m.n + "), white = on time, darkest = " + m.top_ms.toFixed(1) + " ms late (log scale); stragglers on top"));
+    add(box, h("div", "muted", "group " + m.pg + ": lateness behind the median rank at collectives #" + m.seqs[0] + "-#" + m.seqs[1] + " (the latest " + m.n + " of " + m.of + "), white = on time, darkest = " + m.top_ms.toFixed(1) + " ms late (log scale); stragglers on top"));
     const wrap = h("div"); wrap.style.display = "flex"; const labs = h("div"); labs.style.flex = "0 0 170px";
     const RH = m.ranks.length > 200 ? 3 : 14, c = h("canvas"); const CW = Math.max(1, Math.floor(900 / m.n));
     c.width = Math.max(200, m.n * CW); c.height = m.ranks.length * RH; const cg = c.getContext("2d");
