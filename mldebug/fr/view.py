@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from itertools import repeat
+from operator import add, sub
 from typing import Any
 
 from mldebug.findings import findings_to_json
@@ -26,7 +28,7 @@ ALPHA = ("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
          "!#$%()*+,-.:;=?@[]^_")
 MAX_KINDS = len(ALPHA) // 4  # 20: op x group kinds drawn in their own colour, the rest "other"
 STATES = ("completed", "started", "scheduled", "other")
-DETAIL_ENTRIES = 300_000  # up to this many entries in all: seqs and times for hover/time axis
+DETAIL_ENTRIES = 200_000  # up to this many entries in all: seqs and times for hover/time axis
 HEAT = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # lateness bins
 HEAT_MAX_MS = 10_000.0
 HEAT_COLUMNS = 400  # the latest matched collectives in the heat map (the statistics: up to 1,000)
@@ -43,7 +45,7 @@ def _label(ranks: list[int]) -> str:
     return (f"ranks {fold_ints(ranks)}" if len(ranks) > 1 else f"rank {ranks[0]}") if ranks else "-"
 
 
-def _lane_last(tl: Timeline, states: list[int]) -> list[dict[str, Any]]:
+def _lane_last(tl: Timeline, states: bytearray) -> list[dict[str, Any]]:
     """Per group: the last enqueued and last completed collective (seq and entry index)."""
     out = []
     for pg, gi in tl.groups.items():
@@ -56,15 +58,15 @@ def _lane_last(tl: Timeline, states: list[int]) -> list[dict[str, Any]]:
     return out
 
 
-def _states(ds: DumpSet, tl: Timeline, state_of: list[int]) -> list[int]:
-    """Each entry's state index; an entry the recorder left "scheduled" (gloo never updates
-    them) counts as completed up to the group's last completed collective in the dump's
-    pg_status, as the analysis reads it."""
-    states = [state_of[st] for st in tl.state]
+def _states(ds: DumpSet, tl: Timeline, state_of: bytes) -> bytearray:
+    """Each entry's state index (a byte); an entry the recorder left "scheduled" (gloo never
+    updates them) counts as completed up to the group's last completed collective in the
+    dump's pg_status, as the analysis reads it."""
+    states = bytearray(map(state_of.__getitem__, tl.state))
     status = ds.dumps[tl.ranks[0]].pg_status if tl.ranks else {}
     done = {k: v.last_completed for k, v in status.items()
             if v.last_completed is not None and v.last_completed >= 0}
-    if not done or all(x == 0 for x in states):
+    if not done or not states.strip(b"\0"):
         return states
     statics = ds.statics
     for i, st in enumerate(states):
@@ -88,16 +90,21 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
         if key not in kinds and len(kinds) < MAX_KINDS - 1:
             kinds[key] = len(kinds)
         kind_of.append(kinds.get(key, MAX_KINDS - 1))
-    state_of = [STATES.index(s) if s in STATES[:3] else 3 for s in ds.states]
+    state_of = bytes(STATES.index(s) if s in STATES[:3] else 3 for s in ds.states)
+    kind4 = bytes(4 * k for k in kind_of)
+    p2p_of = bytes(st.is_p2p for st in statics)
+    table = bytes.maketrans(bytes(range(len(ALPHA))), ALPHA.encode("ascii"))
     total = sum(len(tl) for tl in ds.timelines)
     detail = total <= DETAIL_ENTRIES
-    code = [[ALPHA[k * 4 + s] for s in range(4)] for k in range(MAX_KINDS)]
     lanes = []
     tmin = None
     has_time = False
     for tl in ds.timelines:
         states = _states(ds, tl, state_of)
-        cells = "".join(code[kind_of[sid]][st] for sid, st in zip(tl.sid, states, strict=True))
+        # one character per entry, built in C: kind*4 (a byte per static id) + state, then
+        # mapped onto ALPHA
+        cells = bytes(map(add, map(kind4.__getitem__, tl.sid), states)).translate(
+            table).decode("ascii")
         ranks = sorted(tl.ranks)
         lane: dict[str, Any] = {
             "ranks": ranks, "label": _label(ranks), "hosts": _hosts(ds, ranks),
@@ -107,8 +114,8 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
                                      for k, v in ds.dumps[r].pg_status.items()}}
                          for r in ranks[:256]]}
         if detail:
-            lane["seq"] = [tl.seq[i] if not statics[tl.sid[i]].is_p2p else tl.p2p_seq[i]
-                           for i in range(len(tl))]
+            lane["seq"] = [pq if p else q for q, pq, p in
+                           zip(tl.seq, tl.p2p_seq, map(p2p_of.__getitem__, tl.sid), strict=True)]
             starts = [c if c > 0 else None for c in tl.created]
             if any(s is not None for s in starts):
                 has_time = True
@@ -130,9 +137,10 @@ def fr_data(ds: DumpSet, a: Analysis, title: str,
     for m in a.mismatches:
         at: dict[str, int] = {}
         gap: dict[str, int] = {}
+        involved = {lane_of[r] for g in m.groups for r in g.ranks if r in lane_of}
         for i, tl in enumerate(ds.timelines):
             gi = tl.groups.get(m.pg)
-            if gi is None:
+            if gi is None or (m.p2p and i not in involved):  # a send/recv: its two ranks
                 continue
             if m.p2p:
                 hit = next((k for idx in gi.p2p.values() for k in idx
@@ -186,6 +194,7 @@ def straggler_data(ds: DumpSet, a: Analysis, since: dict[str, int] | None = None
     named = [st.to_dict() for st in a.stragglers]
     order = {st.rank: i for i, st in enumerate(a.stragglers)}
     maps: list[dict[str, Any]] = []
+    heat = bytes.maketrans(bytes(range(len(HEAT))), HEAT.encode("ascii"))
     for arr in sorted(a.arrivals, key=lambda x: -len(x.matched.ranks) * len(x.matched.seqs)):
         if len(maps) >= max_groups:
             break
@@ -194,11 +203,11 @@ def straggler_data(ds: DumpSet, a: Analysis, since: dict[str, int] | None = None
         mids = mids[first:]
         hosts = [ds.dumps[r].host or "" for r in m.ranks]
         # lateness in ns, per rank, over the shown columns
-        late = [[(t - sh) - mid for t, mid in zip(times[first:], mids, strict=True)]
+        late = [list(map(sub, map(sub, times[first:], repeat(sh)), mids))
                 for times, sh in zip(m.times, shift, strict=True)]
         pos = sorted(v for row in late for v in row if v > 0)  # the scale: p99, not one outlier
         top = min(HEAT_MAX_MS, max(1.0, pos[int(0.99 * (len(pos) - 1))] / 1e6 if pos else 1.0))
-        bounds = _bins(top)
+        bounds = [0.0, *_bins(top)]  # <= 0: on time (bin 0)
         rows = sorted(range(len(m.ranks)),
                       key=lambda i: (order.get(m.ranks[i], 1 << 30), m.ranks[i]))
         offsets: dict[str, float] = {}
@@ -208,8 +217,8 @@ def straggler_data(ds: DumpSet, a: Analysis, since: dict[str, int] | None = None
             "pg": arr.pg, "seqs": [m.seqs[first], m.seqs[-1]], "n": len(m.seqs) - first,
             "of": len(m.seqs), "ranks": [m.ranks[i] for i in rows],
             "hosts": [hosts[i] for i in rows], "top_ms": top,
-            "cells": ["".join([HEAT[0] if v <= 0 else HEAT[1 + bisect_left(bounds, v)]
-                               for v in late[i]]) for i in rows],
+            "cells": [bytes(map(bisect_left, repeat(bounds), late[i])).translate(heat)
+                      .decode("ascii") for i in rows],
             "offsets": [{"host": h, "ms": round(v / 1e6, 3)} for h, v in sorted(offsets.items())],
         })
     return {"window": a.straggler_window, "named": named, "min": MIN_COLLECTIVES,
