@@ -7,6 +7,8 @@ run, interleaved round by round so the machine's load hits both sides alike:
 - ``fr analyze DIR --json`` against ``fr analyze DIR --json --html FILE`` (fresh subprocesses,
   wall time, the median of --rounds): the ratio is what writing the view adds;
 - the HTML file's size;
+- in one process, the seconds of loading + analysis and of building the page (its share of
+  fr analyze's own work, without the noise of process start-up on a loaded machine);
 - the time headless Chromium takes to load and draw it: from navigation start to the moment
   the page's script has drawn everything (``performance.now()`` at the end of the script,
   which the page stores in ``data-render-ms``), and the wall time of the driver's load.
@@ -70,6 +72,28 @@ def _render(html: Path, rounds: int) -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
+INPROC = """
+import sys, time
+from mldebug.fr.loader import load
+from mldebug.fr.analyze import analyze
+from mldebug.fr.view import fr_html
+t = time.perf_counter(); ds = load([sys.argv[1]]); t1 = time.perf_counter()
+a = analyze(ds); t2 = time.perf_counter()
+html = fr_html(ds, a); t3 = time.perf_counter()
+print(f"inproc load_s={t1 - t:.2f} analyze_s={t2 - t1:.2f} html_s={t3 - t2:.2f} "
+      f"html_share={(t3 - t2) / (t2 - t):.3f}")
+"""
+
+
+def _inprocess(d: Path) -> str:
+    """Load, analyse and build the page in one process: the page's share of fr analyze's
+    own work, free of the start-up noise of separate processes on a loaded machine."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-c", INPROC, str(d)], capture_output=True, text=True,
+                       env=env, cwd=REPO)
+    return (r.stdout.strip() or r.stderr[-500:]).removeprefix("inproc ")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sets", default="1024x2000", help="SPMD sets, RANKSxENTRIES")
@@ -96,6 +120,7 @@ def main() -> None:
             ms, load = _render(html, a.rounds)
             print(f"{name:>20} {mp:10.2f} {mh:8.2f} {mh / mp:6.2f} "
                   f"{html.stat().st_size / 1e6:8.2f} {ms:10.0f} {load:7.2f}", flush=True)
+            print(f"{'':>20} in one process: {_inprocess(d)}", flush=True)
 
 
 if __name__ == "__main__":
