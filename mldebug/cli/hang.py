@@ -6,6 +6,7 @@ import argparse
 import functools
 import sys
 from pathlib import Path
+from typing import Any
 
 from mldebug.cli._common import (
     add_json_argument,
@@ -109,11 +110,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mldebug.hang.analyze import analyze
-    from mldebug.hang.report import render, write_json
-
     if args.hang_action == "analyze":
+        from mldebug.hang.analyze import analyze
         from mldebug.hang.collect import load
+        from mldebug.hang.report import render, write_json
 
         report = analyze(load(args.paths),
                          all_threads=args.all_threads or args.all_threads_analyze,
@@ -124,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
-    from mldebug.hang.collect import collect, options_from_args, prepare_out, save_report
-    from mldebug.hang.report import render_text
+    from mldebug.hang.options import options_from_args, start_local
     from mldebug.htmlview import check_view_targets, write_views
 
     if args.html and not args.watch:
@@ -137,13 +136,20 @@ def run(args: argparse.Namespace) -> int:
     target = fanout_options(args)
     opts = options_from_args(args)
     out = Path(args.out) if args.out else None
-    if out is not None:
-        prepare_out(out, force=args.force)
-    docs = None
+    docs: Any = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.hang.signal_collect import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
+    elif target.is_local and out is None:
+        # py-spy starts now; the analysis and the report load while the dumps run
+        docs = start_local(opts)
+    from mldebug.hang.analyze import analyze
+    from mldebug.hang.collect import collect, prepare_out, save_report
+    from mldebug.hang.report import render, render_text, write_json
+
+    if out is not None:
+        prepare_out(out, force=args.force)
     results, coll, written = collect(opts, target, progress=not args.json, docs=docs, out=out)
     report = analyze(coll, all_threads=args.all_threads, job=args.job)
     if out is not None:
