@@ -28,7 +28,7 @@ def list_processes() -> dict[int, dict[str, Any]]:
     """pid -> {ppid, state, uid, cmdline, comm} for every process this node shows us."""
     procs: dict[int, dict[str, Any]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdecimal():
             continue
         pid = int(entry)
         stat = read_text(f"/proc/{pid}/stat")
@@ -220,7 +220,7 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
 
 def resolve_user(user: str) -> int | None:
     """A user name or numeric uid as a uid; None when this node has no such user."""
-    if user.isdigit():
+    if user.isdecimal():
         return int(user)
     import pwd
 

@@ -120,7 +120,7 @@ def _prepare(args: list[str]) -> str | None:
             "Run 'mldebug --help' for the list of commands."
         raise UsageError(f"unknown command {first!r}.", fix)
     i = args.index(first)
-    if first in BARE_NUMBER and i + 1 < len(args) and args[i + 1].isdigit():
+    if first in BARE_NUMBER and i + 1 < len(args) and args[i + 1].isdecimal():
         args.insert(i + 1, BARE_NUMBER[first])
     return first
 

@@ -44,7 +44,7 @@ def _fault_rank(fault: str | None, kind: str) -> int | None:
     if not fault:
         return None
     name, _, rank = fault.partition(":")
-    return int(rank) if name == kind and rank.isdigit() else None
+    return int(rank) if name == kind and rank.isdecimal() else None
 
 
 def run_worker(opts: Options) -> RankResult:

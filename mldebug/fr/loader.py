@@ -631,7 +631,7 @@ def _stamp(e: Any) -> int:
 
 def _num(v: Any) -> int | None:
     """An integer written as a number or as its decimal string ('2', '-1')."""
-    if isinstance(v, str) and 0 < len(v) <= 19 and v.lstrip("-").isdigit():
+    if isinstance(v, str) and 0 < len(v) <= 19 and v.lstrip("-").isdecimal():
         return int(v)
     return _int(v)
 

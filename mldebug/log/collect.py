@@ -30,7 +30,7 @@ def rank_from_path(path: Path) -> int | None:
     number = trailing_number(path.stem)  # the rule hang and fr use for file names
     if number is not None and re.search(r"rank[_-]?\d+$", path.stem, re.IGNORECASE):
         return number
-    if path.parent.name.isdigit() and path.name in ("stdout.log", "stderr.log", "error.json"):
+    if path.parent.name.isdecimal() and path.name in ("stdout.log", "stderr.log", "error.json"):
         return int(path.parent.name)
     return None
 
