@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from pathlib import Path
+from typing import Any
 
 from mldebug.cli._common import (
     add_json_argument,
@@ -104,6 +106,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="list every suspect, group and error")
 
 
+def _rebase(obj: Any, old: str, new: str) -> Any:
+    """Every string path under ``old`` in a JSON-like document, moved under ``new``."""
+    if isinstance(obj, str):
+        return new + obj[len(old):] if obj == old or obj.startswith(old + "/") else obj
+    if isinstance(obj, list):
+        return [_rebase(x, old, new) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _rebase(v, old, new) for k, v in obj.items()}
+    return obj
+
+
 def run(args: argparse.Namespace) -> int:
     from mldebug.hang.analyze import analyze
     from mldebug.hang.report import render, write_json
@@ -120,31 +133,36 @@ def run(args: argparse.Namespace) -> int:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
-    from mldebug.hang.collect import collect, options_from_args, prepare_out, save_report
+    from mldebug.hang.collect import check_out, collect, options_from_args, save_report, staged_out
     from mldebug.hang.report import render_text
 
     target = fanout_options(args)
     opts = options_from_args(args)
-    out = Path(args.out) if args.out else None
-    if out is not None:
-        prepare_out(out, force=args.force)
+    out = check_out(Path(args.out), force=args.force) if args.out else None
     docs = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.hang.signal_collect import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
-    results, coll, written = collect(opts, target, progress=not args.json, docs=docs, out=out)
-    report = analyze(coll, all_threads=args.all_threads, job=args.job)
+    # --out: written into a private directory beside it, swapped in at the end (all or nothing)
+    with staged_out(out) if out is not None else contextlib.nullcontext() as stage:
+        where = stage.path if stage is not None else None
+        results, coll, written = collect(opts, target, progress=not args.json, docs=docs,
+                                         out=where)
+        report = analyze(coll, all_threads=args.all_threads, job=args.job)
+        record = None
+        if args.fr:
+            from mldebug.hang import flight
+
+            record = flight.collect(target, where, args.timeout, fr_dir=args.fr_dir,
+                                    pids=[p.pid for p in report.processes])
+            if where is not None and out is not None:  # the paths it will have
+                record.doc = _rebase(record.doc, str(where), str(out))
+        if where is not None:
+            save_report(where, report.to_dict(), render_text(report, show_all=True))
     if out is not None:
-        save_report(out, report.to_dict(), render_text(report, show_all=True))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
-    record = None
-    if args.fr:
-        from mldebug.hang import flight
-
-        record = flight.collect(target, out, args.timeout, fr_dir=args.fr_dir,
-                                pids=[p.pid for p in report.processes])
     if args.json:
         doc = report.to_dict()
         if record is not None:

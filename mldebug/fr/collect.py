@@ -70,12 +70,18 @@ def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return Path(tempfile.mkdtemp(prefix=f"mldebug-fr-dumps-{stamp}-")), True
-    p = Path(out)
-    if p.is_symlink():
-        raise UsageError(f"--out {p} is a symlink; refused.", "Pass a new directory.")
+    from mldebug.paths import resolve
+
+    if Path(out).is_symlink():
+        raise UsageError(f"--out {out} is a symlink; refused.", "Pass a new directory.")
+    p = resolve(out)  # '..' after a missing directory refused
     if p.exists():
         if not p.is_dir():
             raise UsageError(f"--out {p} exists and is not a directory.", "Pass a new directory.")
+        if p.stat().st_uid != os.geteuid():
+            raise UsageError(f"--out {p} belongs to another user (uid {p.stat().st_uid}), who "
+                             "could plant links in it while dumps are written.",
+                             "Pass a new directory (mldebug creates it, mode 0700).")
         if any(p.iterdir()):
             raise UsageError(f"--out {p} already holds files; dumps of two triggers would be "
                              "mixed (or overwritten).", "Pass a new or empty directory.")
