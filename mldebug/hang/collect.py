@@ -289,7 +289,9 @@ def save_report(out: Path, report_dict: dict[str, Any], report_text: str) -> Non
     from mldebug.paths import write_new
 
     write_new(out / "report.json", json.dumps(report_dict, indent=2))
-    write_new(out / "report.txt", report_text)
+    from mldebug.text import sanitize
+
+    write_new(out / "report.txt", sanitize(report_text, multiline=True))
 
 
 @dataclass
