@@ -91,11 +91,21 @@ def add_json_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
                    help="print the whole report as JSON (schema in docs/)")
 
 
-def print_report(report: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    """``--json``: the report's ``to_dict()`` as JSON on stdout; otherwise ``render(report)``."""
+def add_show_secrets_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--show-secrets", action="store_true",
+                   help="keep secrets (tokens, passwords, --api-key=... values, URL passwords) "
+                        "in command lines, variables and saved files; redacted by default")
+
+
+def print_report(report: Any, as_json: bool, render: Callable[[Any], None], *,
+                 show_secrets: bool = False) -> None:
+    """``--json``: the report's ``to_dict()`` as JSON on stdout, secrets redacted
+    (``mldebug.redact.redact_doc``) unless ``show_secrets``; otherwise ``render(report)``."""
     if as_json:
+        from mldebug.redact import redact_doc
         from mldebug.render import print_json
 
-        print_json(report.to_dict())
+        doc = report.to_dict()
+        print_json(doc if show_secrets else redact_doc(doc))
     else:
         render(report)

@@ -11,6 +11,7 @@ from typing import Any
 
 from mldebug.cli._common import (
     add_json_argument,
+    add_show_secrets_argument,
     add_target_arguments,
     fanout_options,
 )
@@ -83,6 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --fr: the ranks' dump directory when enable(dump_dir=...) set one "
                         "(default: as enable(); MLDEBUG_FR_DIR of each rank is found anyway)")
     add_json_argument(a)
+    add_show_secrets_argument(a)
     add_target_arguments(p, default_timeout=20.0,
                          timeout_help="seconds each py-spy dump may take on a node (a node's "
                                       "whole budget: this, doubled with --watch, plus --watch)")
@@ -104,6 +106,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     an.add_argument("--job", metavar="KEY", dest="job_analyze", help="only this job")
     an.add_argument("--all", action="store_true", dest="all_analyze",
                     help="list every suspect, group and error")
+
+
+def _secrets(doc: dict[str, Any], args: argparse.Namespace) -> Any:
+    """``doc`` with command lines and environments redacted, unless --show-secrets."""
+    from mldebug.redact import redact_doc
+
+    return doc if getattr(args, "show_secrets", False) else redact_doc(doc)
 
 
 def _rebase(obj: Any, old: str, new: str) -> Any:
@@ -128,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                          all_threads=args.all_threads or args.all_threads_analyze,
                          job=args.job or args.job_analyze)
         if args.json or args.json_analyze:
-            write_json(report.to_dict())
+            write_json(_secrets(report.to_dict(), args))
         else:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
@@ -148,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     with staged_out(out) if out is not None else contextlib.nullcontext() as stage:
         where = stage.path if stage is not None else None
         results, coll, written = collect(opts, target, progress=not args.json, docs=docs,
-                                         out=where)
+                                         out=where, show_secrets=args.show_secrets)
         report = analyze(coll, all_threads=args.all_threads, job=args.job)
         record = None
         if args.fr:
@@ -159,12 +168,13 @@ def run(args: argparse.Namespace) -> int:
             if where is not None and out is not None:  # the paths it will have
                 record.doc = _rebase(record.doc, str(where), str(out))
         if where is not None:
-            save_report(where, report.to_dict(), render_text(report, show_all=True))
+            save_report(where, _secrets(report.to_dict(), args),
+                        render_text(report, show_all=True))
     if out is not None:
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
     if args.json:
-        doc = report.to_dict()
+        doc = _secrets(report.to_dict(), args)
         if record is not None:
             doc["flight_recorder"] = record.to_dict()
         if args.signal:

@@ -154,7 +154,7 @@ def collection_from_results(results: Sequence[NodeResult], watch: float | None =
 
 def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = False,
             docs: Callable[..., list[NodeResult]] | None = None, out: Path | None = None,
-            ) -> tuple[list[NodeResult], Collection, list[Path]]:
+            show_secrets: bool = False) -> tuple[list[NodeResult], Collection, list[Path]]:
     """Collect from every node of ``target``, folding each node's answer into the collection
     as it arrives (the raw document is dropped then: at 1,000 nodes the documents are ~150 MB).
 
@@ -173,7 +173,7 @@ def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = Fal
     def on_result(r: NodeResult) -> None:
         add_node_result(coll, r)
         if out is not None:
-            written.extend(save_node(out, r))
+            written.extend(save_node(out, r, show_secrets=show_secrets))
         slim[r.host] = NodeResult(r.host, data=slim_doc(r.data), error=r.error)
 
     hosts = [r.host for r in node_docs_fn(opts, target, on_result, progress)]
@@ -252,12 +252,13 @@ def _file_part(value: Any) -> str:
     return name_part(value)
 
 
-def save_node(out: Path, r: NodeResult) -> list[Path]:
+def save_node(out: Path, r: NodeResult, *, show_secrets: bool = False) -> list[Path]:
     """Write one node's raw per-process py-spy dumps under ``out/dumps`` (see staged_out);
     ``collect`` calls it as each node answers. File names are built from the host we asked
     (never the node's own ``host`` field) and the rank and pid, each reduced to a plain name
     part; files are created new (0600, never through a link)."""
     from mldebug.paths import write_new
+    from mldebug.redact import redact_doc
 
     if not isinstance(r.data, dict):
         return []
@@ -272,7 +273,8 @@ def save_node(out: Path, r: NodeResult) -> list[Path]:
         rank = ident.get("rank") if isinstance(ident, dict) else None
         stem = (f"{_file_part(host)}-rank{_file_part(rank)}-{_file_part(p.get('pid'))}"
                 if rank is not None else f"{_file_part(host)}-{_file_part(p.get('pid'))}")
-        data = json.dumps({"format": DUMP_FORMAT, "host": host, **p}, indent=1)
+        doc = {"format": DUMP_FORMAT, "host": host, **p}
+        data = json.dumps(doc if show_secrets else redact_doc(doc), indent=1)
         for n in range(1000):  # a node naming one pid twice: both kept, neither overwritten
             path = dumps / (f"{stem}.json" if n == 0 else f"{stem}-{n}.json")
             try:
