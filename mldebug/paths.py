@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mldebug.errors import MldebugError, UsageError
+from mldebug.lifetime import sigterm_unwinds
 
 MARKER = ".mldebug-output"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -249,28 +250,6 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class _Terminated(SystemExit):
-    pass
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM raises (exit status 143) instead of killing the process outright, so the
-    ``finally`` blocks remove what was half-written. Main thread only (Python's rule)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise _Terminated(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def _tmp_name(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(4)}"
 
@@ -296,7 +275,7 @@ def staged(out: Path, *, command: str = "", marker: str = MARKER,
     tmp = ""
     tmp_fd = -1
     try:
-        with _sigterm_unwinds():
+        with sigterm_unwinds():
             try:
                 for _ in range(100):
                     tmp = _tmp_name(f".{name}.tmp-")
