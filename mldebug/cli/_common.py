@@ -29,9 +29,9 @@ def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float =
                        help="every node of this SLURM job, via srun --overlap")
     g.add_argument("--exclude", "-x", metavar="HOSTLIST",
                    help="leave these hosts out, e.g. node[3,9] (as pdsh -x)")
-    g.add_argument("--timeout", type=float, default=default_timeout, metavar="S",
+    g.add_argument("--timeout", type=finite_float, default=default_timeout, metavar="S",
                    help=f"{timeout_help} (default: {default_timeout:g})")
-    g.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
+    g.add_argument("--connect-timeout", type=finite_float, default=10.0, metavar="S",
                    help="seconds each ssh connection may take (default: 10)")
     g.add_argument("--fanout", type=int, default=64, metavar="N",
                    help="nodes contacted at once (default: 64)")
@@ -40,6 +40,23 @@ def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float =
     g.add_argument("--ssh-args", metavar="ARGS",
                    help="extra ssh options, e.g. '-F ~/.ssh/cluster_config' "
                         "(appended to PDSH_SSH_ARGS_APPEND)")
+
+
+MAX_NUMBER = 1e9  # seconds: 31 years; MB: a petabyte - anything larger is a typo
+
+
+def finite_float(text: str) -> float:
+    """argparse ``type`` for every float option: ``inf``, ``nan``, ``1e400`` and magnitudes
+    over 1e9 are refused with one line (argparse's usage error), never a traceback later."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if abs(value) > MAX_NUMBER:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (at most {MAX_NUMBER:g})")
+    return value
 
 
 def check_seconds(option: str, value: float) -> float:

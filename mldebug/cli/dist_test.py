@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from mldebug.cli._common import finite_float
 from mldebug.errors import MldebugError, UsageError, torch_missing
 
 HELP = "check that every rank can init, all_reduce, barrier and allocate (run under any launcher)"
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "launcher made this process, or a 1-rank world)")
     p.add_argument("--backend", choices=["nccl", "gloo", "mpi", "ucc"],
                    help="process-group backend (default: nccl with CUDA, else gloo)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=finite_float, default=60.0, metavar="S",
                    help="seconds each collective (init, all_reduce, barrier) may take before "
                         "it is reported as a timeout (default: 60)")
     p.add_argument("--max-nproc", type=int, metavar="N",

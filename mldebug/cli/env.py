@@ -10,6 +10,7 @@ from mldebug.cli._common import (
     add_show_secrets_argument,
     add_target_arguments,
     fanout_options,
+    finite_float,
     print_report,
 )
 from mldebug.errors import UsageError
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="HOST:PORT",
                    help="check a TCP port is reachable from each node (no value: "
                         "MASTER_ADDR:MASTER_PORT); repeatable")
-    p.add_argument("--torch-timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--torch-timeout", type=finite_float, default=10.0, metavar="S",
                    help="seconds the torch probe may take on each node (default: 10)")
     p.add_argument("--torch-import", action="store_true",
                    help="also import torch (in a child process) to report CUDA availability, "

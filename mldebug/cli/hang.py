@@ -14,6 +14,7 @@ from mldebug.cli._common import (
     add_show_secrets_argument,
     add_target_arguments,
     fanout_options,
+    finite_float,
 )
 
 HELP = "dump every rank's Python stack (py-spy), group them and name the odd rank out"
@@ -59,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "iterations are then told apart")
     d.add_argument("--py-spy", metavar="PATH",
                    help="py-spy binary on the nodes (default: beside their Python, then PATH)")
-    d.add_argument("--watch", type=float, metavar="S",
+    d.add_argument("--watch", type=finite_float, metavar="S",
                    help="dump twice S seconds apart and mark each group stuck or moving")
     d.add_argument("--signal", nargs="?", const="SIGUSR1", metavar="SIG",
                    help="no ptrace: send SIG (default SIGUSR1) to the ranks and collect the dumps "
