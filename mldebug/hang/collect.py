@@ -313,7 +313,8 @@ def _expand_inputs(paths: Iterable[str]) -> _Inputs:
         if p.is_dir():
             sub = p / "dumps" if (p / "dumps").is_dir() else p
             found = sorted((f for f in sub.iterdir() if f.name not in
-                            ("report.json", "report.txt", OUT_MARKER) and f.is_file()),
+                            ("report.json", "report.txt", OUT_MARKER)
+                            and not f.is_symlink() and f.is_file()),  # a planted link: skipped
                            key=lambda f: f.name)
             # a watchdog's directory: ranks whose only stacks are faulthandler's text
             texts, errors = fhtext.capture_texts(p, {fhtext.stem(f.name) for f in found})
