@@ -123,11 +123,14 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
         coll.errors.append(CollectError(r.host, None, "answered something that is not a "
                                                       "collector document"))
         return
-    host = doc.get("host") or r.host
-    if not isinstance(host, str):
-        host = r.host
+    from mldebug.nodetrust import check_host
+
+    host = r.host  # a node speaks for itself only: its answer is filed under the host asked
     procs: list[Process] = []
     errors: list[CollectError] = []
+    claim = check_host(r.host, doc)
+    if claim:
+        errors.append(CollectError(host, None, claim))
     try:
         for e in doc.get("errors") or ():
             errors.append(CollectError(host, _opt_int(e.get("pid")), str(e.get("error"))))
