@@ -85,14 +85,12 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
 
 ARGV_KEYS = frozenset({"cmdline", "argv", "command_line", "args"})
 ENV_KEYS = frozenset({"env", "environ", "environment"})
-TEXT_KEYS = frozenset({"title", "detail", "fix", "error", "stderr", "message"})
 
 
 def redact_doc(doc: object) -> object:
     """A JSON-like report with every command line (a list under ``cmdline``/``argv``) and
-    every environment (a str->str mapping under ``env``/``environ``) and free text where a
-    secret may be quoted (a finding's ``title``/``detail``, an ``error``, ``stderr``) redacted,
-    at any depth; a new document, the input is left as it is."""
+    every environment (a str->str mapping under ``env``/``environ``) redacted, and in every
+    other string URL passwords and token shapes (``redact_text``), at any depth; a new document, the input is left as it is."""
     if isinstance(doc, dict):
         out: dict[object, object] = {}
         for k, v in doc.items():
@@ -103,11 +101,11 @@ def redact_doc(doc: object) -> object:
             elif k in ENV_KEYS and isinstance(v, dict):
                 out[k] = {n: redact_value(str(n), x) if isinstance(x, str) else redact_doc(x)
                           for n, x in v.items()}
-            elif k in TEXT_KEYS and isinstance(v, str):
-                out[k] = redact_text(v)
             else:
                 out[k] = redact_doc(v)
         return out
     if isinstance(doc, list):
         return [redact_doc(x) for x in doc]
+    if isinstance(doc, str):
+        return redact_text(doc)  # any other field: URL passwords, token shapes
     return doc

@@ -7,7 +7,8 @@ must never reach a terminal. Two choke points hold that for every command:
 
 - ``safe_stdio`` (the CLI wraps each command in it) passes everything written to
   ``sys.stdout``/``sys.stderr`` through ``mldebug.text.sanitize`` (newlines and tabs kept):
-  plain text, ``--markdown``, ``print``. JSON is unaffected: ``print_json`` writes escaped
+  plain text, ``--markdown``, ``print``; and, unless ``--show-secrets``, through
+  ``mldebug.redact.redact_text`` (URL passwords, token shapes). JSON is unaffected: ``print_json`` writes escaped
   text (``\u001b``), exact once decoded.
 - ``console`` returns a rich console whose text segments are sanitized the same way, while its
   own styling (colour, the progress bar's cursor moves) goes to the real stream.
@@ -70,9 +71,16 @@ def _safe_console_class() -> Any:
                 Console.file.fset(self, new_file)  # type: ignore[attr-defined]
 
             def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+                wrapped = Console.file.fget(self)  # type: ignore[attr-defined]
+                if isinstance(wrapped, SafeStream) and wrapped.redact:
+                    from mldebug.redact import redact_text
+                else:
+                    def redact_text(text: str) -> str:
+                        return text
                 return super()._render_buffer(
                     seg if seg.control or not seg.text else
-                    Segment(sanitize(seg.text, multiline=True), seg.style, seg.control)
+                    Segment(sanitize(redact_text(seg.text), multiline=True), seg.style,
+                            seg.control)
                     for seg in buffer)
 
         _SAFE_CONSOLE = SafeConsole
@@ -83,11 +91,17 @@ class SafeStream:
     """A text stream that writes ``sanitize(text, multiline=True)`` of everything written to it
     to the stream it wraps (``raw``); every other attribute is the wrapped stream's."""
 
-    def __init__(self, raw: IO[str]) -> None:
+    def __init__(self, raw: IO[str], redact: bool = False) -> None:
         self.raw = raw
+        self.redact = redact
 
     def write(self, s: str) -> int:
-        self.raw.write(sanitize(s, multiline=True))
+        if self.redact:
+            from mldebug.redact import redact_text
+
+            self.raw.write(sanitize(redact_text(s), multiline=True))
+        else:
+            self.raw.write(sanitize(s, multiline=True))
         return len(s)
 
     def writelines(self, lines: Iterable[str]) -> None:
@@ -106,14 +120,15 @@ def raw_stream(f: Any) -> Any:
 
 
 @contextmanager
-def safe_stdio(enabled: bool = True) -> Iterator[None]:
-    """``sys.stdout`` and ``sys.stderr`` wrapped in ``SafeStream`` for the block."""
+def safe_stdio(enabled: bool = True, *, redact: bool = False) -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` wrapped in ``SafeStream`` for the block; ``redact``:
+    URL passwords and token shapes in anything printed are replaced too (``mldebug.redact``)."""
     if not enabled:
         yield
         return
     old_out, old_err = sys.stdout, sys.stderr
-    sys.stdout = SafeStream(old_out)  # type: ignore[assignment]
-    sys.stderr = SafeStream(old_err)  # type: ignore[assignment]
+    sys.stdout = SafeStream(old_out, redact)  # type: ignore[assignment]
+    sys.stderr = SafeStream(old_err, redact)  # type: ignore[assignment]
     try:
         yield
     finally:

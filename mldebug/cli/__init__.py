@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mldebug.render import safe_stdio
 
     # outside text never reaches the terminal raw (mldebug.render); pdb relays a live session
-    with safe_stdio(_command_of(args_list) not in UNSANITIZED):
+    with safe_stdio(_command_of(args_list) not in UNSANITIZED,
+                    redact="--show-secrets" not in args_list):
         return _main_guarded(args_list, debug)
 
 
