@@ -437,3 +437,44 @@ def test_signals_sigterm_during_hang_out_leaves_nothing(secret_rank, tmp_path):
         p.kill()
         p.wait()
     assert rc == 143 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_signals_sigkill_of_mldebug_takes_the_launched_ranks_with_it(tmp_path):
+    """row: signals-sigkill-launcher - `dist-test --nproc` ranks once spun for 20 minutes after
+    mldebug was gone. Rank 1 skips its all_reduce, so rank 0 waits there (timeout 600 s);
+    mldebug is SIGKILLed: torchrun (PR_SET_PDEATHSIG) and the ranks (the same, from torchrun)
+    are gone within seconds, far inside the ranks' own timeout."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("torch")
+    p = subprocess.Popen([sys.executable, "-m", "mldebug", "dist-test", "--nproc", "2",
+                          "--backend", "gloo", "--timeout", "600", "--fault", "skip-allreduce:1"],
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    family: list = []
+    try:
+        assert p.stdout is not None
+        seen = []
+        for line in p.stdout:  # a rank's line: both ranks are past their start-up
+            seen.append(line)
+            if "skipping all_reduce" in line:
+                break
+        ranks = [c for c in psutil.Process(p.pid).children(recursive=True)
+                 if "dist-test" in " ".join(c.cmdline()) and "torch.distributed.run"
+                 not in " ".join(c.cmdline())]
+        assert len(ranks) >= 2, seen
+        family = psutil.Process(p.pid).children(recursive=True)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        gone, alive = psutil.wait_procs(family, timeout=60)
+        assert alive == [], [a.cmdline() for a in alive]
+    finally:
+        for c in family:
+            try:
+                c.kill()
+            except psutil.Error:
+                pass
+        p.kill()
+        p.wait()
