@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from mldebug.errors import MldebugError
+from mldebug.nodekit import read_fd
 
 # Globals a dump may name: containers that old picklers spell as globals. Nothing callable.
 _ALLOWED_GLOBALS = {
@@ -162,15 +163,7 @@ def read_input(path: str | os.PathLike[str], limit: int, what: str = "input",
         if st.st_size > limit:
             raise InputError(f"{path} is {st.st_size:,} bytes, over the {limit:,}-byte limit "
                              f"for a {what}.", "Give a smaller file, or only the part you need.")
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
+        data = read_fd(fd, limit + 1)
         if len(data) > limit:
             raise InputError(f"{path} grew over the {limit:,}-byte limit while read.",
                              "Read it once it is complete.")

@@ -299,7 +299,7 @@ def test_another_user_cannot_connect_and_is_logged(tmp_path):
         lines = r.stdout.splitlines()
         assert lines[0] == "('R', 'refused: wrong token')"
         assert lines[1] == "('R', 'refused: no token')"
-        assert lines[2].startswith("find: RegistryError") and "owned by uid 0" in lines[2]
+        assert lines[2].startswith("find: RegistryError") and "belongs to root (uid 0)" in lines[2]
         text = log.read_text()
         assert "refused a connection from 127.0.0.1" in text and ": wrong token" in text
         assert ": no token" in text
