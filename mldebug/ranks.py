@@ -215,7 +215,25 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
     targets = [info for p, info in sorted(cands.items()) if p not in drop]
     for t in targets:  # only direct workers of a kept rank stay attached to it
         t["workers"] = [w for w in t.get("workers", ()) if w["ppid"] == t["pid"]]
+    separate_users(targets)
     return targets, errors
+
+
+def separate_users(targets: list[dict[str, Any]]) -> None:
+    """Processes of different users never share a job: where one job key on this node spans
+    several owners (another user's process with the same MASTER_ADDR:PORT and a RANK), each
+    owner's processes get the key qualified with their uid (``KEY@uidN``), so the analysis
+    keeps them apart instead of naming the stranger a suspect of the caller's job."""
+    owners: dict[str, set[int]] = {}
+    for t in targets:
+        key = (t.get("job") or {}).get("key")
+        if key is not None:
+            owners.setdefault(key, set()).add(t.get("uid", -1))
+    for t in targets:
+        job = t.get("job") or {}
+        key = job.get("key")
+        if key is not None and len(owners[key]) > 1:
+            t["job"] = dict(job, key=f"{key}@uid{t.get('uid', -1)}")
 
 
 def resolve_user(user: str) -> int | None:

@@ -478,3 +478,26 @@ def test_signals_sigkill_of_mldebug_takes_the_launched_ranks_with_it(tmp_path):
                 pass
         p.kill()
         p.wait()
+
+
+def test_node_another_users_process_never_joins_the_callers_job(tmp_path, capsys, other_user):
+    """row: node-other-user-rank - another user's process with the caller's MASTER_ADDR:PORT
+    and RANK=1 is its own job, never a rank (or a suspect) of the caller's job."""
+    base = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="10.9.8.7", MASTER_PORT="29555")
+    base.pop("TORCHELASTIC_RUN_ID", None)
+    code = "import time; time.sleep(120)  # mldebug-safety-table-job"
+    mine = subprocess.Popen([sys.executable, "-c", code], env=dict(base, RANK="0"))
+    theirs = subprocess.Popen(["setpriv", f"--reuid={other_user}", f"--regid={other_user}",
+                               "--clear-groups", sys.executable, "-c", code],
+                              env=dict(base, RANK="1"))
+    try:
+        time.sleep(1.0)
+        rc, out, err = _cli(["hang", "--pattern", "mldebug-safety-table-job", "--json"], capsys)
+        doc = json.loads(out)
+        jobs = {p["pid"]: p["job"] for p in doc["processes"]}
+        assert mine.pid in jobs and theirs.pid in jobs, (jobs, err)
+        assert jobs[mine.pid] != jobs[theirs.pid]
+    finally:
+        for p in (mine, theirs):
+            p.kill()
+            p.wait()
