@@ -29,9 +29,9 @@ def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float =
                        help="every node of this SLURM job, via srun --overlap")
     g.add_argument("--exclude", "-x", metavar="HOSTLIST",
                    help="leave these hosts out, e.g. node[3,9] (as pdsh -x)")
-    g.add_argument("--timeout", type=finite_float, default=default_timeout, metavar="S",
+    g.add_argument("--timeout", type=float, default=default_timeout, metavar="S",
                    help=f"{timeout_help} (default: {default_timeout:g})")
-    g.add_argument("--connect-timeout", type=finite_float, default=10.0, metavar="S",
+    g.add_argument("--connect-timeout", type=float, default=10.0, metavar="S",
                    help="seconds each ssh connection may take (default: 10)")
     g.add_argument("--fanout", type=int, default=64, metavar="N",
                    help="nodes contacted at once (default: 64)")
@@ -63,6 +63,9 @@ def check_seconds(option: str, value: float) -> float:
     """A duration option's value, refused when zero, negative, nan or infinite."""
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{option} must be positive and finite, not {value:g}.",
+                         f"Pass seconds, e.g. {option} 30.")
+    if value > MAX_NUMBER:
+        raise UsageError(f"{option} {value:g} is out of range (at most {MAX_NUMBER:g} seconds).",
                          f"Pass seconds, e.g. {option} 30.")
     return value
 
