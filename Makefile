@@ -36,7 +36,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python recipes/demo.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check mldebug tests recipes benchmarks bin
+	$(VENV)/bin/ruff check mldebug tests recipes benchmarks bin scripts
 	$(VENV)/bin/mypy
 
 test: lint

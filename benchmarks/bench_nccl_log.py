@@ -7,6 +7,11 @@ prints; then the peak RSS of reading one ~100 MiB job log. With the previous imp
 present) also measured on the same files for comparison. Usage:
 
     python benchmarks/bench_nccl_log.py [ROUNDS]
+    python benchmarks/bench_nccl_log.py --baseline main [ROUNDS]
+
+``--baseline REF``: instead, this tree and git REF's mldebug/ (extracted to a temporary
+directory) each read the same files in fresh interpreters, alternately, best of ROUNDS: the
+side-by-side CPU of load + analyze + render.
 """
 
 from __future__ import annotations
@@ -100,7 +105,50 @@ def peak_rss(tmp: Path, old: bool, mb: int = 100) -> None:
         print(f"{impl}: a {size} MiB log -> peak RSS {out} MiB")
 
 
+CPU_CHILD = """
+import io, sys, time
+sys.path.insert(0, sys.argv[1])
+from rich.console import Console
+from mldebug.nccllog.analyze import analyze
+from mldebug.nccllog.parse import load
+from mldebug.nccllog.report import render
+files = sys.argv[2:]
+start = time.process_time()
+report = analyze(load(files))
+render(report, Console(file=io.StringIO(), width=120, color_system=None))
+print(time.process_time() - start, len(report.findings))
+"""
+
+
+def baseline(ref: str, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        base = tmp / "base"
+        base.mkdir()
+        archive = subprocess.run(["git", "archive", ref, "mldebug"], cwd=REPO,
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        jobs = {n: write_job(tmp / f"job{n}", n) for n in SIZES}
+        best: dict[tuple[str, int], tuple[float, str]] = {}
+        for _ in range(rounds):
+            for n, files in jobs.items():
+                for name, root in (("this tree", REPO), (ref, base)):
+                    out = subprocess.run([sys.executable, "-c", CPU_CHILD, str(root),
+                                          *map(str, files)], capture_output=True, text=True,
+                                         check=True).stdout.split()
+                    t = float(out[0])
+                    if (name, n) not in best or t < best[(name, n)][0]:
+                        best[(name, n)] = (t, out[1])
+        print(f"{'ranks':>6} {'this tree CPU s':>16} {ref + ' CPU s':>16} {'ratio':>6} findings")
+        for n in SIZES:
+            a, b = best[("this tree", n)], best[(ref, n)]
+            print(f"{n:>6} {a[0]:16.2f} {b[0]:16.2f} {a[0] / b[0]:6.2f} {a[1]} vs {b[1]}")
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--baseline":
+        baseline(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+        return
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

@@ -66,6 +66,7 @@ def test_every_command_name_maps_to_its_module():
         "nccl-log": "mldebug.cli.nccl_log",
         "log": "mldebug.cli.log",
         "dist-test": "mldebug.cli.dist_test",
+        "numerics": "mldebug.cli.numerics",
         "make-tiny": "mldebug.cli.make_tiny",
         "shrink-layers": "mldebug.cli.shrink_layers",
         "make-tiny-dataset": "mldebug.cli.make_tiny_dataset",

@@ -127,3 +127,25 @@ def test_host_names_hostlist_cannot_fold_still_render() -> None:
     buf = io.StringIO()
     render(report, Console(file=buf, width=120))
     assert "node[1-2]" in buf.getvalue() and "a,b" in buf.getvalue()
+
+
+def test_binary_compressed_and_non_utf8_inputs_get_one_clear_line(tmp_path: Path) -> None:
+    import gzip
+
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 64)
+    packed = tmp_path / "nccl.log.gz"
+    packed.write_bytes(gzip.compress(WARN.encode()))
+    latin = tmp_path / "latin1.log"
+    latin.write_bytes(b"caf\xe9 \xff " + WARN.encode())
+    for path, words in ((binary, "is binary, not a text log"),
+                        (packed, "is a compressed file, not a text log")):
+        r = run_cli("nccl-log", str(path))
+        assert r.returncode != 0 and "Traceback" not in r.stderr
+        assert words in r.stderr and len(r.stderr.strip().splitlines()) <= 2, r.stderr
+    r = run_cli("nccl-log", str(latin))  # undecodable bytes are replaced, the line is read
+    assert r.returncode == 0 and "connection refused" in r.stdout.lower(), r.stdout
+    # among text logs a binary file is named, not fatal
+    report = analyze(load([binary, latin]))
+    assert "nccl-log-not-text" in {f.code for f in report.findings}
+    assert "nccl-log-connect" in {f.code for f in report.findings}

@@ -28,8 +28,8 @@ def _report(path: Path):
     return analyze([parse_lines(body, path.name)])
 
 
-def test_there_are_at_least_25_real_logs_covering_nccl_2_3_to_2_27():
-    assert len(FILES) >= 25
+def test_there_are_at_least_48_real_logs_covering_nccl_2_3_to_2_27():
+    assert len(FILES) >= 48
     versions = {_header(p)["nccl"] for p in FILES}
     assert {"2.3.7", "2.4", "2.7.8", "2.27"} <= versions
     assert all(_header(p)["source"].startswith("https://github.com/") for p in FILES)
@@ -42,7 +42,12 @@ def test_report_names_the_stated_cause(path: Path) -> None:
     codes = {f.code for f in report.findings}
     assert "nccl-log-empty" not in codes, "a real NCCL log must never read as empty"
     for want in head["expect"].split(","):
-        if "=" in want:  # a parsed fact, e.g. transport=Socket
+        if "~" in want:  # a finding code whose text names the cause, e.g. nccl-log-cuda~out of memory
+            code, text = want.split("~", 1)
+            named = [f for f in report.findings if f.code == code
+                     and text.lower() in (f.title + f.detail + f.fix).lower()]
+            assert named, (want, [(f.code, f.title, f.detail[:200]) for f in report.findings])
+        elif "=" in want:  # a parsed fact, e.g. transport=Socket
             key, value = want.split("=", 1)
             if key == "transport":
                 assert value in {p.transport for p in report.processes}, \

@@ -7,6 +7,8 @@ derived once (who timed out, who failed, who said nothing).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import signal
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from mldebug.findings import Finding, Severity
 from mldebug.log.model import Event, LogReport, ParsedLogs, RankLog
 from mldebug.render import fold_ints
 
-FAILURE_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error")
+FAILURE_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error", "overflow", "dataloader-killed")
 FATAL_SIGNALS = {-int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)}
 
 
@@ -34,6 +36,12 @@ class Facts:
         known = set(ranks)
         if parsed.world_size:
             known |= set(range(min(parsed.world_size, 1 << 20)))
+        elif parsed.world_hint and ranks and parsed.world_hint > max(ranks):
+            known |= set(range(parsed.world_hint))  # a line stated the world size
+        elif len(ranks) > 2 and max(ranks) < 1 << 20 and len(ranks) * 4 >= (max(ranks) + 1) * 3:
+            # ranks are numbered 0..N-1: a few gaps among many present ranks are ranks too (a
+            # paste of some ranks leaves more gaps than ranks: then nothing is inferred)
+            known |= set(range(max(ranks) + 1))
         f = cls(parsed, ranks, known)
         for r, st in ranks.items():
             if st.consequences or st.timeouts:
@@ -55,6 +63,8 @@ class Facts:
 class Verdict:
     finding: Finding
     culprits: list[int]
+    how: str = ""  # how the rule decided (said in the verdict)
+    sure: str = "high"  # high / medium / low
 
 
 Rule = Callable[[Facts], "Verdict | None"]
@@ -65,7 +75,7 @@ def _order(ev: Event, use_time: bool) -> tuple[float, int]:
 
 
 def _hosts(facts: Facts, ranks: list[int]) -> tuple[str, ...]:
-    return tuple(sorted({h for r in ranks if (h := facts.ranks[r].host)}))
+    return tuple(sorted({h for r in ranks if (st := facts.ranks.get(r)) and (h := st.host)}))
 
 
 _FIXES = {
@@ -80,6 +90,14 @@ _FIXES = {
                   "usually an out-of-range index or a bad custom kernel on this rank.",
     "nccl-error": "Rerun with NCCL_DEBUG=INFO and read that output with `mldebug nccl-log`: "
                   "the WARN line before 'unhandled ... error' names the cause.",
+    "dataloader-killed": "A DataLoader worker of this rank was killed (SIGKILL: the host's OOM "
+                         "killer, not GPU memory): lower num_workers and prefetch_factor, avoid "
+                         "copying the dataset into each worker (share it, or use memory-mapped "
+                         "files), and check `dmesg -T | grep -i oom` and the job's memory limit; "
+                         "`mldebug mem peak -- CMD` measures the peak.",
+    "overflow": "inf/nan on this rank: DebugUnderflowOverflow's report above the traceback names "
+                "the first module and tensor (lower the learning rate, check the input batch, "
+                "or run that module in fp32); the other ranks stopped because all_ranks_stop=True.",
 }
 
 
@@ -102,10 +120,18 @@ def first_failure(facts: Facts) -> Verdict | None:
         detail.append(tail)
     detail.append("Order: " + ("by the times on the lines." if use_time else
                                 "by position in the log (the lines carry no times)."))
+    blamed = facts.parsed.named_by_peers
+    how = "the first real error (not a timeout) " + ("by time" if use_time else "by line order")
+    sure = "high" if use_time or len(facts.failed) == 1 else "medium"
+    if blamed:
+        top = max(blamed.values())
+        named = sorted(r for r, n in blamed.items() if n == top)
+        how += f"; the other ranks' messages name rank {fold_ints(named)} ({top} of them)"
+        sure = "high" if rank in named else "low"
     return Verdict(Finding(
         Severity.ERROR, f"rank {rank} failed first: {ev.message[:200]}", "\n".join(detail),
         _FIXES[ev.kind].format(where=where), code=f"log-first-failure-{ev.kind}",
-        hosts=_hosts(facts, [rank])), [rank])
+        hosts=_hosts(facts, [rank])), [rank], how, sure)
 
 
 def killed(facts: Facts) -> Verdict | None:
@@ -154,6 +180,119 @@ def fatal_signal(facts: Facts) -> Verdict | None:
         "segment (/dev/shm too small).", code="log-crash", hosts=_hosts(facts, ranks)), ranks)
 
 
+def stalled(facts: Facts) -> Verdict | None:
+    """mldebug's watchdog fired: no beat for its timeout, stacks dumped (exit code 54 with
+    ``on_stall="dump+abort"``). The first rank to stall is the one the others waited for."""
+    from mldebug.log.parse import STALL_EXIT_CODE
+
+    hits: list[tuple[int, Event | None]] = []
+    for r, st in facts.ranks.items():
+        ev = st.first_primary if st.first_primary and st.first_primary.kind == "stall" else None
+        if ev is not None or st.exitcode == STALL_EXIT_CODE:
+            hits.append((r, ev))
+    if not hits:
+        return None
+    timed = [(r, ev) for r, ev in hits if ev is not None]
+    use_time = bool(timed) and all(ev.time is not None for _, ev in timed)
+    if timed:
+        first = min(timed, key=lambda x: _order(x[1], use_time))  # type: ignore[arg-type]
+        ranks = [first[0]]
+    else:
+        ranks = sorted(r for r, _ in hits)
+    cmds = [c for c in facts.parsed.evidence if c.startswith("mldebug hang analyze")]
+    where = cmds[0] if cmds else "mldebug hang analyze DIR (the watchdog's dir=)"
+    others = sorted(r for r, _ in hits if r not in ranks)
+    detail = ["mldebug.watchdog() saw no beat() for its timeout on "
+              f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)} and dumped every thread's "
+              f"stack (exit code {STALL_EXIT_CODE} with on_stall='dump+abort')."]
+    if others:
+        detail.append(f"Rank{'s' if len(others) > 1 else ''} {fold_ints(others)} stalled later "
+                      "(waiting for it).")
+    tail = facts.others(set(ranks) | set(others))
+    if tail:
+        detail.append(tail)
+    return Verdict(Finding(
+        Severity.ERROR, f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)} stalled "
+        "(mldebug watchdog: no beat, stacks dumped)", "\n".join(detail),
+        f"Read the stacks: `{where}` groups the ranks by where they stood and names the one "
+        "outside the collective.", code="log-watchdog-stall", hosts=_hosts(facts, ranks)), ranks,
+        "mldebug's watchdog lines and exit code 54" + (", first by time" if use_time and len(timed) > 1 else ""),
+        "high" if len(hits) == 1 or use_time else "medium")
+
+
+def size_mismatch(facts: Facts) -> Verdict | None:
+    """gloo: 'op.preamble.length <= op.nbytes. A vs B. Received data size doesn't match expected
+    size': a rank got A bytes for a tensor of B - the ranks passed different sizes to the same
+    collective (a mismatch: gloo then aborts that rank with SIGABRT, which is no crash)."""
+    saw = {r for r, st in facts.ranks.items()
+           if st.first_event is not None and st.first_event.kind == "size-mismatch"}
+    loose = [e for e in facts.parsed.launcher_events if e.kind == "size-mismatch"]
+    if loose:  # C++ 'terminate called' lines carry no rank: the ranks gloo aborted printed them
+        saw |= {r for r, st in facts.ranks.items() if st.exitcode == -int(signal.SIGABRT)}
+    if not saw and not loose:
+        return None
+    ev = loose[0] if loose else next(facts.ranks[r].first_event for r in sorted(saw))
+    sizes = re.search(r"(\d+) vs (\d+)", ev.message if ev else "")
+    reporters = sorted(saw)
+    rest = sorted(facts.known - saw)
+    if len(reporters) == 1 and len(facts.known) > 2:
+        culprits, how = reporters, ("the only rank gloo aborted for the size: its tensor is "
+                                    "smaller than its peers'")
+    elif len(rest) == 1 and len(reporters) > 1:
+        culprits, how = rest, "the one rank that did not report the size (it sent the odd size)"
+    else:
+        culprits, how = [], "gloo's size check (which rank passed the odd size is not in these lines)"
+    got = f" ({sizes[1]} bytes arrived for a tensor of {sizes[2]})" if sizes else ""
+    on = (f" on rank{'s' if len(reporters) > 1 else ''} {fold_ints(reporters)}" if reporters
+          else " (which rank is not in these lines)")
+    detail = (f"gloo's size check failed ('op.preamble.length <= op.nbytes', 'Received data size "
+              f"doesn't match expected size'){got}{on}: the ranks "
+              "called the same collective with tensors of different sizes (or different "
+              "collectives). gloo aborts (SIGABRT) the rank that notices: not a crash.")
+    tail = facts.others(set(reporters) | set(culprits))
+    if tail:
+        detail += "\n" + tail
+    title = ("collective size mismatch" + (f": rank{'s' if len(culprits) > 1 else ''} "
+                                           f"{fold_ints(culprits)} passed another tensor size"
+                                           if culprits else " between ranks"))
+    return Verdict(Finding(
+        Severity.ERROR, title, detail,
+        "Print each rank's tensor shape before the collective (or rerun with "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL, which names the mismatching ranks and shapes); uneven "
+        "last batches and rank-dependent shapes are the usual cause.",
+        code="log-size-mismatch", hosts=_hosts(facts, culprits or reporters)), culprits, how,
+        "medium" if culprits else "low")
+
+
+def launcher_failed(facts: Facts) -> Verdict | None:
+    """No rank failed, but the launcher did (before or while starting ranks)."""
+    evs = [e for e in facts.parsed.launcher_events if e.primary]
+    if not evs or any(st.first_primary for st in facts.ranks.values()):
+        return None
+    ev = evs[0]
+    low = ev.message.lower()
+    if "eaddrinuse" in low or "address already in use" in low:
+        fix = ("The master port is taken: another job (or a leftover process of the last run) "
+               "listens on it. Find it with `ss -ltnp | grep PORT`, or pass another "
+               "--master-port (torchrun --rdzv-endpoint HOST:PORT), or let torchrun pick one "
+               "with --standalone on one node.")
+        code = "log-launcher-port-in-use"
+    elif ev.kind in _FIXES:  # one process's log, no rank in it: the error itself, no culprit
+        where = ev.frame or ev.source
+        return Verdict(Finding(
+            Severity.ERROR, f"failed (no rank in these lines): {ev.message[:200]}",
+            f"at {where} ({ev.source})", _FIXES[ev.kind].format(where=where),
+            code=f"log-first-failure-{ev.kind}"), [], "the first real error; the lines name no rank",
+            "medium")
+    else:
+        fix = ("The launcher failed before the ranks ran: fix the error it names (rendezvous "
+               "endpoint, --nnodes, the store's host and port) and rerun.")
+        code = "log-launcher-failed"
+    return Verdict(Finding(
+        Severity.ERROR, f"the launcher failed: {ev.message[:200]}", f"at {ev.source}; no rank "
+        "reported an error.", fix, code=code), [], "an error outside every rank's lines", "high")
+
+
 def behind(facts: Facts) -> Verdict | None:
     """PyTorch's enqueued/completed work numbers: the ranks that never enqueued what others did."""
     by_pg: dict[str, dict[int, int]] = defaultdict(dict)
@@ -185,8 +324,8 @@ def mismatch(facts: Facts) -> Verdict | None:
     at: dict[tuple[str, int], dict[int, str]] = defaultdict(dict)
     for r, st in facts.ranks.items():
         for t in st.timeouts:
-            if t.seq is not None and t.op:
-                at[(t.pg, t.seq)][r] = t.op
+            if t.seq is not None and t.op:  # same seq: another op or another size is a mismatch
+                at[(t.pg, t.seq)][r] = t.op + (f" of {t.numel} elements" if t.numel is not None else "")
     ops_only: dict[str, dict[int, str]] = defaultdict(dict)
     for r, st in facts.ranks.items():
         for t in st.timeouts:
@@ -215,6 +354,43 @@ def mismatch(facts: Facts) -> Verdict | None:
     return None
 
 
+def fingerprint_mismatch(facts: Facts) -> Verdict | None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL mismatch messages: the odd rank by majority over every
+    rank the messages name (each message names only two)."""
+    fps = facts.parsed.fingerprints
+    groups = [(f"sequence number {seq}", fps[seq]) for seq in
+              sorted(fps, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0))]
+    every = {r: (f"#{seq} " if len(fps) > 1 else "") + fp for seq, at in fps.items() for r, fp in at.items()}
+    groups.append(("different sequence numbers", every))  # ranks out of step: no common seq
+    for where, by_rank in groups:
+        count = Counter(by_rank.values())
+        if len(count) < 2:
+            continue
+        (major, n_major), *rest = count.most_common()
+        tie = bool(rest) and rest[0][1] == n_major
+        odd = sorted(by_rank) if tie else sorted(r for r, fp in by_rank.items() if fp != major)
+        if tie:
+            detail = ("The ranks named disagree and no collective has a majority: "
+                      + "; ".join(f"rank {r}: {by_rank[r]}" for r in odd[:8])
+                      + ". More ranks' messages (every rank's log) would show the odd one.")
+        else:
+            detail = (f"{n_major} of {len(by_rank)} ranks named run {major} ({where}); "
+                      + "; ".join(f"rank {r}: {by_rank[r]}" for r in odd[:8]) + ".")
+        return Verdict(Finding(
+            Severity.ERROR,
+            (f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} ran another collective "
+             f"({where})" if not tie else
+             f"ranks {fold_ints(odd)} ran different collectives ({where}; no majority)"),
+            detail,
+            "Collectives must be the same on every rank, in the same order, with the same shapes "
+            "and dtypes: find the rank-dependent branch on the odd rank (evaluation or logging "
+            "only on some ranks, uneven last batch, a sequence split that does not divide).",
+            code="log-fingerprint-mismatch", hosts=_hosts(facts, odd)), [] if tie else odd,
+            f"TORCH_DISTRIBUTED_DEBUG=DETAIL fingerprints, majority of {len(by_rank)} ranks",
+            "low" if tie else ("high" if n_major >= 2 else "medium"))
+    return None
+
+
 def silent(facts: Facts) -> Verdict | None:
     """Ranks that said nothing while the others timed out: they never reached the collective."""
     if not facts.waited:
@@ -239,7 +415,44 @@ def silent(facts: Facts) -> Verdict | None:
         "to exit, which is one of the waiting ranks.)",
         "Find what these ranks were doing: next time run `mldebug hang` while the job hangs, or "
         "add `mldebug.watchdog()` so each rank dumps its stack at a stall.",
-        code="log-silent-rank", hosts=_hosts(facts, quiet)), quiet)
+        code="log-silent-rank", hosts=_hosts(facts, quiet)), quiet,
+        "ranks absent while the others timed out; the world size "
+        + ("from --world-size" if facts.parsed.world_size else
+           "from a line that states it" if facts.parsed.world_hint else
+           "from the rank numbering" if any(r not in facts.ranks for r in quiet) else
+           "from the ranks seen"),
+        "high" if facts.parsed.world_size or all(r in facts.ranks for r in quiet) else "medium")
+
+
+def phase_tiebreak(facts: Facts) -> Verdict | None:
+    """Every rank waited, but some entered a phase the others did not (validation,
+    evaluation, a checkpoint, the end of their data): the job hung because those ranks left
+    the common path. What each rank printed last breaks the tie."""
+    if not facts.waited:
+        return None
+    phases = {r: st.phase[0] if st.phase else None for r, st in facts.ranks.items()
+              if r in facts.known}
+    count = Counter(phases.values())
+    if len(count) < 2:
+        return None
+    common, _ = count.most_common(1)[0]
+    odd = sorted(r for r, ph in phases.items() if ph != common and ph is not None)
+    if not odd or len(odd) * 2 > len(phases):
+        return None
+    what = sorted({ph for r in odd if (ph := phases[r])})
+    st0 = facts.ranks[odd[0]]
+    line = st0.phase[1] if st0.phase else ""
+    return Verdict(Finding(
+        Severity.ERROR,
+        f"rank{'s' if len(odd) > 1 else ''} {fold_ints(odd)} entered {', '.join(map(str, what))} "
+        "while the others waited in the collective",
+        f"Last such line of rank {odd[0]}: {line!r}. The other ranks "
+        f"({'no such phase' if common is None else common}) timed out waiting.",
+        "Code that runs only on some ranks (validation or evaluation on rank 0, a checkpoint "
+        "save, a rank whose data ran out first) must not contain collectives, or every rank must "
+        "enter it: put a barrier around it, run it on every rank, or drop_last / pad the data.",
+        code="log-phase-tiebreak", hosts=_hosts(facts, odd)), odd,
+        "what each rank printed last (a phase only these ranks entered)", "medium")
 
 
 def all_waiting(facts: Facts) -> Verdict | None:
@@ -277,8 +490,8 @@ def exit_only(facts: Facts) -> Verdict | None:
         "launcher.", code="log-exit-no-traceback", hosts=_hosts(facts, ranks)), ranks)
 
 
-RULES: list[Rule] = [first_failure, killed, fatal_signal, behind, mismatch, silent, exit_only,
-                     all_waiting]
+RULES: list[Rule] = [fingerprint_mismatch, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
+                     silent, exit_only, launcher_failed, phase_tiebreak, all_waiting]
 
 
 def _nccl_findings(parsed: ParsedLogs) -> list[Finding]:
@@ -306,6 +519,50 @@ def _launcher_note(parsed: ParsedLogs, culprits: list[int]) -> list[Finding]:
         code="log-launcher-root")]
 
 
+MAX_CATALOGUE_FINDINGS = 6
+
+
+def _catalogue_findings(parsed: ParsedLogs, culprits: list[int]) -> list[Finding]:
+    """What PyTorch's own strings say (mldebug/log/torch_messages.json): the component, its
+    cause and fix, for the culprits' errors first, then the other ranks' and the launcher's;
+    and a known PyTorch bug when the log states a version its range holds."""
+    from mldebug.log import catalogue
+
+    events: list[tuple[int | None, Event]] = []
+    for rank in culprits + sorted(set(parsed.ranks) - set(culprits)):
+        st = parsed.ranks.get(rank)
+        for e in (st.first_primary, st.first_event) if st else ():
+            if e is not None:
+                events.append((rank, e))
+    events += [(None, e) for e in parsed.launcher_events[:50]]
+    out: list[Finding] = []
+    seen: set[str] = set()
+    looked: set[str] = set()  # 1,000 ranks mostly repeat a few messages: look each up once
+    for r, ev in events[:5000]:
+        if ev.message in looked:
+            continue
+        looked.add(ev.message)
+        known = catalogue.known_for(ev.message, parsed.torch_version)
+        if known is not None and known.signature not in seen:
+            seen.add(known.signature)
+            out.append(Finding(
+                Severity.WARNING, f"known bug in torch {parsed.torch_version} ({known.affected}): "
+                f"{known.title}", f"Fixed in {known.fixed_in}. Source: {known.source}",
+                f"Upgrade torch to {known.fixed_in} or later.", code="log-torch-known-issue"))
+        m = catalogue.match(ev.message)
+        if m is None or m.message.component in seen:
+            continue
+        seen.add(m.message.component)
+        who = f"rank {r}" if r is not None else "the launcher"
+        out.append(Finding(
+            Severity.INFO, f"PyTorch ({m.message.component}) on {who}: {m.cause}"[:300],
+            f"The message is PyTorch's \"{m.message.text[:160]}\" ({m.message.source}; "
+            f"torch {', '.join(m.message.versions)}).", m.fix, code=f"log-{m.code}"))
+        if len(out) >= MAX_CATALOGUE_FINDINGS:
+            break
+    return out
+
+
 def analyze(parsed: ParsedLogs) -> LogReport:
     facts = Facts.of(parsed)
     verdict: Verdict | None = None
@@ -316,6 +573,10 @@ def analyze(parsed: ParsedLogs) -> LogReport:
     findings: list[Finding] = []
     culprits: list[int] = []
     if verdict is not None:
+        how = verdict.how or (verdict.finding.code or "").removeprefix("log-").replace("-", " ")
+        f0 = verdict.finding
+        verdict.finding = dataclasses.replace(f0, detail=((f0.detail + "\n") if f0.detail else "")
+                                              + f"Decided by: {how}. Confidence: {verdict.sure}.")
         findings.append(verdict.finding)
         culprits = verdict.culprits
     elif parsed.nccl_warn_lines == 0:
@@ -326,4 +587,11 @@ def analyze(parsed: ParsedLogs) -> LogReport:
             "whole output; `-` reads standard input.", code="log-nothing"))
     findings += _nccl_findings(parsed)
     findings += _launcher_note(parsed, culprits)
+    findings += _catalogue_findings(parsed, culprits)
+    for cmd, ranks in parsed.evidence.items():
+        who = f" (rank{'s' if len(ranks) > 1 else ''} {fold_ints(sorted(ranks))})" if ranks else ""
+        findings.append(Finding(
+            Severity.INFO, f"mldebug left evidence{who}: {cmd}",
+            "mldebug's hooks wrote it while the job ran (watchdog stacks, trace rings, "
+            "flight-recorder dumps).", f"Run `{cmd}`.", code="log-evidence"))
     return LogReport(parsed, findings, culprits, verdict.finding if verdict else None)

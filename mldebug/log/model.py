@@ -16,7 +16,8 @@ PRIMARY_KINDS = ("exception", "cuda-oom", "cuda-error", "nccl-error", "killed", 
 class Event:
     """One failure line (or the last line of a traceback) attributed to a rank."""
 
-    kind: str  # exception, cuda-oom, cuda-error, nccl-error, killed, signal, exit, timeout, peer-lost
+    kind: str  # exception, cuda-oom, cuda-error, nccl-error, overflow, stall, launcher, killed,
+    # signal, exit, timeout, peer-lost, size-mismatch
     message: str
     line: int  # global order: line number across all inputs, in reading order
     source: str  # file:line
@@ -38,6 +39,7 @@ class WatchdogTimeout:
     op: str | None
     timeout_ms: int | None
     line: int
+    numel: int | None = None  # NumelIn: the size of the tensor (same seq, other size: a mismatch)
 
 
 @dataclass
@@ -55,6 +57,7 @@ class RankLog:
     exitcode: int | None = None
     exit_time: str | None = None
     nccl_warns: int = 0
+    phase: tuple[str, str] | None = None  # the last phase it entered (validation, checkpoint, ...) and the line
 
     def add(self, ev: Event) -> None:
         if self.first_event is None:
@@ -74,6 +77,7 @@ class RankLog:
                          for t in self.timeouts],
             "last_enqueued": self.enqueued, "last_completed": self.completed,
             "exitcode": self.exitcode, "nccl_warns": self.nccl_warns,
+            "last_phase": self.phase[0] if self.phase else None,
         }
 
 
@@ -101,7 +105,14 @@ class ParsedLogs:
     nccl_warn_lines: int = 0
     sources: list[str] = field(default_factory=list)
     lines: int = 0
-    world_size: int | None = None
+    lines_lower_bound: bool = False  # grep read the file: lines = the last line that mattered
+    world_size: int | None = None  # --world-size
+    world_hint: int | None = None  # the largest world size a line stated
+    torch_version: str | None = None  # from "PyTorch version: 2.3.1" / "torch==2.3.1" lines
+    evidence: dict[str, list[int]] = field(default_factory=dict)  # command -> ranks it covers
+    named_by_peers: dict[int, int] = field(default_factory=dict)  # rank -> peers that blamed it
+    fingerprints: dict[str, dict[int, str]] = field(default_factory=dict)  # seq -> rank -> collective
+    notes: list[str] = field(default_factory=list)  # mldebug's debugger lines, attempts skipped
 
     def rank(self, r: int) -> RankLog:
         got = self.ranks.get(r)
@@ -123,6 +134,7 @@ class LogReport:
         return {
             "sources": p.sources,
             "lines": p.lines,
+            "lines_lower_bound": p.lines_lower_bound,
             "world_size": p.world_size,
             "culprits": self.culprits,
             "verdict": self.verdict.to_dict() if self.verdict else None,
@@ -130,4 +142,8 @@ class LogReport:
             "ranks": [p.ranks[r].to_dict() for r in sorted(p.ranks)],
             "launcher": [vars(f) for f in p.launcher],
             "nccl_warn_lines": p.nccl_warn_lines,
+            "world_size_stated": p.world_hint,
+            "torch_version": p.torch_version,
+            "evidence": [{"command": c, "ranks": r} for c, r in p.evidence.items()],
+            "notes": p.notes,
         }

@@ -22,11 +22,64 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mldebug.log.model import Event, LauncherFailure, ParsedLogs, WatchdogTimeout
-from mldebug.logprefix import parse_prefix
+from mldebug.logprefix import strip_prefix
+from mldebug.text import sanitize
 
 MAX_LINE = 16384  # characters of one line that are looked at
+MAX_CONTEXT = 100_000  # lines read one by one while a traceback stays open (a cut log)
+RANK_SAMPLE = 1 << 20  # bytes of each chunk whose launcher prefixes are scanned for ranks
 MAX_WARN_GROUPS = 200
 MAX_WARN_RANKS = 4096
+
+# The prefilter: a line is parsed only when it holds one of these words (plain strings: grep
+# -F matches them all in one pass). Everything the parser reacts to on a line of its own is
+# here; a traceback's frames and last line are read because "Traceback" opens a window that
+# reads every line until it ends (and "Failures:" the launcher's table).
+PREFILTER_WORDS = (
+    "Error", "ERROR", "EADDRINUSE",  # RuntimeError: ..., gloo's ERROR, the launcher's port
+    "xception", "xitcode",  # Exception / exception, torchrun's exitcode
+    "Traceback", "Watchdog", "watchdog", "NCCL WARN", "NCCL work", "Killed",
+    "mldebug",  # mldebug's own hooks
+    "Signal", "SIGKILL", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGTERM", "SIGILL", "SIGFPE", "Failures:", "Fatal", "Root Cause", "Received data size",
+    "op.preamble.length",  # gloo's size check before its message said so (gloo#456)
+    "DebugUnderflowOverflow", "Detected mismatch",
+    "WORLD_SIZE", "world_size", "world size",
+    "torch==", "torch version", "PyTorch version",  # the version, for the known-issue table
+    # phases a rank enters on its own (the tie break between waiting ranks)
+    "alidat", "valuat", "heckpoint", "StopIteration", "end of data", "end of epoch",
+)
+_PHASE = re.compile(r"(?P<p>[Vv]alidat|[Ee]valuat|[Cc]heckpoint|StopIteration|end of data|end of epoch)")
+PHASES = {"validat": "validation", "evaluat": "evaluation",
+          "checkpoint": "checkpoint", "stopiteration": "end of data", "end of data": "end of data",
+          "end of epoch": "end of data"}
+
+
+def _by_first_char(words: tuple[str, ...]) -> list[re.Pattern[bytes]]:
+    """One regex per first character: a literal-prefixed regex is one memchr-speed pass over
+    the bytes, where one alternation of every word is 10x slower in ``re``."""
+    import os.path
+
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        groups.setdefault(w[0], []).append(w)
+    out = []
+    for group in groups.values():
+        head = os.path.commonprefix(group)  # the longer the literal prefix, the fewer candidates
+        rest = [re.escape(w[len(head):]) for w in group]
+        out.append(re.compile((re.escape(head) + "(?:" + "|".join(rest) + ")").encode()))
+    return out
+
+
+_PREFILTER: list[re.Pattern[bytes]] = []  # compiled on first use (grep reads big files)
+
+
+def prefilter_patterns() -> list[re.Pattern[bytes]]:
+    if not _PREFILTER:
+        _PREFILTER.extend(_by_first_char(PREFILTER_WORDS))
+    return _PREFILTER
+
+
+GREP_PATTERN = "\n".join(PREFILTER_WORDS)  # grep -F: one word per line
 
 _TIME_GLOG = re.compile(r"^\[?[EWIFD](?P<md>\d{3,4}) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:\.\d+)?)")
 _TIME_ISO = re.compile(r"(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[ T_](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d(?:[.,]\d+)?)")
@@ -35,13 +88,23 @@ _WD_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCC
 _SEQ = re.compile(r"SeqNum=(\d{1,18})")
 _OP = re.compile(r"OpType=(\w{1,40})")
 _TMO = re.compile(r"Timeout\(ms\)=(\d{1,12})")
+_NUMEL = re.compile(r"NumelIn=(\d{1,18})")
+# TORCH_DISTRIBUTED_DEBUG=DETAIL (ProcessGroupWrapper): "Rank 0 is running collective:
+# CollectiveFingerPrint(SequenceNumber=5, OpType=ALLREDUCE, TensorShape=[20, 10], TensorDtypes=Float, ...)"
+_FP = re.compile(r"Rank (?P<rank>\d{1,7}) is running collective: CollectiveFingerPrint\((?P<fp>[^\n]{0,2000}?)\)(?=, but|\.|$)")
+_FP_FIELD = re.compile(r"(SequenceNumber)=(\d{1,20})|(OpType|TensorShape|TensorDtypes)=(\[[^\]]{0,500}\]|[\w.]{1,60})")
 _PG_RANK = re.compile(r"\[PG (?:ID )?(?P<pg>\d{1,9})[^\]]{0,200}?Rank (?P<rank>\d{1,7})\]")
 _RANK_ONLY = re.compile(r"\[Rank (?P<rank>\d{1,7})\]")
 _ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last completed (?:NCCL )?work: (?P<comp>-?\d{1,18})")
 
 _TB_START = "Traceback (most recent call last):"
+# launcher prefixes that carry a rank, for the rank sample (bracketed forms only: "12: " could
+# be anything): [rank3]: [default3]: [1,3]<stdout>: and mldebug's own [host:3]
+_RANK_SAMPLE = re.compile(rb"\n(?:\[(?:rank|default)(\d{1,7})\]:|\[\d{1,7},(\d{1,7})\]<std"
+                          rb"|\[[A-Za-z][\w.-]{0,62}:(\d{1,7})\] )")
 _TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
-_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200}?(?:Error|Exception|Interrupt|Exit|Failure|Fault)\w*)(?::\s?(?P<msg>.*))?$")
+# the line that ends a traceback: any class name (OverflowDetected, DistNetworkError, ...)
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::\s?(?P<msg>.*))?$")
 
 _TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d{1,7})\]:\s*$")
 _TABLE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<val>.*)$")
@@ -56,7 +119,8 @@ _CONSEQUENCE = re.compile(
     r"timed out|timeout|watchdog caught|connection closed by peer|connection reset by peer"
     r"|broken pipe|communicator was aborted|remote worker|remote process|some nccl operations"
     r"|ncclremoteerror|sigterm|heartbeat monitor|store->get|recvbytes failed|sendbytes failed"
-    r"|socket has failed to connect|processgroupnccl is aborted|terminating the process",
+    r"|socket has failed to connect|processgroupnccl is aborted|terminating the process"
+    r"|stops this rank too",
     re.IGNORECASE,
 )
 _SUFFIXES = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen", "/torch/")
@@ -67,6 +131,14 @@ def classify(message: str) -> tuple[str, bool]:
     low = message.lower()
     if "out of memory" in low and ("cuda" in low or "outofmemory" in low or "hip" in low):
         return "cuda-oom", True
+    if "received data size doesn't match expected size" in low or "op.preamble.length <= op.nbytes" in low:
+        return "size-mismatch", False  # gloo: the peer sent another size: a mismatch, not a crash
+    if "eaddrinuse" in low or "address already in use" in low:
+        return "launcher", True
+    if "dataloader worker" in low and "killed by signal" in low:
+        return "dataloader-killed", True
+    if "debugunderflowoverflow" in low and "inf/nan detected" in low:
+        return "overflow", True
     if "illegal memory access" in low or "device-side assert" in low:
         return "cuda-error", True
     if _CONSEQUENCE.search(message):
@@ -97,8 +169,36 @@ def time_key(text: str) -> float | None:
 def line_prefix(line: str) -> tuple[int | None, float | None, str]:
     """(rank from the launcher prefix, time if a prefix carried one, the rest of the line);
     prefixes are stripped by ``mldebug.logprefix``, shared with ``nccl-log``."""
-    p = parse_prefix(line, keep_indent=True)
-    return p.rank, (time_key(p.time) if p.time else None), p.rest
+    rest, _label, rank, _host, _pid, when = strip_prefix(line, True)
+    return rank, (time_key(when) if when else None), rest
+
+
+# A rank named inside the message when no prefix gave one: "[Rank 3]", "[PG 0 Rank 3]",
+# "Rank 3 is running collective", gloo's "rank=3, size=4", a dump file "host-rank3-PID".
+_MSG_RANK = re.compile(r"\[(?:PG (?:ID )?0[^\]]{0,200}?)?Rank (?P<a>\d{1,7})\]|\bRank (?P<b>\d{1,7}) is running"
+                       r"|\brank=(?P<c>\d{1,7}), size=|-rank(?P<d>\d{1,7})-\d+\.json")
+# World size stated by a line: WORLD_SIZE=8, world_size=8, "world size 8", gloo "size=8".
+_WORLD = re.compile(r"(?:WORLD_SIZE|world_size|world size|\brank=\d{1,7}, size)\s*[=:]?\s*(?P<n>\d{1,7})\b")
+
+# What mldebug's own hooks print (mldebug/capture/stall.py, handler.py, trace/full.py,
+# fr/recorder.py, debugger/hooks.py, wait.py, numerics/detector.py).
+_MLD_STALL = re.compile(r"mldebug\.capture: no beat for (?P<s>[\d.]+)s.{0,80}?: stacks in (?P<path>\S{1,4000})")
+_MLD_ABORT = re.compile(r"mldebug\.capture: on_stall=dump\+abort: exiting with code (?P<code>\d{1,4})")
+_MLD_TRACE = re.compile(r"mldebug\.trace: tracing into (?P<path>\S{1,4000})")
+_MLD_FR = re.compile(r"mldebug\.fr: .{0,200}?(?P<path>/\S{1,4000})")
+_MLD_PDB = re.compile(r"mldebug\.(?:breakpoint|ForkedPdb): ")
+_OVERFLOW_PEER = re.compile(r"DebugUnderflowOverflow: rank\(s\) (?P<ranks>[\d, ]{1,2000}) detected inf/nan")
+_EXIT_LINE = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<rank>\d{1,7})")
+_TORCH_VERSION = re.compile(r"(?:torch==|[Tt]orch version:? |PyTorch version:? )v?(?P<v>\d{1,2}\.\d{1,3}(?:\.\d{1,3})?)")
+STALL_EXIT_CODE = 54  # mldebug.capture.stall.STALL_EXIT_CODE (not imported: no torch, no capture)
+
+
+def evidence_dir(path: str) -> str:
+    """The directory ``mldebug hang analyze`` takes for a dump file the watchdog named."""
+    parts = path.rstrip("/").split("/")
+    if len(parts) >= 3 and parts[-2] in ("dumps", "faulthandler"):
+        return "/".join(parts[:-2]) or "/"
+    return "/".join(parts[:-1]) or path
 
 
 def _user_frame(file: str, line: str, func: str) -> str | None:
@@ -126,35 +226,147 @@ class LogParser:
     _in_table: bool = False
     _root_section: bool = False
     _last_time: dict[int | None, float] = field(default_factory=dict)
+    _open_tb: int = 0
+    _context_lines: int = 0
+    _file_rank: int | None = None
+    prefilter: bool = True  # False: parse every line (the reference the prefilter is tested against)
 
     def feed_source(self, lines: Iterable[str], source: str, file_rank: int | None = None) -> None:
         """Every line of one input; ``file_rank`` is the rank a per-rank file belongs to."""
+        self.start_source(source, file_rank)
+        data = "\n".join(s.rstrip("\r\n") for s in lines).encode("utf-8", "replace")
+        if data:
+            self.feed_chunk(data + b"\n", source, file_rank)
+        self._flush_table()
+
+    def feed_chunk(self, chunk: bytes, source: str, file_rank: int | None = None,
+                   first_line: int = 1) -> int:
+        """Lines ``chunk`` holds (whole lines, ending in a newline but for the last chunk), read
+        through the prefilter: only lines that hold one of the ``PREFILTER`` words are decoded
+        and parsed, plus every line while a traceback or the launcher's table is open. Returns
+        the number of lines in the chunk (``first_line`` is the number of its first)."""
+        p = self.parsed
+        n = chunk.count(b"\n")
+        if chunk and not chunk.endswith(b"\n"):
+            n += 1
+        p.lines += n
+        self.sample_ranks(chunk)
+        if not self.prefilter:
+            starts: list[int] = []
+            pos = 0
+            while pos < len(chunk):
+                starts.append(pos)
+                nl = chunk.find(b"\n", pos)
+                pos = len(chunk) if nl < 0 else nl + 1
+        else:
+            found: set[int] = set()
+            rfind = chunk.rfind
+            for rx in prefilter_patterns():
+                for m in rx.finditer(chunk):
+                    found.add(rfind(b"\n", 0, m.start()) + 1)
+            starts = sorted(found)
+        done = 0  # bytes of the chunk already parsed
+        line_no, counted = first_line, 0
+        find, count = chunk.find, chunk.count
+        for start in starts:
+            if start < done:
+                continue
+            pos = start
+            line_no += count(b"\n", counted, pos)
+            counted = pos
+            while True:
+                nl = find(b"\n", pos)
+                end = len(chunk) if nl < 0 else nl
+                self.line_bytes(chunk[pos:min(end, pos + MAX_LINE)], line_no, source, file_rank)
+                pos = end + 1
+                if nl < 0 or not self.needs_context:
+                    self._context_lines = 0
+                    break
+                line_no += 1
+                counted = pos
+                if not self.context_step():
+                    break
+            done = pos
+        return n
+
+    def line_bytes(self, raw: bytes, line_no: int, source: str, file_rank: int | None) -> None:
+        """One line as read from the file (its number counts from 1 in ``source``)."""
+        self.line(raw[:MAX_LINE].decode("utf-8", "replace"), f"{source}:{line_no}", file_rank)
+
+    def count_lines(self, n: int) -> None:
+        self.parsed.lines += n
+
+    def end_window(self) -> None:
+        self._context_lines = 0
+
+    def context_step(self) -> bool:
+        """One more line read inside a window; False (and the window closed) past MAX_CONTEXT."""
+        self._context_lines += 1
+        if self._context_lines > MAX_CONTEXT:  # a traceback never closed: give up on it
+            self.close_streams()
+            self._context_lines = 0
+            return False
+        return True
+
+    def sample_ranks(self, chunk: bytes) -> None:
+        """Ranks from the launcher prefixes of the first MiB of each chunk: a rank that printed
+        only lines the prefilter skips still counts as present (not silent)."""
+        if self._file_rank is not None:
+            return
+        head = chunk[:RANK_SAMPLE]
+        ranks = self.parsed.ranks
+        for m in _RANK_SAMPLE.finditer(head) if len(ranks) < 1 << 16 else ():
+            r = int(m[1] or m[2] or m[3])
+            if r not in ranks:
+                self.parsed.rank(r)
+
+    def start_source(self, source: str, file_rank: int | None) -> None:
         self.parsed.sources.append(source)
         self._streams.clear()
-        for i, raw in enumerate(lines, 1):
-            self.feed(raw, f"{source}:{i}", file_rank)
+        self._open_tb = 0
+        self._context_lines = 0
+        self._file_rank = file_rank
+        if file_rank is not None:  # an empty per-rank file still says the rank existed
+            self.parsed.rank(file_rank)
+
+    def end_source(self) -> None:
         self._flush_table()
 
     def feed(self, raw: str, where: str, file_rank: int | None = None) -> None:
         p = self.parsed
         p.lines += 1
+        self.line(raw, where, file_rank)
+
+    def line(self, raw: str, where: str, file_rank: int | None = None) -> None:
+        """One line (already counted in ``parsed.lines``)."""
+        p = self.parsed
         if len(raw) > MAX_LINE:
             raw = raw[:MAX_LINE]
         raw = raw.rstrip("\r\n")
         if self._in_table and _TABLE_ENTRY.match(raw.strip()):  # "[0]:" is no rank prefix here
             self._table_line(raw)
             return
-        rank, when, text = line_prefix(raw)
+        text, _label, rank, host, _pid, tprefix = strip_prefix(raw, True)
+        when = time_key(tprefix) if tprefix else None
         if rank is None:
             rank = file_rank
+        if rank is None and "ank" in text:
+            m = _MSG_RANK.search(text)
+            if m is not None:
+                rank = int(m["a"] or m["b"] or m["c"] or m["d"])
         stripped = text.lstrip()
         if when is None and stripped[:1] in "[EWIFD" and len(stripped) > 12:
             when = time_key(stripped)
         if when is not None:
             self._last_time[rank] = when
         if rank is not None:
-            p.rank(rank).lines += 1
+            st = p.rank(rank)
+            st.lines += 1
+            if host is not None and st.host is None:
+                st.host = host[:200]
 
+        if "is running collective" in text:
+            self._fingerprints(text)
         # torchrun's ChildFailedError table (printed by the launcher, no rank prefix).
         if self._table_line(text):
             return
@@ -163,6 +375,7 @@ class LogParser:
             stream = self._streams[rank] = _Stream()
         if stripped.startswith(_TB_START):
             stream.in_tb, stream.frame, stream.any_frame = True, None, None
+            self._open_tb += 1
             return
         if stream.in_tb:
             m = _TB_FILE.match(text)
@@ -177,15 +390,28 @@ class LogParser:
             if text.startswith(("During handling", "The above exception")):
                 return
             m = _EXC_LINE.match(text)
-            if m:
-                stream.in_tb = False
+            stream.in_tb = False
+            self._open_tb -= 1
+            if m and (m["msg"] is not None or m["type"][:1].isupper()):
                 if m["type"].endswith("ChildFailedError"):
                     return  # the launcher's own traceback; its table follows
                 msg = f"{m['type'].rsplit('.', 1)[-1]}: {m['msg'] or ''}".strip().rstrip(":")
                 self._event(rank, msg, where, when, stream.frame or stream.any_frame)
+                if m["msg"]:
+                    self._mldebug_lines(rank, m["msg"], where, when)
                 return
-            stream.in_tb = False
         self._scan(rank, text, where, when)
+
+    @property
+    def needs_context(self) -> bool:
+        """A traceback or the launcher's table is open: the next lines must all be read."""
+        return self._open_tb > 0 or self._in_table
+
+    def close_streams(self) -> None:
+        """Forget open tracebacks (the prefilter gave up waiting for their last line)."""
+        for stream in self._streams.values():
+            stream.in_tb = False
+        self._open_tb = 0
 
     # -- single lines ------------------------------------------------------------------
     def _scan(self, rank: int | None, text: str, where: str, when: float | None) -> None:
@@ -200,18 +426,105 @@ class LogParser:
             self._event(rank, "Killed (SIGKILL from the kernel or the scheduler)", where, when,
                         None, kind="killed")
             return
-        if "failed (exitcode:" in text and "local_rank" in text:
-            return  # torchrun's one-line summary; the table carries the same with the rank
+        if "size" in text or "SIZE" in text:
+            w = _WORLD.search(text)
+            if w is not None:
+                n = int(w["n"])
+                if 0 < n <= 1 << 20 and n > (p.world_hint or 0):
+                    p.world_hint = n
+        if rank is not None and ("alidat" in text or "valuat" in text or "heckpoint" in text
+                                 or "StopIteration" in text or "end of " in text):
+            ph = _PHASE.search(text)
+            if ph is not None:
+                p.rank(rank).phase = (PHASES.get(ph["p"].lower(), ph["p"].lower()), text.strip()[:200])
+        if "orch" in text:
+            v = _TORCH_VERSION.search(text)
+            if v is not None and p.torch_version is None:
+                p.torch_version = v["v"]
+        if "mldebug" in text or "DebugUnderflowOverflow" in text:
+            if self._mldebug_lines(rank, text, where, when):
+                return
+        if "failed (exitcode:" in text:
+            m = _EXIT_LINE.search(text)
+            if m is not None:  # torchrun's one-line summary; the table, when there, says the same
+                st = p.rank(int(m["rank"]))
+                if st.exitcode is None:
+                    st.exitcode = int(m["code"])
+            return
         low = text.lower()
-        if ("error" in low or "exception" in low) and (
+        if ("received data size doesn't match" in low or "op.preamble.length <= op.nbytes" in low
+                or ("error" in low or "exception" in low) and (
                 "cuda out of memory" in low or "cuda error" in low
-                or "terminated with exception" in low or "nccl error" in low):
+                or "terminated with exception" in low or "nccl error" in low
+                or "received data size doesn't match" in low or "eaddrinuse" in low)):
             msg = text.strip()
             cut = msg.find("] ")
             if msg.startswith("[") and 0 < cut < 200:
                 msg = msg[cut + 2:]
             self._event(rank, msg, where, when, None)
-        _ = p
+
+    def _mldebug_lines(self, rank: int | None, text: str, where: str, when: float | None) -> bool:
+        """Lines of mldebug's own hooks: point to the command that reads their evidence."""
+        p = self.parsed
+        m = _MLD_STALL.search(text)
+        if m is not None:
+            if rank is None:
+                rm = _MSG_RANK.search(m["path"])
+                rank = int(rm["d"]) if rm and rm["d"] else None
+            d = evidence_dir(m["path"])
+            self._evidence(rank, f"mldebug hang analyze {d}")
+            self._event(rank, f"mldebug watchdog: no beat for {m['s']}s, stacks in {m['path']}"[:500],
+                        where, when, None, kind="stall", primary=True)
+            return True
+        m = _MLD_ABORT.search(text)
+        if m is not None:
+            if rank is not None:
+                st = p.rank(rank)
+                st.exitcode = st.exitcode if st.exitcode is not None else int(m["code"])
+            return True
+        m = _MLD_TRACE.search(text)
+        if m is not None:
+            self._evidence(rank, f"mldebug trace show {m['path'].rsplit('/', 1)[0] or '/'}")
+            return True
+        m = _MLD_FR.search(text)
+        if m is not None and "mldebug.fr:" in text:
+            self._evidence(rank, f"mldebug fr analyze {m['path'].rstrip('.,;')}")
+            return True
+        if _MLD_PDB.search(text):
+            if len(p.notes) < 20:
+                p.notes.append(f"{where}: {text.strip()[:300]}")
+            return True
+        m = _OVERFLOW_PEER.search(text)
+        if m is not None:
+            for r in m["ranks"].replace(" ", "").split(","):
+                if r.isdigit() and len(p.named_by_peers) < 4096:
+                    p.named_by_peers[int(r)] = p.named_by_peers.get(int(r), 0) + 1
+            return False
+        return False
+
+    def _fingerprints(self, text: str) -> None:
+        """Each rank's collective fingerprint named by a DETAIL mismatch message (any rank may
+        print it; the ranks it names are what count)."""
+        fps = self.parsed.fingerprints
+        for m in _FP.finditer(text):
+            fields = {a or c: b or d for a, b, c, d in _FP_FIELD.findall(m["fp"])}
+            seq = fields.get("SequenceNumber", "?")
+            key = ", ".join(f"{k}={fields[k]}" for k in ("OpType", "TensorShape", "TensorDtypes") if k in fields)
+            at = fps.get(seq)
+            if at is None:
+                if len(fps) >= 1000:
+                    continue
+                at = fps[seq] = {}
+            if len(at) < 1 << 16:
+                at[int(m["rank"])] = key or m["fp"][:200]
+
+    def _evidence(self, rank: int | None, command: str) -> None:
+        ev = self.parsed.evidence
+        if command not in ev and len(ev) < 50:
+            ev[command] = []
+        ranks = ev.get(command)
+        if ranks is not None and rank is not None and rank not in ranks and len(ranks) < 4096:
+            ranks.append(rank)
 
     def _watchdog(self, rank: int | None, text: str, where: str, when: float | None) -> bool:
         m = _PG_RANK.search(text)
@@ -225,9 +538,11 @@ class LogParser:
             op = _OP.search(text)
             tmo = _TMO.search(text)
             if r is not None:
+                numel = _NUMEL.search(text)
                 self.parsed.rank(r).timeouts.append(WatchdogTimeout(
                     pg, int(seq.group(1)) if seq else None, op.group(1) if op else None,
-                    int(tmo.group(1)) if tmo else None, self.parsed.lines))
+                    int(tmo.group(1)) if tmo else None, self.parsed.lines,
+                    int(numel.group(1)) if numel else None))
             what = f"collective timeout in {op.group(1) if op else 'a collective'}"
             if seq:
                 what += f" #{seq.group(1)}"
@@ -262,7 +577,7 @@ class LogParser:
     def _event(self, rank: int | None, msg: str, where: str, when: float | None,
                frame: str | None, *, kind: str | None = None, primary: bool | None = None) -> None:
         k, prim = classify(msg)
-        msg = _SRC_TAG.sub("", msg)
+        msg = sanitize(_SRC_TAG.sub("", msg), limit=500)  # outside text: controls shown escaped
         ev = Event(kind or k, msg[:500], self.parsed.lines, where,
                    when if when is not None else self._last_time.get(rank), frame,
                    prim if primary is None else primary)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from mldebug.findings import render_findings
 from mldebug.log.model import LogReport, RankLog
 from mldebug.render import fold_ints
+from mldebug.text import sanitize
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,11 +36,13 @@ def render(report: LogReport, console: Console) -> None:
     from rich.text import Text
 
     p = report.parsed
-    console.print(Text(f"Read {p.lines} lines from {len(p.sources)} input(s); "
+    console.print(Text(f"Read {'at least ' if p.lines_lower_bound else ''}{p.lines} lines from {len(p.sources)} input(s); "
                        f"{len(p.ranks)} ranks seen.", style="dim"))
     if report.verdict is not None:
         console.print(Text("Verdict:", style="bold"))
     render_findings(report.findings, console)
+    for note in p.notes[:10]:
+        console.print(Text(f"note: {sanitize(note)}", style="dim"))
     rows: dict[str, list[int]] = defaultdict(list)
     for r, st in p.ranks.items():
         rows[_state(st)].append(r)
@@ -49,7 +52,7 @@ def render(report: LogReport, console: Console) -> None:
     ordered = sorted(rows.items(), key=lambda kv: (len(kv[1]), min(kv[1])))
     for state, ranks in ordered[:MAX_ROWS]:
         label = f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)}"
-        console.print(Text(f"  {label:<18} {state}"))
+        console.print(Text(f"  {label:<18} {sanitize(state)}"))
     if len(ordered) > MAX_ROWS:
         console.print(Text(f"  ... {len(ordered) - MAX_ROWS} more groups (--json has every rank)",
                            style="dim"))

@@ -11,6 +11,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from mldebug.findings import Finding, Severity, sort_findings
+from mldebug.nccllog import catalogue
+from mldebug.nccllog.catalogue import Classified
 from mldebug.nccllog.model import (
     CommInit,
     CommSummary,
@@ -51,8 +53,13 @@ def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
                 if normalise(msg) not in m.warn_counts:
                     m.warns.append(msg)
             m.warn_counts.update(p.warn_counts)
+            for k, v in p.warn_src.items():
+                m.warn_src.setdefault(k, v)
+            for k, v in p.warn_context.items():
+                m.warn_context.setdefault(k, v)
             m.gdr_disabled += [h for h in p.gdr_disabled if h not in m.gdr_disabled]
             m.gid_link_local = m.gid_link_local or p.gid_link_local
+            m.mtu = m.mtu or p.mtu
             for sl, cnt in p.coll.items():
                 m.coll[sl].update(cnt)
             if m.launcher_rank is None:
@@ -94,8 +101,12 @@ def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
         for key, n in p.warn_counts.items():
             g = groups.get(key)
             if g is None:
-                g = groups[key] = WarnGroup(first.get(key, key), [], 0, key=key)
+                g = groups[key] = WarnGroup(first.get(key, key), [], 0, key=key,
+                                            source=p.warn_src.get(key, ""),
+                                            context=p.warn_context.get(key, ""))
             g.count += n
+            if p.version and p.version not in g.versions and len(g.versions) < 16:
+                g.versions.append(p.version)
             if p.key not in seen[key]:
                 seen[key].add(p.key)
                 g.processes.append(p.label)
@@ -108,9 +119,14 @@ def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
 def _process_groups(procs: Sequence[ProcessLog]) -> list[ProcessGroup]:
     """Rows equal apart from rank/host/pid, folded into one row each (first-seen order)."""
     rows: dict[tuple[str, str, str, str, str], list[ProcessLog]] = {}
+    seen: dict[tuple[str, ...], str] = {}  # interface lists repeat across processes
     for p in procs:
         net = p.net
-        ifaces = " ".join(normalise(i) for i in net.items) if net else ""
+        ifaces = ""
+        if net:
+            items = tuple(net.items)
+            ifaces = seen.get(items) or seen.setdefault(
+                items, " ".join(normalise(i) for i in items))
         key = (p.version or "", p.transport or "", ifaces, ",".join(p.bootstrap),
                "warn" if p.warn_counts else "")
         rows.setdefault(key, []).append(p)
@@ -142,8 +158,18 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
     findings: list[Finding] = []
     for rule in RULES:
         findings += rule(ctx)
+    cat: catalogue.Catalogue | None = None  # loaded when a WARN needs it (~10 ms)
+    # WARN kinds printed from one format with one class and cause (a socket path or a peer
+    # differs) are one finding
+    by_format: dict[tuple[str, str, str], list[tuple[WarnGroup, Classified]]] = {}
     for w in warns:
         if w.key in ctx.explained:
+            continue
+        cat = cat or catalogue.load()
+        cls = cat.describe(w.message, w.source, w.context)
+        if cls is not None:
+            fmt = cls.entry.format if cls.entry is not None else w.key
+            by_format.setdefault((cls.component, fmt, cls.cause or ""), []).append((w, cls))
             continue
         findings.append(Finding(
             Severity.WARNING, f"NCCL WARN: {w.message[:200]}",
@@ -151,6 +177,7 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
             + (", ".join(w.processes) if len(w.processes) <= 3
                else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"),
             warn_fix(w.message), "nccl-log-warn", tuple(w.hosts)))
+    findings += [_catalogued(group) for group in by_format.values()]
     findings += _input_findings(logs, procs, findings)
     coll: dict[int, Counter[str]] = defaultdict(Counter)
     for p in procs:
@@ -163,11 +190,38 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs))
 
 
+def _catalogued(group: list[tuple[WarnGroup, Classified]]) -> Finding:
+    """WARN kinds no rule explained, printed from one NCCL format string, described from
+    NCCL's source catalogue."""
+    w, cls = group[0]
+    names = list(dict.fromkeys(n for g, _ in group for n in g.processes))
+    hosts = sorted({h for g, _ in group for h in g.hosts})
+    count = sum(g.count for g, _ in group)
+    where = (f"printed {count} time(s) by {len(names)} process(es): "
+             + (", ".join(names) if len(names) <= 3
+                else f"{len(names)} processes on {hosts_text(hosts)}")
+             + (f" ({len(group)} variants of the message)" if len(group) > 1 else ""))
+    src = ""
+    if cls.entry is not None:
+        src = (f"\nNCCL source: {', '.join(cls.entry.files[:3])}, format "
+               f"'{cls.entry.format[:160]}' (NCCL {cls.entry.version_text}).")
+    how = {"values": "by the values in the message",
+           "source file": f"by NCCL's source file {w.source}",
+           "context": "by what NCCL was setting up just before"}.get(cls.how)
+    return Finding(
+        Severity.WARNING, f"NCCL WARN ({cls.title}): {w.message[:200]}",
+        where + (f"\nLikely cause: {cls.cause}." if cls.cause else "")
+        + (f"\nJust before it: {w.context[:200]}" if w.context else "")
+        + (f"\nComponent decided {how}." if how else "") + src,
+        cls.fix, f"nccl-log-{cls.component}", tuple(hosts))
+
+
 def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
                     findings: Sequence[Finding]) -> list[Finding]:
     out = []
     unparsed = sum(log.unparsed_nccl for log in logs)
-    if not procs and not findings and not any(log.bare_versions for log in logs):
+    if not procs and not findings and not any(log.bare_versions for log in logs) \
+            and not all(log.binary for log in logs):
         out.append(Finding(
             Severity.WARNING, "no NCCL debug lines found",
             "None of the files has lines like 'host:pid:tid [0] NCCL INFO ...'.",
@@ -179,6 +233,13 @@ def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
             Severity.INFO, f"{unparsed} NCCL line(s) in an unknown shape were read as text",
             f"e.g. {example[:200]}", "if mldebug misreads them, report the line shape.",
             "nccl-log-unknown-shape"))
+    odd = [log for log in logs if log.binary and not log.nccl_lines]
+    if odd:
+        out.append(Finding(
+            Severity.WARNING, f"{len(odd)} input file(s) are not text logs",
+            ", ".join(f"{log.source} ({log.binary})" for log in odd[:5]),
+            "decompress compressed logs first (zcat FILE | mldebug nccl-log -); leave binary "
+            "files out.", "nccl-log-not-text"))
     long_lines = sum(log.long_lines for log in logs)
     cut = [log.source for log in logs if log.truncated]
     if long_lines or cut:

@@ -73,8 +73,12 @@ class ProcessLog:
     comms: dict[str, CommInit] = field(default_factory=dict)  # comm address -> init
     warns: list[str] = field(default_factory=list)  # first message of each distinct kind
     warn_counts: Counter[str] = field(default_factory=Counter)  # normalised kind -> count
+    warn_src: dict[str, str] = field(default_factory=dict)  # kind -> 'file.cc:123' (first)
+    warn_context: dict[str, str] = field(default_factory=dict)  # kind -> INFO line before it
     gdr_disabled: list[str] = field(default_factory=list)  # "HCA 0 'mlx5_0' (no module)"
     gid_link_local: bool = False
+    mtu: int | None = None  # NET/IB: Dev d Port p qpn q mtu N (the first)
+    last_info: str | None = None  # the last setup INFO line (parser state, cut at 300)
     coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     @property
@@ -113,12 +117,16 @@ class ProcessLog:
                 return n
         return next((n for n in self.nets if n.interfaces), None)
 
-    def add_warn(self, msg: str) -> None:
+    def add_warn(self, msg: str, src: str | None = None, context: str | None = None) -> None:
         key = normalise(msg)
         if key not in self.warn_counts and len(self.warn_counts) >= MAX_WARN_KINDS:
             key = "(more kinds of WARN than kept)"
         if key not in self.warn_counts:
             self.warns.append(msg)
+            if src:
+                self.warn_src[key] = src
+            if context:
+                self.warn_context[key] = context
         self.warn_counts[key] += 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,7 +142,7 @@ class ProcessLog:
             "bootstrap": self.bootstrap, "env": self.env,
             "comms": [c.__dict__ for c in self.comms.values()],
             "warnings": sum(self.warn_counts.values()),
-            "gdr_disabled": self.gdr_disabled,
+            "gdr_disabled": self.gdr_disabled, "ib_mtu": self.mtu,
             "collectives": {op: sum(c[op] for c in self.coll.values())
                             for op in sorted({o for c in self.coll.values() for o in c})},
         }
@@ -162,6 +170,7 @@ class ParsedLog:
     signals: dict[str, Signal] = field(default_factory=dict)
     long_lines: int = 0  # lines cut at the length bound
     truncated: bool = False  # stopped at the size bound
+    binary: str | None = None  # 'gzip' / 'binary' when the start of the file is not text
 
 
 @dataclass
@@ -171,10 +180,14 @@ class WarnGroup:
     count: int
     hosts: list[str] = field(default_factory=list)
     key: str = ""
+    source: str = ""  # NCCL's file.cc:line of the first occurrence
+    context: str = ""  # the NCCL INFO line its first printer logged just before it
+    versions: list[str] = field(default_factory=list)  # NCCL versions of the printers
 
     def to_dict(self) -> dict[str, Any]:
         return {"message": self.message, "processes": self.processes, "count": self.count,
-                "hosts": self.hosts}
+                "hosts": self.hosts, "source": self.source, "context": self.context,
+                "nccl_versions": self.versions}
 
 
 @dataclass

@@ -43,6 +43,7 @@ from mldebug.nccllog.model import (
 )
 
 MAX_LINE = 64 << 10
+BINARY_PROBE = 64 << 10  # NUL bytes or a compression magic in the first 64 KiB: not a text log
 MAX_BYTES = 16 << 30
 MAX_NRANKS = 1 << 22  # a communicator size beyond this is not believed
 UNKNOWN_HOST = "(no host in line)"
@@ -71,6 +72,7 @@ ITEM = re.compile(r"\[\d{1,4}\]=?\{?\s?(?P<item>[^\s\[;,{}=]{1,200})")
 DRIVER = re.compile(r"cudaDriverVersion (?P<v>\d{1,9})")
 PLUGIN_PATH = re.compile(r"Plugin Path : (?P<path>\S{1,400})")
 P2P_PLUGIN = re.compile(r"P2P plugin (?P<name>\S{1,100})")
+MTU = re.compile(r"NET/IB ?: Dev \d{1,4} Port \d{1,4} qpn \d{1,12} mtu (?P<mtu>\d{1,6})")
 LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded (?:net|coll) plugin (?P<name>.{1,100})")
 
 # kind -> texts that mean it, looked for in every line (NCCL's or the application's).
@@ -90,6 +92,15 @@ SIGNALS: dict[str, tuple[str, ...]] = {
     "torch watchdog": ("Watchdog caught collective operation timeout", "last enqueued NCCL work"),
 }
 _NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in needles]
+# the SIGNALS texts that NCCL itself prints at INFO level (2.25: 'NCCL INFO ncclMaxSharedMem
+# 82240 exceeds device/fn maxSharedMem 79856'); other INFO lines are not scanned
+INFO_NEEDLES = ("maxSharedMem", "rror")
+
+
+# INFO lines that say what NCCL was setting up (the context of a WARN that follows):
+# not the '<file>:<line> -> <code>' unwinding lines nor the per-collective lines.
+_UNWIND = re.compile(r"[\w./+-]{1,200}:\d{1,6} -> ")
+MAX_CONTEXT = 300
 
 
 def _iface_name(item: str) -> str:
@@ -115,11 +126,8 @@ class _Parser:
             log.long_lines += 1
         if self.split is not None and self.split.search(line):
             self.slice_no += 1
-        for kind, needle in _NEEDLES:
-            if needle in line:
-                self._signal(kind, line)
-                break
         if "NCCL" not in line and "WARN" not in line and "INFO" not in line:
+            self._scan(line)
             return
         label: str | None = None
         rest = line
@@ -127,6 +135,10 @@ class _Parser:
         if m is None:
             label, rest = split_prefix(line)
             m = HEAD.match(rest) or NOHEAD.match(rest)
+        # NCCL's own INFO lines carry none of the failure texts but the shared-memory one:
+        # they skip the scan (most lines of a log)
+        if m is None or m["level"] != "INFO" or any(n in line for n in INFO_NEEDLES):
+            self._scan(line)
         if m is None:
             v = VERSION.match(rest)
             if v is not None:  # NCCL <= 2.8 printed it bare, right after rank 0's NET lines
@@ -143,10 +155,16 @@ class _Parser:
             proc.launcher_rank = int(label)
         msg = m["msg"].strip()
         if m["level"] == "WARN":
-            proc.add_warn(msg)
+            proc.add_warn(msg, m["src"], proc.last_info)
             self.last_warn = msg
-        else:
-            _parse_info(proc, msg, self.slice_no)
+        elif _parse_info(proc, msg, self.slice_no):
+            proc.last_info = msg if len(msg) <= MAX_CONTEXT else msg[:MAX_CONTEXT]
+
+    def _scan(self, line: str) -> None:
+        for kind, needle in _NEEDLES:
+            if needle in line:
+                self._signal(kind, line)
+                return
 
     def _process(self, ident: str | None, dev: str | None) -> ProcessLog:
         devno = int(dev) if dev is not None else None
@@ -204,10 +222,13 @@ class _Parser:
             sig.examples.append(line.strip()[:300])
 
 
-def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
+def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> bool:
+    """Read one INFO message into ``proc``; True if it may say what NCCL was setting up (not
+    a collective call, not a '<file>:<line> -> <code>' unwinding line)."""
     m: re.Match[str] | None
     if m := COLL.match(msg):
         proc.coll[slice_no][m["op"]] += 1
+        return False
     elif m := VERSION.match(msg):
         proc.version = m["v"]
     elif m := NET.match(msg):
@@ -239,13 +260,19 @@ def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> None:
         proc.cuda_driver = int(m["v"])
     elif msg.startswith(("NET/Plugin", "Plugin Path", "P2P plugin")):
         _parse_plugin(proc, msg)
+    elif msg.startswith("NET/IB") and " mtu " in msg:
+        if proc.mtu is None and (mm := MTU.match(msg)):
+            proc.mtu = int(mm["mtu"])
     elif "GPU Direct RDMA Disabled for HCA" in msg:
         if len(proc.gdr_disabled) < 16:
             proc.gdr_disabled.append(msg.split("HCA", 1)[1].strip())
     else:
         _parse_init(proc, msg)
+        if " -> " in msg and _UNWIND.match(msg):
+            return False
     if "(80FE/" in msg or "GID fe80" in msg:
         proc.gid_link_local = True
+    return True
 
 
 def _parse_plugin(proc: ProcessLog, msg: str) -> None:
@@ -301,6 +328,11 @@ def read_lines(fh: BinaryIO, log: ParsedLog, max_bytes: int = MAX_BYTES) -> Iter
         chunk = fh.readline(MAX_LINE)
         if not chunk:
             return
+        if total < BINARY_PROBE and log.binary is None:
+            if total == 0 and chunk.startswith((b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"BZh")):
+                log.binary = "compressed"
+            elif b"\x00" in chunk:
+                log.binary = "binary"
         total += len(chunk)
         if len(chunk) == MAX_LINE and not chunk.endswith(b"\n"):
             log.long_lines += 1
@@ -371,4 +403,13 @@ def load(paths: Sequence[str | Path], split: str | None = None,
                 for line in read_lines(fh, p.log, max_bytes):
                     p.feed(line)
         logs.append(p.log)
+    binary = [log for log in logs if log.binary and not log.nccl_lines]
+    if binary and len(binary) == len(logs):
+        log = binary[0]
+        raise UsageError(
+            f"{log.source} is {'a compressed file' if log.binary == 'compressed' else 'binary'}"
+            ", not a text log.",
+            "decompress it first (e.g. zcat FILE | mldebug nccl-log -)"
+            if log.binary == "compressed" else
+            "pass the NCCL_DEBUG=INFO text output (NCCL_DEBUG_FILE files or the job's log).")
     return logs

@@ -466,10 +466,16 @@ def rule_unhandled(ctx: Context) -> list[Finding]:
         if sig is None:
             continue
         cause = sig.preceding_warn
+        where = ""
+        if cause:  # which part of NCCL that WARN comes from (catalogue, loaded on demand)
+            from mldebug.nccllog.catalogue import load
+
+            cls = load().describe(cause)
+            where = f"\nThe WARN before it is about: {cls.title}." if cls else ""
         out.append(_f(Severity.ERROR, "nccl-log-unhandled-error",
                       f"NCCL failed with '{kind}'"
                       + (f"; the WARN before it: {cause[:160]}" if cause else ""),
-                      f"{sig.examples[0]}\n(seen {sig.count} time(s))",
+                      f"{sig.examples[0]}\n(seen {sig.count} time(s))" + where,
                       ("the error code is generic; the WARN line NCCL printed just before it "
                        "is the cause (see its own finding, if any)." if cause else
                        "no NCCL WARN preceded it: rerun with NCCL_DEBUG=INFO "
@@ -567,6 +573,132 @@ def rule_odd_interfaces(ctx: Context) -> list[Finding]:
                "or exclude the odd nodes.", (p.host for p in odd))]
 
 
+# NCCL_* settings whose value differs per host or process by design
+PER_HOST_VARS = ("NCCL_DEBUG_FILE", "NCCL_HOSTID", "NCCL_TOPO_DUMP_FILE", "NCCL_GRAPH_DUMP_FILE",
+                 "NCCL_COMM_ID")
+MAX_VALUE_SHOWN = 60
+
+
+def _sides(values: dict[str, set[str]]) -> tuple[str, list[str]]:
+    """'hosts node[1-8] use X; node9 uses Y' (most hosts first) and the minority hosts."""
+    ranked = sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    parts = []
+    for value, hosts in ranked[:6]:
+        v = value if len(value) <= MAX_VALUE_SHOWN else value[:MAX_VALUE_SHOWN] + "..."
+        parts.append(f"host{'s' if len(hosts) > 1 else ''} {hosts_text(hosts)} "
+                     f"use{'' if len(hosts) > 1 else 's'} {v}")
+    if len(ranked) > 6:
+        parts.append(f"and {len(ranked) - 6} more values")
+    return "; ".join(parts), sorted({h for _, hs in ranked[1:] for h in hs})
+
+
+def rule_host_differences(ctx: Context) -> list[Finding]:
+    """Within one job, hosts (or processes) that differ in what NCCL printed about its setup:
+    CUDA driver, IB MTU, net plugin, transport, and every NCCL_* setting NCCL reported."""
+    out: list[Finding] = []
+    checks: list[tuple[str, str, dict[str, set[str]]]] = []
+    driver: dict[str, set[str]] = defaultdict(set)
+    mtu: dict[str, set[str]] = defaultdict(set)
+    plugins: dict[str, set[str]] = defaultdict(set)
+    transports: dict[str, set[str]] = defaultdict(set)
+    env: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    with_env: list[ProcessLog] = []
+    for p in ctx.procs:  # one pass: 8,192 processes cost a few ms
+        host = p.host
+        if p.cuda_driver:
+            driver[f"CUDA driver {p.cuda_driver // 1000}.{p.cuda_driver % 1000 // 10}"].add(host)
+        if p.mtu:
+            mtu[f"IB MTU {p.mtu}"].add(host)
+        if p.plugin is not None:
+            plugins[p.plugin].add(host)
+        t = p.transport
+        if t is not None:
+            transports[t].add(host)
+        if p.env:
+            with_env.append(p)
+            for k, v in p.env.items():
+                if k.startswith("NCCL_") and k not in PER_HOST_VARS:
+                    env[k][f"{k}={v}"].add(host)
+    checks.append(("CUDA driver", "install the same NVIDIA driver on every node (nvidia-smi).",
+                   driver))
+    checks.append(("InfiniBand MTU", "set the same MTU on every HCA port and switch (ibv_devinfo "
+                   "shows active_mtu; on RoCE the NIC's MTU).", mtu))
+    if "none" not in plugins:  # none vs one plugin: rule_plugins says it
+        checks.append(("net plugin", "install the same NCCL net plugin (and NCCL_NET_PLUGIN) on "
+                       "every node.", {f"plugin {k}": v for k, v in plugins.items()}))
+    if not (any(t.startswith("IB") for t in transports) and "Socket" in transports):
+        checks.append(("transport", "make the same network usable on every node (HCAs visible, "
+                       "same plugin, same NCCL_NET / NCCL_IB_DISABLE).",
+                       {f"NET/{k}": v for k, v in transports.items()}))
+    for name in sorted(env):
+        setting = env[name]
+        unset = {p.host for p in with_env if name not in p.env}
+        if unset:
+            setting[f"no {name}"] = unset
+        checks.append((name, f"set {name} the same way on every node (the launcher's "
+                       "environment, /etc/nccl.conf, ~/.nccl.conf), unless a host needs it.",
+                       setting))
+    for what, fix, values in checks:
+        if len(values) < 2:
+            continue
+        detail, odd = _sides(values)
+        out.append(_f(Severity.WARNING, "nccl-log-host-difference",
+                      f"hosts differ in {what}", detail + ".", fix, odd))
+    return out
+
+
+def rule_known_issues(ctx: Context) -> list[Finding]:
+    """A WARN / failure line or an NCCL setting that matches a known NCCL bug of the version
+    the process runs (known_issues.json, from NCCL's release notes)."""
+    from mldebug.nccllog.known import load
+
+    versions = sorted({p.version for p in ctx.procs if p.version} | set(ctx.bare_versions))
+    out = []
+    for row in load():
+        hits: list[tuple[str, list[str], list[str]]] = []  # (evidence, versions, hosts)
+        for w in ctx.warns:
+            if row.matches_message(w.message, w.source):
+                known = w.versions or versions
+                vs = [v for v in known if row.affects(v)] if known else ["?"]
+                if vs:
+                    hits.append((w.message, vs, w.hosts))
+        for sig in ctx.signals.values():
+            for ex in sig.examples:
+                if row.matches_message(ex):
+                    vs = [v for v in versions if row.affects(v)]
+                    if vs:
+                        hits.append((ex, vs, []))
+        if row.env and row.env_differs:
+            with_env = [p for p in ctx.procs if p.env]
+            values = {p.env.get(row.env, "(unset)") for p in with_env}
+            procs = [p for p in with_env if row.affects(p.version)] \
+                if len(values) > 1 and row.env in {k for p in with_env for k in p.env} else []
+        else:
+            procs = [p for p in ctx.procs if row.matches_env(p.env)
+                     and row.affects(p.version)] if row.env else []
+        if procs:
+            assert row.env is not None
+            hits.append((f"{row.env}={procs[0].env.get(row.env, '(unset)')} ({labels(procs)})"
+                         + (" while other processes set it otherwise" if row.env_differs
+                            else ""),
+                         sorted({p.version or "" for p in procs}), [p.host for p in procs]))
+        if not hits:
+            continue
+        vs = sorted({v for _, v_, _ in hits for v in v_} - {"?"})
+        title = (f"known bug in NCCL {', '.join(vs)} (affects {row.range_text}), fixed in "
+                 f"{row.fixed}" if vs else
+                 f"matches a known bug of NCCL {row.range_text}, fixed in {row.fixed} (the "
+                 "log does not show its NCCL version: check it is in that range)")
+        out.append(_f(
+            Severity.ERROR if vs else Severity.WARNING, "nccl-log-known-bug", title,
+            f"{row.summary}.\nEvidence: {hits[0][0][:240]}\nSource: {', '.join(row.sources)}",
+            f"upgrade NCCL to {row.fixed} or newer (a newer torch wheel / nvidia-nccl-cu* "
+            "package or container)" + (f"; until then {row.workaround}" if row.workaround
+                                       else "") + ".",
+            [h for _, _, hs in hits for h in hs]))
+    return out
+
+
 def rule_torch_watchdog(ctx: Context) -> list[Finding]:
     """PyTorch's NCCL watchdog lines are about ranks, not the network: point to the command
     that reads them across ranks."""
@@ -602,6 +734,8 @@ RULES: list[Callable[[Context], list[Finding]]] = [
     rule_link_local_addresses,
     rule_odd_interfaces,
     rule_torch_watchdog,
+    rule_known_issues,
+    rule_host_differences,
 ]
 
 

@@ -1,37 +1,67 @@
-"""Inf/nan and under/overflow detection, and tensor inspection.
+"""Inf/nan and under/overflow detection, tensor inspection, and the distributed NaN sentinel.
 
-Importing this package imports torch; ``mldebug`` itself only imports it when one of these
-names is first used (``from mldebug import DebugUnderflowOverflow``).
+The names below are resolved on first use: ``import mldebug.numerics`` (and the torch-free
+``mldebug.numerics.records``, which ``mldebug numerics report`` reads with) does not import
+torch; ``from mldebug.numerics import DebugUnderflowOverflow`` does.
 """
 
 from __future__ import annotations
 
-from mldebug.numerics.detector import DebugUnderflowOverflow, OverflowDetected
-from mldebug.numerics.inspection import (
-    TensorStats,
-    detect_overflow,
-    lovely,
-    patch_tensor_repr,
-    tensor_info,
-    tensor_info_dict,
-    tensor_stats,
-    unpatch_tensor_repr,
-)
-from mldebug.numerics.report import (
-    Entry,
-    HeadroomWarning,
-    ModuleCall,
-    OverflowReport,
-    render_report,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real types for type checkers; at run time resolved on first use
+    from mldebug.numerics.detector import DebugUnderflowOverflow, OverflowDetected
+    from mldebug.numerics.inspection import (
+        TensorStats,
+        detect_overflow,
+        lovely,
+        patch_tensor_repr,
+        tensor_info,
+        tensor_info_dict,
+        tensor_stats,
+        unpatch_tensor_repr,
+    )
+    from mldebug.numerics.report import (
+        Entry,
+        HeadroomWarning,
+        ModuleCall,
+        OverflowReport,
+        render_report,
+    )
+    from mldebug.numerics.sentinel import NanSentinel, NonFiniteDetected, ReplicasDiverged
+
+_LAZY: dict[str, str] = {
+    "DebugUnderflowOverflow": "mldebug.numerics.detector",
+    "OverflowDetected": "mldebug.numerics.detector",
+    "TensorStats": "mldebug.numerics.inspection",
+    "detect_overflow": "mldebug.numerics.inspection",
+    "lovely": "mldebug.numerics.inspection",
+    "patch_tensor_repr": "mldebug.numerics.inspection",
+    "tensor_info": "mldebug.numerics.inspection",
+    "tensor_info_dict": "mldebug.numerics.inspection",
+    "tensor_stats": "mldebug.numerics.inspection",
+    "unpatch_tensor_repr": "mldebug.numerics.inspection",
+    "Entry": "mldebug.numerics.report",
+    "HeadroomWarning": "mldebug.numerics.report",
+    "ModuleCall": "mldebug.numerics.report",
+    "OverflowReport": "mldebug.numerics.report",
+    "render_report": "mldebug.numerics.report",
+    "NanSentinel": "mldebug.numerics.sentinel",
+    "NonFiniteDetected": "mldebug.numerics.sentinel",
+    "ReplicasDiverged": "mldebug.numerics.sentinel",
+}
 
 __all__ = [
     "DebugUnderflowOverflow",
     "Entry",
-    "ModuleCall",
     "HeadroomWarning",
+    "ModuleCall",
+    "NanSentinel",
+    "NonFiniteDetected",
     "OverflowDetected",
     "OverflowReport",
+    "ReplicasDiverged",
     "TensorStats",
     "detect_overflow",
     "lovely",
@@ -42,3 +72,16 @@ __all__ = [
     "tensor_stats",
     "unpatch_tensor_repr",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mldebug.numerics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,216 @@
+"""NCCL's own messages as data: every WARN format string of NCCL 2.12 .. today, its component,
+a fix per component and causes for the common strings (catalogue.json, written by
+scripts/nccl_catalogue.py from NVIDIA/nccl's source plus the hand-written rules in it).
+
+``lookup(message)`` finds the format string a WARN message was printed from: each format
+becomes an anchored regular expression (``%d`` -> digits, ``%s`` -> any text ...), compiled
+the first time it is tried. Candidates are found by the format's first literal word (a dict)
+and, for formats that start with a specifier, by their longest literal piece; the literal
+pieces must occur in order before the regular expression runs, so a failing match costs a few
+``str.find`` calls. Matching is per distinct WARN kind, never per log line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+PATH = Path(__file__).with_name("catalogue.json")
+MAX_MESSAGE = 4096  # longer messages are matched on their start
+_SPEC = re.compile(r"%[-+ #0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|z|j|t|L|q)?"
+                   r"([diouxXeEfgGcspnma%])")
+_VALUE = {
+    "d": r"[-+]?\d+", "i": r"[-+]?\d+", "u": r"\d+", "o": r"[0-7]+",
+    "x": r"(?:0[xX])?[0-9a-fA-F]+", "X": r"(?:0[xX])?[0-9a-fA-F]+",
+    "p": r"(?:0[xX][0-9a-fA-F]+|\(nil\)|0|[0-9a-fA-F]+)",
+    "e": r"[-+0-9.eEnaif]+", "E": r"[-+0-9.eEnaif]+", "f": r"[-+0-9.eEnaif]+",
+    "g": r"[-+0-9.eEnaif]+", "G": r"[-+0-9.eEnaif]+", "a": r"[-+0-9.xXpPa-fA-F]+",
+    "c": r".", "s": r".*?", "m": r".*?", "%": r"%", "n": r"",
+}
+_WORD = re.compile(r"\S+")
+
+
+def first_word(text: str) -> str:
+    m = _WORD.match(text)
+    return m.group(0) if m else ""
+
+
+@dataclass
+class Entry:
+    """One format string of the catalogue."""
+
+    format: str
+    level: str
+    files: list[str]
+    versions: list[list[str]]
+    component: str | None
+    literals: list[str] = field(default_factory=list)  # the literal pieces, in order
+    _regex: re.Pattern[str] | None = None
+
+    @property
+    def literal_len(self) -> int:
+        return sum(len(s) for s in self.literals)
+
+    def regex(self) -> re.Pattern[str]:
+        if self._regex is None:
+            out: list[str] = []
+            pos = 0
+            for m in _SPEC.finditer(self.format):
+                lit = _lit(self.format[pos:m.start()])
+                value = _VALUE.get(m.group(1), r".*?")
+                if value == r".*?" and not lit and out and out[-1] == r".*?":
+                    pos = m.end()  # '%s%s%s': one lazy run, not nested ones (backtracking)
+                    continue
+                out += [lit, value] if lit else [value]
+                pos = m.end()
+            out.append(_lit(self.format[pos:]))
+            self._regex = re.compile("".join(out), re.S)
+        return self._regex
+
+    def matches(self, msg: str) -> bool:
+        at = 0
+        for lit in self.literals:  # cheap test first: the literal pieces in order
+            at = msg.find(lit, at)
+            if at < 0:
+                return False
+            at += len(lit)
+        return self.regex().fullmatch(msg) is not None
+
+    @property
+    def version_text(self) -> str:
+        return ", ".join(a if a == b else f"{a}-{b}" for a, b in self.versions)
+
+
+def _lit(text: str) -> str:
+    """A literal piece as a pattern; blanks match any run of blanks (the catalogue folds
+    runs of blanks and line breaks, a log may cut or strip them)."""
+    return r"\s*".join(re.escape(w) for w in text.split(" "))
+
+
+def _literals(fmt: str) -> list[str]:
+    return [p.strip() for p in _SPEC.split(fmt)[::2] if p.strip()]
+
+
+@dataclass
+class Classified:
+    component: str
+    title: str
+    fix: str
+    cause: str | None
+    entry: Entry | None  # the format string matched, if any
+    how: str = "format"  # what decided the component: format, values, source file, context
+
+
+# components that say little on their own: the WARN's source file or the setup line before
+# it (which transport was being connected) decide instead
+VAGUE = ("cuda", "socket", "proxy", "internal")
+SETUP = ("ib-verbs", "roce-gid", "bootstrap", "shm", "p2p", "nvls", "collnet", "net-plugin",
+         "cumem", "memreg")
+
+
+class Catalogue:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.components: dict[str, dict[str, str]] = data.get("components", {})
+        self.rules = [(r["component"], re.compile(r["file"]) if "file" in r else None,
+                       re.compile(r["text"]) if "text" in r else None)
+                      for r in data.get("rules", [])]
+        self.causes = [(re.compile(c["match"]), c["cause"], c.get("fix"))
+                       for c in data.get("causes", [])]
+        self.tags: list[str] = data.get("tags", [])
+        self.entries = [Entry(s["format"], s["level"], s["files"], s["versions"],
+                              s.get("component"), _literals(s["format"]))
+                        for s in data.get("strings", [])]
+        self._by_word: dict[str, list[Entry]] = defaultdict(list)
+        self._rest: list[tuple[str, Entry]] = []  # (longest literal, entry)
+        for e in self.entries:
+            if e.level != "WARN" or not e.literals:
+                continue
+            word = first_word(e.format)
+            if word and "%" not in word:
+                self._by_word[word].append(e)
+            else:
+                self._rest.append((max(e.literals, key=len), e))
+        for lst in self._by_word.values():
+            lst.sort(key=lambda e: -e.literal_len)
+        self._rest.sort(key=lambda le: -le[1].literal_len)
+
+    def classify(self, text: str, files: list[str] | tuple[str, ...] = (),
+                 text_only: bool = False, file_only: bool = False) -> str | None:
+        """The component of a format (with its source files) or of a bare message;
+        ``text_only``: by the rules that read the text alone; ``file_only``: by the rules
+        that read the source file."""
+        for comp, file_re, text_re in self.rules:
+            if file_only and file_re is None:
+                continue
+            if file_re is not None and (text_only or not any(file_re.search(f) for f in files)):
+                continue
+            if text_re is not None and not text_re.search(text):
+                continue
+            return comp
+        return None
+
+    def lookup(self, msg: str) -> Entry | None:
+        """The WARN format string ``msg`` was printed from (the most literal one), or None."""
+        msg = msg.strip()[:MAX_MESSAGE]
+        best: Entry | None = None
+        for e in self._by_word.get(first_word(msg), ()):
+            if e.matches(msg):
+                best = e
+                break
+        for lit, e in self._rest:
+            if best is not None and e.literal_len <= best.literal_len:
+                break
+            if lit in msg and e.matches(msg):
+                best = e
+                break
+        return best
+
+    def cause(self, msg: str) -> tuple[str, str | None] | None:
+        for pat, cause, fix in self.causes:
+            if pat.search(msg):
+                return cause, fix
+        return None
+
+    def describe(self, msg: str, src: str | None = None,
+                 context: str | None = None) -> Classified | None:
+        """Component, fix and cause of one WARN message; None if nothing classifies it.
+        ``src``: NCCL's 'file.cc:123' from the log line; ``context``: the INFO line the same
+        process printed just before (what NCCL was setting up)."""
+        entry = self.lookup(msg)
+        comp = entry.component if entry is not None else None
+        how = "format"
+        own = self.classify(entry.format, text_only=True) if entry is not None else None
+        if own is None:
+            # 'Call to %s failed : %s': the values (ibv_reg_mr, connect ...) say more
+            by_text = self.classify(msg, text_only=True)
+            if by_text is not None and by_text != comp:
+                comp, how = by_text, "values"
+        if own is None or own in VAGUE:
+            # 'Cuda failure %d '%s'' is printed all over NCCL: where, and what NCCL was
+            # setting up just before, name the component
+            if src and (comp is None or comp in VAGUE):
+                path = src.rsplit(":", 1)[0].removeprefix("src/")
+                by_file = self.classify(msg, [path], file_only=True)
+                if by_file in SETUP:
+                    comp, how = by_file, "source file"
+            if context and (comp is None or comp in VAGUE):
+                by_context = self.classify(context, text_only=True)
+                if by_context in SETUP:
+                    comp, how = by_context, "context"
+        if comp is None or comp not in self.components:
+            return None
+        info = self.components[comp]
+        c = self.cause(msg) or (self.cause(entry.format) if entry is not None else None)
+        cause, fix = (c[0], c[1] or info["fix"]) if c else (None, info["fix"])
+        return Classified(comp, info["title"], fix, cause, entry, how)
+
+
+@lru_cache(maxsize=1)
+def load() -> Catalogue:
+    """The packaged catalogue (read once per process)."""
+    return Catalogue(json.loads(PATH.read_text(encoding="utf-8")))
