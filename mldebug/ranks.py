@@ -192,8 +192,10 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         launcher = next(((a, name) for a in _ancestors(p, procs)
                          if a in procs and (name := launcher_of(procs[a]))), None)
         job = job_of(env, host or "", launcher)
-        if not has_rank:
-            job["lone"] = False  # chosen by --pid/--pattern: analysed as the user asked
+        if not has_rank or pid is not None or rx is not None:
+            # chosen by --pid/--pattern: analysed as the user asked (the advice for a lone
+            # rank-carrying process is to select it so; that must then work)
+            job["lone"] = False
         cands[p] = dict(info, identity=ident.to_dict(), has_rank=has_rank, job=job)
     # drop launchers wrapping rank-carrying workers of another kind, and inherited copies
     drop = set()

@@ -501,3 +501,26 @@ def test_node_another_users_process_never_joins_the_callers_job(tmp_path, capsys
         for p in (mine, theirs):
             p.kill()
             p.wait()
+
+
+# -- class: verdicts -------------------------------------------------------------------------
+def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
+    """row: verdicts-lone-rank - the report says to select a lone RANK process with --pid or
+    --pattern; doing so analyses it (it was still left out as lone)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
+    code = "import time; time.sleep(120)  # mldebug-safety-table-lone"
+    p = subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK="0"))
+    try:
+        time.sleep(0.5)
+        rc, out, err = _cli(["hang", "--json"], capsys)
+        lone = json.loads(out)
+        assert p.pid not in [x["pid"] for x in lone["processes"]]
+        assert any(f["code"] == "lone-processes" and "--pid" in f["fix"]
+                   for f in lone["findings"]), lone["findings"]
+        for argv in (["--pid", str(p.pid)], ["--pattern", "mldebug-safety-table-lone"]):
+            rc, out, err = _cli(["hang", *argv, "--json"], capsys)
+            assert rc == 0 and [x["pid"] for x in json.loads(out)["processes"]] == [p.pid], argv
+    finally:
+        p.kill()
+        p.wait()
