@@ -17,6 +17,15 @@ document returned, then folded into the hang collection: the flow before streami
 "streamed": ``mldebug.hang.collect.collect`` (each node folded as it arrives, its document
 dropped). Each runs in its own child process, side by side; "floor" is a child that imports
 the same modules and collects nothing.
+
+``python benchmarks/bench_fanout.py ssh [NODES ...] [--rounds R] [--fanout F] [--only hang,env]``: the whole
+fan-out through real ssh, side by side with plain ``pdsh -f F ... true``. One local sshd stands in
+for every node (host names ``bench0..benchN-1`` all reach 127.0.0.1 through a generated ssh
+config); its ``ForceCommand`` runs the command for the plain pdsh rows and, for mldebug's
+rows, prints a canned node answer (so the node-side script is not what is measured: on a real
+cluster it runs on the node's CPU). The figure is the CPU time (user+sys) of the caller's
+process tree - mldebug's Python, pdsh and every ssh client - from ``wait4``, per command, the
+median over interleaved rounds; "lost" counts nodes without an answer.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 PRODUCER = ("import sys\nn=int(sys.argv[1]); doc='{\"processes\":[' + ','.join(['1']*4000) + ']}'\n"
             "for i in range(n): sys.stdout.write(f'node{i}: MLDEBUG-JSON {doc}\\n')\n")
@@ -152,7 +163,193 @@ def bench_memory(nodes: int) -> None:
         print(f"held / streamed, above the floor: {held / max(streamed, 1):.1f}x")
 
 
+SSHD_CONF = """Port {port}
+ListenAddress 127.0.0.1
+HostKey {d}/host_ed25519
+AuthorizedKeysFile {d}/authorized_keys
+PidFile {d}/sshd.pid
+UsePAM no
+StrictModes no
+PermitRootLogin yes
+MaxStartups 2000
+MaxSessions 1000
+AcceptEnv MLDEBUG_BENCH
+ForceCommand /bin/sh {d}/answer.sh
+LogLevel ERROR
+"""
+SSH_CONF = """Host *
+  HostName 127.0.0.1
+  Port {port}
+  IdentityFile {d}/id_ed25519
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  GlobalKnownHostsFile /dev/null
+  BatchMode yes
+  LogLevel ERROR
+"""
+# The node side: mldebug's rows (MLDEBUG_BENCH names the command) get a canned answer of the
+# document's shape; the plain pdsh rows run what they were given.
+ANSWER = """if [ -n "$MLDEBUG_BENCH" ]; then exec cat "{d}/answer-$MLDEBUG_BENCH"; fi
+exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"
+"""
+CANNED = {
+    "hang": {"host": "benchnode", "processes": []},
+    "fr": {"host": "benchnode", "ranks": []},
+}
+
+
+def _tree_cpu(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """CPU seconds (user+sys) of a command and every descendant it waited for, its wall
+    seconds, and its stdout."""
+    import subprocess
+    import tempfile
+
+    start = time.monotonic()
+    with tempfile.TemporaryFile("w+") as err, subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+            text=True) as proc:
+        out = proc.stdout.read() if proc.stdout else ""
+        _, _, ru = os.wait4(proc.pid, 0)
+        proc.returncode = 0
+        err.seek(0)
+        if argv[0] == "pdsh":  # plain pdsh: the hosts it says failed
+            out += "".join(line for line in err if line.startswith("pdsh@"))
+    return ru.ru_utime + ru.ru_stime, time.monotonic() - start, out
+
+
+def _lost(kind: str, out: str, nodes: int) -> int:
+    """Nodes without an answer, from the command's output (--json for mldebug's rows)."""
+    import json
+
+    if kind == "pdsh":
+        return len({line.split(": ")[1] for line in out.splitlines()
+                    if line.startswith("pdsh@") and ": " in line})
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        return nodes
+    if kind == "env":
+        return len(doc.get("unreachable", {}))
+    if kind == "hang":
+        return len(doc.get("dead_hosts", []))
+    return sum(1 for n in doc.get("nodes", [])  # fr trigger: the fan-out's errors say "node: "
+               if any(str(e).startswith("node:") for e in n.get("errors", [])))
+
+
+@contextmanager
+def ssh_nodes() -> Iterator[Callable[[str], dict[str, str]]]:
+    """One local sshd standing in for every ``benchN`` host; yields ``env_of(tag)``: the
+    environment for pdsh/mldebug whose ssh reaches it, the node side answering the canned
+    document ``tag`` ("hang", "env", "fr"; "" runs the command given)."""
+    import json
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    if shutil.which("pdsh") is None or not Path("/usr/sbin/sshd").exists():
+        raise RuntimeError("needs pdsh and /usr/sbin/sshd")
+    with tempfile.TemporaryDirectory(prefix="bench-ssh-") as d:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for key in ("id_ed25519", "host_ed25519"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", f"{d}/{key}"],
+                           check=True)
+        shutil.copy(f"{d}/id_ed25519.pub", f"{d}/authorized_keys")
+        Path(f"{d}/sshd.conf").write_text(SSHD_CONF.format(port=port, d=d))
+        Path(f"{d}/ssh.conf").write_text(SSH_CONF.format(port=port, d=d))
+        Path(f"{d}/answer.sh").write_text(ANSWER.format(d=d))
+        # env's canned answer is this host's own node document (its facts are parsed)
+        from mldebug.env.collect import NODE_MODULES, NODE_SCHEMA, NodeArgs
+        from mldebug.fanout import FanoutOptions, NodeJob, run
+
+        env_doc = run(NodeJob(NODE_MODULES, NodeArgs(), NODE_SCHEMA), FanoutOptions(),
+                      progress=False)[0].data
+        for name, doc in {**CANNED, "env": env_doc}.items():
+            Path(f"{d}/answer-{name}").write_text("MLDEBUG-JSON " + json.dumps(doc) + "\n")
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", f"{d}/sshd.conf"],
+                                stderr=subprocess.DEVNULL)
+        base_env = {**os.environ, "PDSH_RCMD_TYPE": "ssh"}
+        base_env.pop("WCOLL", None)
+
+        def env_of(tag: str) -> dict[str, str]:
+            return {**base_env, "PDSH_SSH_ARGS_APPEND": f"-F {d}/ssh.conf"
+                    + (f" -o SetEnv=MLDEBUG_BENCH={tag}" if tag else "")}
+
+        try:
+            time.sleep(0.5)
+            yield env_of
+        finally:
+            sshd.kill()
+            sshd.wait()
+
+
+def bench_ssh(node_counts: list[int], rounds: int, fanout: int,
+              only: set[str] | None = None) -> None:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    py = [sys.executable, "-m", "mldebug"]
+    with ssh_nodes() as env_of, tempfile.TemporaryDirectory() as d:
+        for nodes in node_counts:
+            hostlist = f"bench[0-{nodes - 1}]"
+            hostfile = f"{d}/hosts-{nodes}"
+            Path(hostfile).write_text("".join(f"bench{i}\n" for i in range(nodes)))
+            # generous bounds: on a loaded machine ssh's handshake alone can take 10 s
+            pdsh = ["pdsh", "-R", "ssh", "-S", "-f", str(fanout), "-t", "60", "-u", "120",
+                    "-w", f"^{hostfile}"]
+            ff = ["--nodes", hostlist, "--fanout", str(fanout), "--json",
+                  "--connect-timeout", "60", "--timeout", "120"]
+            cases = {
+                "pdsh true": ("pdsh", "", pdsh + ["true"]),
+                "pdsh 42 KB of A": ("pdsh", "", pdsh + ["true " + "A" * 42_000]),
+                "hang --nodes": ("hang", "hang", py + ["hang", *ff]),
+                "env --nodes": ("env", "env", py + ["env", *ff]),
+                "fr trigger --nodes": ("fr", "fr", py + ["fr", "trigger", *ff,
+                                                        "--out", f"{d}/fr-out"]),
+            }
+            cases = {k: v for k, v in cases.items()
+                     if only is None or k == "pdsh true" or k.split()[0] in only}
+            cpu_s: dict[str, list[float]] = {k: [] for k in cases}
+            wall_s: dict[str, list[float]] = {k: [] for k in cases}
+            lost: dict[str, int] = {k: 0 for k in cases}
+            load = os.getloadavg()[0]
+            for _ in range(rounds):
+                for name, (kind, tag, argv) in cases.items():
+                    shutil.rmtree(f"{d}/fr-out", ignore_errors=True)
+                    c, w, out = _tree_cpu(argv, env_of(tag))
+                    cpu_s[name].append(c)
+                    wall_s[name].append(w)
+                    lost[name] = max(lost[name], _lost(kind, out, nodes))
+            load = max(load, os.getloadavg()[0])
+            base = statistics.median(cpu_s["pdsh true"])
+            print(f"{nodes} nodes, pdsh -f {fanout} over ssh, caller CPU (user+sys) of the "
+                  f"process tree, median of {rounds} interleaved rounds, load average up to "
+                  f"{load:.0f}")
+            print(f"{'command':<22} {'CPU s':>7} {'vs pdsh true':>13} {'wall s':>7} {'lost':>5}")
+            for name in cases:
+                c = statistics.median(cpu_s[name])
+                print(f"{name:<22} {c:>7.2f} {c / base:>12.2f}x "
+                      f"{statistics.median(wall_s[name]):>7.1f} {lost[name]:>5}")
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "ssh":
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="bench_fanout.py ssh")
+        ap.add_argument("nodes", type=int, nargs="*", default=[512, 2048])
+        ap.add_argument("--rounds", type=int, default=3)
+        ap.add_argument("--fanout", type=int, default=64)
+        ap.add_argument("--only", help="comma-separated: pdsh (the 42 KB row), hang, env, fr; "
+                                       "plain pdsh true always runs")
+        a = ap.parse_args(sys.argv[2:])
+        bench_ssh(a.nodes, a.rounds, a.fanout, set(a.only.split(",")) if a.only else None)
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "memory-child":
         memory_child(sys.argv[2], int(sys.argv[3]))
         return

@@ -51,6 +51,9 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
 def bench_collection(ranks: int, repeat: int) -> list[tuple[str, float, float]]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]  # py-spy
+    # byte-compiled, as an install is (PYTHONDONTWRITEBYTECODE would make every run compile)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "mldebug")], check=False,
+                   stdout=subprocess.DEVNULL)
     job = torchrun("collective_mismatch.py", ranks, Path("/tmp/mldebug-bench-hang.log"))
     rows = []
     try:

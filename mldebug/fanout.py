@@ -9,8 +9,8 @@ forgets its document), and returns one result per node, in host order.
 
 Engines: pdsh over ssh (read line by line as nodes answer: ``PdshStream``, ``_run_streaming``) for
 host lists, and SLURM's
-``srun --overlap --jobid`` for a job. The script travels inside the command line (base64), so
-nodes need only a Python 3. Every host is bounded by pdsh's own connect (``-t``) and command
+``srun --overlap --jobid`` for a job. The script travels inside the command line (zlib, then
+base64: ``pack``), so nodes need only a Python 3. Every host is bounded by pdsh's own connect (``-t``) and command
 (``-u``) timeouts; the whole call has a safety deadline sized for pdsh's waves of ``-f N``
 hosts. A node that did not answer gets an error saying why: unreachable, timed out, not
 reached before the deadline, printed nothing, or answered a document of the wrong shape.
@@ -27,8 +27,8 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import threading
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,12 +37,19 @@ from mldebug.errors import MldebugError, UsageError
 from mldebug.hosts import validate_host
 from mldebug.nodekit import MARKER, short_hostname
 
-# Runs on the node: decode the script from argv[1], run it as __main__ with argv[2:].
+# Runs on the node: inflate the script from argv[1] (zlib, base64), run it as __main__ with
+# argv[2:]. Compressed, the script is a third of its base64 size: pdsh copies the command line
+# into every host's ssh, whose cost grows with its length (docs/benchmarks.md, fan-out).
 _BOOTSTRAP = (
-    "import base64,sys;s=base64.b64decode(sys.argv[1]).decode();"
+    "import base64,sys,zlib;s=zlib.decompress(base64.b64decode(sys.argv[1])).decode();"
     "sys.argv=[sys.argv[0]]+sys.argv[2:];"
     "exec(compile(s,'<mldebug-node>','exec'),{'__name__':'__main__'})"
 )
+
+
+def pack(script_source: str) -> str:
+    """The script as the bootstrap's argv[1]: zlib (level 9), then base64."""
+    return base64.b64encode(zlib.compress(script_source.encode(), 9)).decode()
 
 # Seconds added to the last wave's bound before the safety deadline ends pdsh.
 _DEADLINE_SLACK = 10.0
@@ -72,9 +79,10 @@ class NodeJob:
     args: Any
     schema: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
 
-    def script(self) -> str:
+    def script(self, strip: bool = False) -> str:
+        """The bundled script; ``strip``: without comments and docstrings (to send it)."""
         mods = ("mldebug.nodekit", *(m for m in self.modules if m != "mldebug.nodekit"))
-        return bundle(mods, self.modules[-1])
+        return bundle(mods, self.modules[-1], strip=strip)
 
     def argv(self) -> list[str]:
         return to_argv(self.args)
@@ -154,7 +162,7 @@ def check_document(data: Any, schema: Mapping[str, type | tuple[type, ...]]) -> 
 
 def remote_command(script_source: str, args: Sequence[str], python: str | None = None) -> str:
     """The shell command a node runs: the caller's interpreter if it exists there, else python3."""
-    b64 = base64.b64encode(script_source.encode()).decode()
+    b64 = pack(script_source)
     py = python or sys.executable
     quoted_args = " ".join(shlex.quote(a) for a in args)
     return (
@@ -344,7 +352,7 @@ def run(job: NodeJob, options: FanoutOptions, on_result: OnResult | None = None,
         on_result(r)
         kept.append(NodeResult(r.host, error=r.error))  # the document is the caller's now
 
-    source, args = job.script(), job.argv()
+    source, args = job.script(strip=not options.is_local), job.argv()
     if options.is_local:
         keep(_run_local(source, args, options, job.schema))
         return kept
@@ -377,6 +385,8 @@ def _run_pdsh(hosts: list[str], command: str, options: FanoutOptions,
     if options.ssh_args:
         env["PDSH_SSH_ARGS_APPEND"] = (env.get("PDSH_SSH_ARGS_APPEND", "") + " "
                                        + options.ssh_args).strip()
+    import tempfile
+
     deadline = options.deadline(len(hosts))
     with tempfile.NamedTemporaryFile("w", prefix="mldebug-hosts-", suffix=".txt") as f:
         f.write("\n".join(hosts) + "\n")
@@ -479,7 +489,7 @@ def _run_local(source: str, args: Sequence[str], options: FanoutOptions,
     try:
         r = subprocess.run(
             [options.remote_python or sys.executable, "-c", _BOOTSTRAP,
-             base64.b64encode(source.encode()).decode(), *args],
+             pack(source), *args],
             capture_output=True, text=True, timeout=options.timeout + 5,
             stdin=subprocess.DEVNULL,
         )
@@ -590,12 +600,14 @@ def parse_srun_output(lines: Sequence[str], schema: Mapping[str, type | tuple[ty
     return results
 
 
-def bundle(modules: Sequence[str], main: str, main_func: str = "main") -> str:
+def bundle(modules: Sequence[str], main: str, main_func: str = "main", *,
+           strip: bool = False) -> str:
     """One self-contained script from stdlib-only package modules (see ``NodeJob.script``).
 
     Each module's source is registered in ``sys.modules`` under its own name (parent
     packages become empty stubs), then ``main.main_func(sys.argv[1:])`` runs. So a node
     script can ``from mldebug.nodekit import ...`` on a node where mldebug is not installed.
+    ``strip``: each module without its comments and docstrings (``strip_source``).
     """
     import importlib.util
     from pathlib import Path
@@ -609,6 +621,8 @@ def bundle(modules: Sequence[str], main: str, main_func: str = "main") -> str:
             raise MldebugError(f"cannot find module {name} to send to the nodes.",
                                "Reinstall mldebug.")
         source = Path(spec.origin).read_text()
+        if strip:
+            source = strip_source(source)
         parts = name.split(".")
         for i in range(1, len(parts)):
             lines.append(f"_pkg({'.'.join(parts[:i])!r})")
@@ -616,3 +630,35 @@ def bundle(modules: Sequence[str], main: str, main_func: str = "main") -> str:
         lines.append(f"exec(compile({source!r}, {spec.origin!r}, 'exec'), _m.__dict__)")
     lines.append(f"sys.exit(sys.modules[{main!r}].{main_func}(sys.argv[1:]))")
     return "\n".join(lines) + "\n"
+
+
+def strip_source(source: str) -> str:
+    """``source`` without comments and docstrings, every line where it was (a node's
+    traceback names the same lines): a quarter less to send, compressed."""
+    import ast
+    import io
+    import tokenize
+
+    lines = source.splitlines(keepends=True)
+    spans: list[tuple[int, int, int, int, str]] = []  # (row, col, end row, end col, new text)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = node.body[0] if node.body else None
+            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str) and first.end_lineno is not None
+                    and first.end_col_offset is not None):
+                spans.append((first.lineno, first.col_offset, first.end_lineno,
+                              first.end_col_offset, '""'))  # still a docstring: __future__ ok
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:  # with the blanks before it
+            row, col = tok.start
+            line = lines[row - 1]
+            spans.append((row, len(line[:col].rstrip()) if line[:col].strip() else 0,
+                          *tok.end, ""))
+    for row, col, end_row, end_col, text in sorted(spans, reverse=True):
+        head, tail = lines[row - 1][:col] + text, lines[end_row - 1][end_col:]
+        if row == end_row:
+            lines[row - 1] = head + tail
+        else:
+            lines[row - 1:end_row] = [head + "\n", *["\n"] * (end_row - row - 1), tail]
+    return "".join(lines)  # trailing blanks stay: a line inside a string literal is data

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 from typing import Any, NoReturn
 
@@ -27,7 +26,8 @@ def emit(doc: dict[str, Any]) -> None:
 
 def short_hostname(name: str | None = None) -> str:
     """The host name up to the first dot (``hostname -s``), as pdsh and SLURM name nodes."""
-    return (name or socket.gethostname()).split(".")[0]
+    # uname's node name is what gethostname() returns, without importing socket (~10 ms)
+    return (name or os.uname().nodename).split(".")[0]
 
 
 def find_py_spy(explicit: str | None = None) -> str | None:

@@ -68,6 +68,63 @@ def test_remote_command_quotes_everything_and_runs_in_a_shell():
     assert shlex.split(cmd)  # a well-formed shell word list
 
 
+def _node_modules() -> list[str]:
+    """Every module some capability sends to the nodes."""
+    import importlib
+
+    sets = [("mldebug.hang.collect", "NODE_MODULES"), ("mldebug.env.collect", "NODE_MODULES"),
+            ("mldebug.fr.collect", "NODE_MODULES"), ("mldebug.debugger.collect", "NODE_MODULES"),
+            ("mldebug.memory.top", "NODE_MODULES"), ("mldebug.hang.signal_node", "MODULES")]
+    return sorted({m for mod, name in sets
+                   for m in getattr(importlib.import_module(mod), name)})
+
+
+def test_stripped_node_modules_are_the_same_program_on_the_same_lines():
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    from mldebug.fanout import strip_source
+
+    def without_docstrings(tree: ast.AST) -> str:
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef,
+                                  ast.ClassDef)) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                body[0].value.value = ""
+        return ast.dump(tree)  # no line numbers: compared below, line by line
+
+    modules = _node_modules()
+    assert "mldebug.hang.node" in modules and "mldebug.nodekit" in modules
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        src = Path(spec.origin).read_text()
+        stripped = strip_source(src)
+        assert len(stripped) < len(src), name
+        assert without_docstrings(ast.parse(stripped)) == without_docstrings(ast.parse(src)), name
+        old_lines = {(type(n).__name__, n.lineno) for n in ast.walk(ast.parse(src))
+                     if isinstance(n, ast.stmt)}
+        new_lines = {(type(n).__name__, n.lineno) for n in ast.walk(ast.parse(stripped))
+                     if isinstance(n, ast.stmt)}
+        assert old_lines == new_lines, name  # a node's traceback names the real lines
+
+
+def test_remote_command_carries_the_script_compressed_and_runs_it():
+    job = NodeJob(NODE_MODULES, _NoArgs(), {"host": str, "processes": list})
+    full = remote_command(job.script(), job.argv())
+    cmd = remote_command(job.script(strip=True), job.argv())
+    assert len(cmd) < len(full) < len(job.script())  # zlib: a third of the plain base64
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    res = parse_pdsh_output([f"n1: {line}" for line in r.stdout.splitlines()],
+                            [f"n1: {line}" for line in r.stderr.splitlines()], ["n1"],
+                            schema=job.schema)["n1"]
+    assert res.error is None and res.data is not None and res.data["processes"] == []
+
+
 @dataclass
 class _EchoArgs:
     word: str

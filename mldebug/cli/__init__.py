@@ -10,7 +10,6 @@ message and fix, anything else is reported as a bug with its traceback saved to 
 from __future__ import annotations
 
 import argparse
-import difflib
 import importlib
 import os
 import sys
@@ -114,6 +113,8 @@ def _prepare(args: list[str]) -> str | None:
     if first is None:
         return None
     if first not in COMMANDS:
+        import difflib
+
         close = difflib.get_close_matches(first, list(COMMANDS), n=1, cutoff=0.6)
         fix = (f"Did you mean 'mldebug {close[0]}'? " if close else "") + \
             "Run 'mldebug --help' for the list of commands."

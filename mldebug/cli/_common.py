@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mldebug.errors import UsageError
-from mldebug.fanout import FanoutOptions
+
+if TYPE_CHECKING:  # the fan-out (subprocess, json, dataclasses) loads when a command runs
+    from mldebug.fanout import FanoutOptions
 
 TIMEOUT_HELP = ("seconds each node may take to answer once ssh has connected (locally: this "
                 "host); a node still busy then is reported as timed out")
@@ -78,6 +80,7 @@ def fanout_options(args: argparse.Namespace) -> FanoutOptions:
     """
     import os
 
+    from mldebug.fanout import FanoutOptions
     from mldebug.hosts import expand, read_hostfile
 
     check_seconds("--timeout", args.timeout)

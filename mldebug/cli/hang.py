@@ -128,11 +128,10 @@ def _rebase(obj: Any, old: str, new: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mldebug.hang.analyze import analyze
-    from mldebug.hang.report import render, write_json
-
     if args.hang_action == "analyze":
+        from mldebug.hang.analyze import analyze
         from mldebug.hang.collect import load
+        from mldebug.hang.report import render, write_json
 
         report = analyze(load(args.paths),
                          all_threads=args.all_threads or args.all_threads_analyze,
@@ -143,17 +142,27 @@ def run(args: argparse.Namespace) -> int:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
-    from mldebug.hang.collect import check_out, collect, options_from_args, save_report, staged_out
-    from mldebug.hang.report import render_text
+    from mldebug.hang.options import options_from_args, start_local
 
     target = fanout_options(args)
     opts = options_from_args(args)
-    out = check_out(Path(args.out), force=args.force) if args.out else None
-    docs = None
+    out = None
+    if args.out:  # checked before anything runs; the resolved path
+        from mldebug.hang.collect import check_out
+
+        out = check_out(Path(args.out), force=args.force)
+    docs: Any = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.hang.signal_collect import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
+    elif target.is_local and out is None:
+        # py-spy starts now; the analysis and the report load while the dumps run
+        docs = start_local(opts)
+    from mldebug.hang.analyze import analyze
+    from mldebug.hang.collect import collect, save_report, staged_out
+    from mldebug.hang.report import render, render_text, write_json
+
     # --out: written into a private directory beside it, swapped in at the end (all or nothing)
     with staged_out(out) if out is not None else contextlib.nullcontext() as stage:
         where = stage.path if stage is not None else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
+    import json
+
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:

@@ -9,13 +9,12 @@ older names are given in the comments.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mldebug.errors import UsageError
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):  # not a dataclass: `mldebug --help` lists the names from here
     name: str
     value: str
     why: str

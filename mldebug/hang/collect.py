@@ -3,7 +3,6 @@ answers into model objects, and save/load them for later analysis."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -13,35 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.errors import UsageError
-from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run, to_argv
+from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run
 from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process
+from mldebug.hang.options import CollectOptions, options_from_args
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
                 "mldebug.hang.node")
 NODE_SCHEMA = {"host": str, "processes": list}
+__all__ = ["CollectOptions", "options_from_args"]  # re-exported from mldebug.hang.options
 DUMP_FORMAT = "mldebug.hang.dump/1"
 MAX_DUMP_BYTES = 64 << 20  # one process's dump; anything bigger is not one
-
-
-@dataclass
-class CollectOptions:
-    pid: int | None = None
-    pattern: str | None = None
-    all_users: bool = False
-    user: str | None = None
-    slurm_job: str | None = None
-    native: bool = False
-    nonblocking: bool = False
-    locals: bool = False
-    py_spy: str | None = None
-    timeout: float = 20.0
-    watch: float = 0.0
-    jobs: int = 0  # dumps at once on a node; 0: that node's CPU count (node.dump_jobs)
-
-    def node_args(self) -> list[str]:
-        return to_argv(self)
 
 
 def node_docs(opts: CollectOptions, target: FanoutOptions, on_result: OnResult,
@@ -434,25 +416,3 @@ def _pid_from(data: list[Any], f: Path) -> int:
         if isinstance(t, dict) and t.get("pid"):
             return int(t["pid"])
     return trailing_number(f.name) or 0
-
-
-def options_from_args(args: argparse.Namespace) -> CollectOptions:
-    import re
-
-    if args.pattern:
-        try:
-            re.compile(args.pattern)
-        except re.error as e:
-            raise UsageError(f"--pattern {args.pattern!r} is not a valid regular expression: {e}.",
-                             "Quote it for the shell, e.g. --pattern 'train\\.py'.") from None
-    if args.user is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\$?", args.user):
-        raise UsageError(f"--user {args.user!r} is not a user name or uid.", "e.g. --user alice")
-    if args.watch is not None and args.watch <= 0:
-        raise UsageError("--watch must be a positive number of seconds.", "e.g. --watch 5")
-    return CollectOptions(
-        pid=args.pid, pattern=args.pattern, all_users=args.all_users, user=args.user,
-        slurm_job=args.slurm_job,
-        native=args.native, nonblocking=args.nonblocking, locals=args.locals,
-        py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
-        jobs=0,  # each node sizes its dump concurrency from its own CPUs (node.dump_jobs)
-    )

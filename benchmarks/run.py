@@ -1,0 +1,272 @@
+"""Regression guard: every benchmark figure on this tree and on another revision, interleaved.
+
+    python benchmarks/run.py --against REV            # quick: a few minutes
+    python benchmarks/run.py --against REV --full     # the issue-sized sets (tens of minutes)
+    python benchmarks/run.py --against REV --only help,hang-live --rounds 5
+
+REV is checked out into a temporary git worktree. Each figure is one command line of the
+``mldebug`` CLI (or a tiny harness), run as a fresh process with ``PYTHONPATH`` set to one tree
+or the other; the inputs (saved hang dumps, flight-recorder sets, logs) are generated once by
+this tree's generators and read by both. Rounds alternate which tree goes first. For each
+figure the median over rounds is printed for both trees with the ratio this/REV; a ratio above
+1.15 (15% worse) is flagged ``WORSE``. "this" is the working tree as it is, uncommitted changes
+included. Figures that need what this machine may lack (sshd + pdsh for the fan-out, torchrun
+for the live hang) are skipped with the reason.
+
+Not a test: it prints figures and asserts nothing. Exit code 0, or 3 when a figure is flagged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "tests"))
+
+WORSE = 1.15
+
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float
+    rss_mib: float
+    ok: bool
+    out: str
+
+
+@dataclass
+class Figure:
+    """One command measured on both trees; ``metric`` is the number compared."""
+
+    name: str
+    argv: list[str]
+    metric: str  # "wall" | "cpu" | "rss"
+    what: str  # the command, as docs/benchmarks.md shows it
+    env: dict[str, str] = field(default_factory=dict)
+    check: Callable[[str], bool] | None = None  # the output must say this to count
+    anchor: bool = False  # the same command on both trees (a floor to divide by): not flagged
+
+
+def measure(argv: list[str], tree: Path, extra_env: dict[str, str], cwd: Path) -> Run:
+    env = {**os.environ, **extra_env, "PYTHONPATH": str(tree), "NO_COLOR": "1"}
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL)
+        _, status, ru = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        text = out.read(200_000)
+    return Run(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, proc.returncode in (0, 1),
+               text)
+
+
+@contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="mldebug-bench-rev-"))
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(d), rev],
+                   check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(d)],
+                       check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack) -> list[Figure]:
+    py = sys.executable
+    figs: list[Figure] = []
+
+    def want(name: str) -> bool:
+        return only is None or name in only
+
+    if want("help"):
+        figs.append(Figure("help", [py, "-m", "mldebug", "--help"], "wall",
+                           "python -m mldebug --help"))
+        figs.append(Figure("python-c-pass", [py, "-c", "pass"], "wall",
+                           "python -c pass (the anchor of --help; same on both trees)",
+                           anchor=True))
+    if want("hang-analyze"):
+        from bench_hang import write_saved
+
+        n = 16_384 if full else 2_048
+        saved = data / f"hang-saved-{n}"
+        if not saved.exists():
+            write_saved(saved, n)
+        figs.append(Figure("hang-analyze", [py, "-m", "mldebug", "hang", "analyze", str(saved),
+                                            "--json"], "cpu",
+                           f"mldebug hang analyze DIR --json ({n} saved ranks)"))
+    if want("fr-distinct"):
+        from bench_fr import make_distinct
+
+        ranks = 1024 if full else 256
+        fr = make_distinct(data, ranks, 2000)
+        for metric in ("wall", "rss"):
+            figs.append(Figure(f"fr-distinct-{metric}",
+                               [py, "-m", "mldebug", "fr", "analyze", str(fr), "--json"], metric,
+                               f"mldebug fr analyze DIR --json ({ranks}x2000 distinct)",
+                               check=lambda out: '"culprit_ranks"' in out))
+    if want("log"):
+        from bench_log import write_log
+
+        lines = 2_500 if full else 500
+        log = data / f"log-1024x{lines}.txt"
+        if not log.exists():
+            write_log(log, 1024, lines, culprit=341)
+        figs.append(Figure("log", [py, "-m", "mldebug", "log", str(log), "--json"], "cpu",
+                           f"mldebug log FILE --json (1024 ranks x {lines} lines)"))
+    if want("nccl-log"):
+        from nccl_synth import write_job
+
+        world = 8192 if full else 1024
+        nd = data / f"nccl-{world}"
+        if not nd.exists():
+            write_job(nd, world)
+        figs.append(Figure("nccl-log", [py, "-m", "mldebug", "nccl-log", *sorted(
+            str(p) for p in nd.iterdir()), "--json"], "cpu",
+            f"mldebug nccl-log FILES --json ({world} ranks)"))
+    if want("hang-live"):
+        figs += _hang_live(stack, py)
+    if want("fanout"):
+        figs += _fanout(stack, py, 512 if full else 64)
+    return figs
+
+
+def _hang_live(stack: ExitStack, py: str) -> list[Figure]:
+    if shutil.which("torchrun", path=str(Path(py).parent)) is None:
+        print("skipped hang-live: no torchrun beside this Python")
+        return []
+    from jobs import torchrun
+
+    # hung for the whole run: the recipe's collective times out after --timeout (600 s by
+    # default), less than a loaded machine's run of every figure
+    job = torchrun("collective_mismatch.py", 8, Path("/tmp/mldebug-bench-run-hang.log"),
+                   "--timeout", "7200")
+    stack.callback(job.stop)
+    job.wait_ready(timeout=300, settle=3)
+    path = {"PATH": str(Path(py).parent) + os.pathsep + os.environ["PATH"]}  # py-spy
+    return [
+        Figure("hang-live", [py, "-m", "mldebug", "hang", "--pid", str(job.pid)], "wall",
+               "mldebug hang --pid LAUNCHER (8 hung ranks, Python stacks)", env=path,
+               check=lambda out: "8 rank processes" in out),
+        Figure("hang-recipe", ["bash", "-c", f"pgrep -P {job.pid} | xargs -I {{}} py-spy dump "
+                               "--pid {}"], "wall",
+               "pgrep -P LAUNCHER | xargs -I {} py-spy dump --pid {} (the anchor)", env=path,
+               anchor=True, check=lambda out: out.count("Process ") >= 8),
+    ]
+
+
+def _fanout(stack: ExitStack, py: str, nodes: int) -> list[Figure]:
+    from bench_fanout import ssh_nodes
+
+    try:
+        env_of = stack.enter_context(ssh_nodes())
+    except RuntimeError as e:
+        print(f"skipped fanout: {e}")
+        return []
+    hosts = f"bench[0-{nodes - 1}]"
+    out: list[Figure] = []
+    for tag, lost_key in (("hang", "dead_hosts"), ("env", "unreachable")):
+        out.append(Figure(f"fanout-{tag}", [py, "-m", "mldebug", tag, "--nodes", hosts,
+                                            "--json", "--connect-timeout", "60",
+                                            "--timeout", "120"], "cpu",
+                          f"mldebug {tag} --nodes {hosts} --json (caller CPU, ssh to one "
+                          "local sshd)", env=env_of(tag),
+                          check=functools.partial(_none_lost, lost_key)))
+    return out
+
+
+def _none_lost(key: str, out: str) -> bool:
+    """Every node answered (a lost node costs less CPU: its run would not compare)."""
+    import json
+
+    try:
+        return not json.loads(out).get(key)
+    except ValueError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", required=True, metavar="REV", help="git revision to compare")
+    ap.add_argument("--full", action="store_true", help="the issue-sized sets (slow)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", help="comma-separated figure groups: help, hang-analyze, "
+                                   "fr-distinct, log, nccl-log, hang-live, fanout")
+    ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mldebug-bench-data",
+                    help="where generated inputs are kept between runs")
+    a = ap.parse_args()
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", a.against],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    here = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "mldebug"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    this = here + ("+changes" if dirty else "")
+    a.data.mkdir(parents=True, exist_ok=True)
+    only = set(a.only.split(",")) if a.only else None
+    flagged = 0
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
+        old = stack.enter_context(worktree(a.against))
+        figs = figures(a.data, a.full, only, stack)
+        trees = {"this": REPO, "rev": old}
+        for tree in trees.values():  # as an install has them (PYTHONDONTWRITEBYTECODE may be set)
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mldebug")],
+                           check=False, stdout=subprocess.DEVNULL)
+        runs: dict[tuple[str, str], list[Run]] = {(f.name, t): [] for f in figs for t in trees}
+        load = os.getloadavg()[0]
+        for r in range(a.rounds):
+            for f in figs:
+                for t in (("this", "rev") if r % 2 == 0 else ("rev", "this")):
+                    runs[f.name, t].append(measure(f.argv, trees[t], f.env, Path(scratch)))
+        load = max(load, os.getloadavg()[0])
+        print(f"this = {this}, rev = {rev} ({a.against}); median of {a.rounds} interleaved "
+              f"rounds; {os.cpu_count()} CPUs, load average up to {load:.1f}")
+        print(f"{'figure':<20} {'metric':<7} {'this':>9} {'rev':>9} {'this/rev':>9}  command")
+        for f in figs:
+            vals = {}
+            failed = []
+            for t in trees:
+                rs = runs[f.name, t]
+                if not all(x.ok and (f.check is None or f.check(x.out)) for x in rs):
+                    failed.append(t)
+                vals[t] = statistics.median(
+                    {"wall": x.wall, "cpu": x.cpu, "rss": x.rss_mib}[f.metric] for x in rs)
+            ratio = vals["this"] / vals["rev"] if vals["rev"] else float("nan")
+            bad = f" (FAILED on {' and '.join(failed)}: not a measurement)" if failed else ""
+            flag = "  WORSE" if ratio > WORSE and not f.anchor and not failed else ""
+            flagged += bool(flag)
+            unit = "MiB" if f.metric == "rss" else "s"
+            print(f"{f.name:<20} {f.metric + ' ' + unit:<7} {vals['this']:>9.3f} "
+                  f"{vals['rev']:>9.3f} {ratio:>8.2f}x  {f.what}{bad}{flag}")
+        for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live")):
+            if (anchor, "this") in runs and (fig, "this") in runs:
+                # the anchor is the same command for both trees: its runs are pooled
+                den = statistics.median(x.wall for t in trees for x in runs[anchor, t])
+                for t in trees:
+                    num = statistics.median(x.wall for x in runs[fig, t])
+                    print(f"{fig} / {anchor} on {t}: {num / den:.2f}x")
+    if flagged:
+        print(f"{flagged} figure(s) more than {round((WORSE - 1) * 100)}% worse than {rev}")
+    return 3 if flagged else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
