@@ -6,6 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
+from mldebug.cli._common import finite_float
 from mldebug.errors import MldebugError, UsageError
 
 HELP = "flight recorder: trigger dumps on a live job (any backend) and name the culprit rank"
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "flight-recorder dump; the dumps are gathered into --out, named "
                        "fr-<host>-rank<R>. Works while the job is hung.")
     _add_dir_out(t, "to gather the dumps in")
-    t.add_argument("--max-mb", type=float, default=1024.0, metavar="MB",
+    t.add_argument("--max-mb", type=finite_float, default=1024.0, metavar="MB",
                    help="most megabytes of dumps one node sends back (default: 1024); ranks "
                         "beyond it are named with the reason")
     t.add_argument("--discover", action="store_true",
@@ -73,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "again, and report the stragglers over the collectives issued in between: "
                        "per rank, how often it arrived last and by how much (docs/fr.md, "
                        "Stragglers). Needs only mldebug.fr.enable() in the job.")
-    w.add_argument("--interval", type=float, default=10.0, metavar="S",
+    w.add_argument("--interval", type=finite_float, default=10.0, metavar="S",
                    help="seconds between the two dumps (default: 10)")
     _add_dir_out(w, "for both dumps (<out>/1, <out>/2)")
     add_target_arguments(w, default_timeout=30.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mldebug.cli._common import add_json_argument, add_target_arguments, print_report
+from mldebug.cli._common import add_json_argument, add_target_arguments, finite_float, print_report
 
 HELP = "memory: snapshot reports and plots, per-rank usage across nodes, peak of a process tree"
 DESCRIPTION = """\
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "host, --nodes or --slurm-job and show their memory; with "
                                    "--watch S, sample for S seconds and name the ranks that "
                                    "grow (leak) and the ranks far from the others (imbalance).")
-    t.add_argument("--watch", type=float, default=0.0, metavar="S",
+    t.add_argument("--watch", type=finite_float, default=0.0, metavar="S",
                    help="sample for S seconds and name growing / imbalanced ranks")
     t.add_argument("--pattern", metavar="REGEX",
                    help="Python processes whose command line matches (also without RANK)")
@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         description="Run CMD and report the peak memory of all its processes "
                                     "however deep (a fresh cgroup when possible, else sampling), "
                                     "wall/user/sys time and OOM kills. Exits with CMD's code.")
-    pk.add_argument("--interval", type=float, default=0.05, metavar="S",
+    pk.add_argument("--interval", type=finite_float, default=0.05, metavar="S",
                     help="sampling interval when no cgroup can be used (default: 0.05)")
     pk.add_argument("--method", choices=("auto", "cgroup", "sampling"), default="auto",
                     help="how to measure (default: auto: cgroup, else sampling)")

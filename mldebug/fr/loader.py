@@ -146,7 +146,8 @@ def _forget_seen() -> None:
 
 
 def _read_bounded(name: str) -> bytes:
-    with open(name, "rb") as f:
+    # O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer
+    with os.fdopen(os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise BadDump("not a regular file")
