@@ -7,6 +7,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Parallel test workers (pytest-xdist): e.g. `make test XDIST="-n 2 --dist loadgroup"`; cluster
+# tests share one worker (tests/conftest.py). Not the default until a whole run is verified.
+XDIST ?=
 
 .PHONY: venv demo test lint unit bench clean
 
@@ -37,10 +40,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra $(XDIST) $(PYTEST_ARGS)
 
 unit: $(STAMP)
-	$(VENV)/bin/python -m pytest -ra -m "not cluster" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra -m "not cluster" $(XDIST) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done

@@ -6,10 +6,8 @@ Everything heavy (torch, transformers) is imported lazily: ``import mldebug`` an
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from mldebug._version import __version__
+from mldebug.lazy import exports
 
 # public name -> module that defines it; resolved on first attribute access
 _LAZY: dict[str, str] = {
@@ -40,14 +38,4 @@ _LAZY: dict[str, str] = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mldebug' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = exports('mldebug', _LAZY, globals())

@@ -243,6 +243,17 @@ class PdshStream:
         if "msg" in m.groupdict() and ("exit code" in msg or "timeout" in msg):
             self.ending.setdefault(m["host"], now)
 
+    def oversized(self, host: str) -> None:
+        """``host`` printed a line over ``MAX_LINE``: cut unread; the node's answer is refused
+        with that reason (the other nodes are unaffected)."""
+        res = self.pending.get(host)
+        if res is None:
+            return
+        res.data = None
+        res.error = (f"answered a line over {MAX_LINE >> 20} MiB: cut and not read (a node "
+                     "answer is far smaller; something else printed on the node's stdout)")
+        self._complete(host)
+
     def tick(self, now: float) -> None:
         """Complete the nodes pdsh said failed at least ``settle`` seconds ago."""
         for host in [h for h, t in self.ending.items() if now - t >= self.settle]:
@@ -397,6 +408,8 @@ def _run_pdsh(hosts: list[str], command: str, options: FanoutOptions,
 
 
 _EOF = None  # a reader's last item on the queue
+MAX_LINE = 64 << 20  # characters of one node's answer line; a longer one is cut and refused
+_CUT = "\x00cut\x00"  # a reader's item for a line over MAX_LINE: _CUT + the line's host prefix
 
 
 def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
@@ -430,7 +443,17 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
 
     def pump(src: Any, is_out: bool) -> None:
         try:
-            for line in src:
+            while True:
+                line = src.readline(MAX_LINE)
+                if not line:
+                    break
+                if len(line) >= MAX_LINE and not line.endswith("\n"):
+                    while True:  # the rest of that line is dropped unread, a MiB at a time
+                        rest = src.readline(1 << 20)
+                        if not rest or rest.endswith("\n"):
+                            break
+                    lines.put((is_out, _CUT + line[:256].split(":", 1)[0]))
+                    continue
                 lines.put((is_out, line.rstrip("\n").rstrip("\r")))
         finally:
             lines.put((is_out, _EOF))
@@ -464,6 +487,8 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
                 continue
             if line is _EOF:
                 open_streams -= 1
+            elif line.startswith(_CUT):
+                stream.oversized(line[len(_CUT):])
             elif is_out:
                 stream.out(line)
             else:

@@ -101,15 +101,18 @@ def findings_to_json(findings: Iterable[Finding]) -> list[dict[str, Any]]:
 def finding_lines(findings: Iterable[Finding]) -> list[list[tuple[str, str]]]:
     """Findings most severe first, as lines of (text, rich style) segments: the one layout,
     printed by ``render_findings`` through rich and by plain-text writers without it."""
+    from mldebug.text import sanitize  # titles and details quote outside text (hosts, logs)
+
     lines: list[list[tuple[str, str]]] = []
     for f in sort_findings(findings):
-        head = [(f"{f.severity.value.upper():<7}", f.severity.style), (" ", ""), (f.title, "bold")]
+        head = [(f"{f.severity.value.upper():<7}", f.severity.style), (" ", ""),
+                (sanitize(f.title), "bold")]
         if f.hosts:
-            head.append((f"  [{fold_hosts(f.hosts)}]", "dim"))  # node[1-64], not a list
+            head.append((f"  [{sanitize(fold_hosts(f.hosts))}]", "dim"))  # node[1-64]
         lines.append(head)
-        lines.extend([("        " + d, "")] for d in f.detail.splitlines())
+        lines.extend([("        " + sanitize(d), "")] for d in f.detail.splitlines())
         if f.fix:
-            lines.append([("        fix: ", "green"), (f.fix, "")])
+            lines.append([("        fix: ", "green"), (sanitize(f.fix), "")])
     return lines
 
 

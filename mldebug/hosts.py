@@ -65,7 +65,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[str]:
         token = line.split()[0]
         if ":" in token and not token.startswith("["):
             name, _, slots = token.partition(":")
-            if not slots.isdigit():
+            if not slots.isdecimal():
                 raise UsageError(
                     f"{source}:{lineno}: cannot read {raw.strip()!r}.",
                     "Expected 'host', 'host slots=N' or 'host:N'.",

@@ -118,12 +118,12 @@ def strip_prefix(line: str, keep_indent: bool = False
                 pid = int(value)
             elif kind == "hostrank":
                 host = host or (m.group(extra) if extra else None)
-                if value.isdigit():
+                if value.isdecimal():
                     rank = int(value) if rank is None else rank
                     label = value
                 else:
                     label = host
-            elif label.isdigit() and kind in ("rank", "host"):
+            elif label.isdecimal() and kind in ("rank", "host"):
                 rank = int(label) if rank is None else rank
             elif kind == "host":
                 host = host or label
@@ -148,7 +148,7 @@ def split_prefix(line: str) -> tuple[str | None, str]:
 
 def _label(value: str) -> str:
     """``rank3`` / ``default3`` / ``RANK 3`` -> ``3``; a host name stays as it is."""
-    if value.isdigit():
+    if value.isdecimal():
         return value
     m = _LABEL.fullmatch(value)
     return m.group(1) if m else value

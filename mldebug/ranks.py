@@ -29,7 +29,7 @@ def list_processes() -> dict[int, dict[str, Any]]:
     """pid -> {ppid, state, uid, cmdline, comm} for every process this node shows us."""
     procs: dict[int, dict[str, Any]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdecimal():
             continue
         pid = int(entry)
         stat = read_text(f"/proc/{pid}/stat")
@@ -193,8 +193,10 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         launcher = next(((a, name) for a in _ancestors(p, procs)
                          if a in procs and (name := launcher_of(procs[a]))), None)
         job = job_of(env, host or "", launcher)
-        if not has_rank:
-            job["lone"] = False  # chosen by --pid/--pattern: analysed as the user asked
+        if not has_rank or pid is not None or rx is not None:
+            # chosen by --pid/--pattern: analysed as the user asked (the advice for a lone
+            # rank-carrying process is to select it so; that must then work)
+            job["lone"] = False
         cands[p] = dict(info, identity=ident.to_dict(), has_rank=has_rank, job=job)
     # drop launchers wrapping rank-carrying workers of another kind, and inherited copies
     drop = set()
@@ -216,12 +218,30 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
     targets = [info for p, info in sorted(cands.items()) if p not in drop]
     for t in targets:  # only direct workers of a kept rank stay attached to it
         t["workers"] = [w for w in t.get("workers", ()) if w["ppid"] == t["pid"]]
+    separate_users(targets)
     return targets, errors
+
+
+def separate_users(targets: list[dict[str, Any]]) -> None:
+    """Processes of different users never share a job: where one job key on this node spans
+    several owners (another user's process with the same MASTER_ADDR:PORT and a RANK), each
+    owner's processes get the key qualified with their uid (``KEY@uidN``), so the analysis
+    keeps them apart instead of naming the stranger a suspect of the caller's job."""
+    owners: dict[str, set[int]] = {}
+    for t in targets:
+        key = (t.get("job") or {}).get("key")
+        if key is not None:
+            owners.setdefault(key, set()).add(t.get("uid", -1))
+    for t in targets:
+        job = t.get("job") or {}
+        key = job.get("key")
+        if key is not None and len(owners[key]) > 1:
+            t["job"] = dict(job, key=f"{key}@uid{t.get('uid', -1)}")
 
 
 def resolve_user(user: str) -> int | None:
     """A user name or numeric uid as a uid; None when this node has no such user."""
-    if user.isdigit():
+    if user.isdecimal():
         return int(user)
     import pwd
 

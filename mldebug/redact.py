@@ -23,8 +23,8 @@ SECRET_NAME = re.compile(
 NOT_SECRET_NAME = re.compile(r"^(SSH_AUTH_SOCK|XDG_SESSION_\w+|DBUS_SESSION_BUS_ADDRESS|"
                              r"SESSION_MANAGER|KRB5CCNAME|.*_KEY_?(FILE|PATH)|.*_TOKEN_?(FILE|PATH)|"
                              r"TOKENIZERS_PARALLELISM|.*TOKENIZER.*)$", re.I)
-TOKEN_SHAPE = re.compile(
-    r"(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
+TOKEN_SHAPE = re.compile(  # not inside a longer word ("task-runner-..." is no "sk-" token)
+    r"(?<![A-Za-z0-9_-])(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|"
     r"sk-[A-Za-z0-9_-]{16,}|sk_live_[A-Za-z0-9]{16,}|xox[abprs]-[A-Za-z0-9-]{10,}|"
     r"AKIA[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{16,}|"
     r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})")
@@ -81,3 +81,31 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
             continue
         out.append(redact_text(arg))
     return out
+
+
+ARGV_KEYS = frozenset({"cmdline", "argv", "command_line", "args"})
+ENV_KEYS = frozenset({"env", "environ", "environment"})
+
+
+def redact_doc(doc: object) -> object:
+    """A JSON-like report with every command line (a list under ``cmdline``/``argv``) and
+    every environment (a str->str mapping under ``env``/``environ``) redacted, and in every
+    other string URL passwords and token shapes (``redact_text``), at any depth; a new document, the input is left as it is."""
+    if isinstance(doc, dict):
+        out: dict[object, object] = {}
+        for k, v in doc.items():
+            if k in ARGV_KEYS and isinstance(v, list) and all(isinstance(a, str) for a in v):
+                out[k] = redact_argv(v)
+            elif k in ARGV_KEYS and isinstance(v, str):
+                out[k] = " ".join(redact_argv(v.split(" ")))
+            elif k in ENV_KEYS and isinstance(v, dict):
+                out[k] = {n: redact_value(str(n), x) if isinstance(x, str) else redact_doc(x)
+                          for n, x in v.items()}
+            else:
+                out[k] = redact_doc(v)
+        return out
+    if isinstance(doc, list):
+        return [redact_doc(x) for x in doc]
+    if isinstance(doc, str):
+        return redact_text(doc)  # any other field: URL passwords, token shapes
+    return doc

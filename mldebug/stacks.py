@@ -147,7 +147,7 @@ def faulthandler_dumps(text: str, pid: int, main_ident: int | None = None,
                 cur["frames"].append({
                     "name": fm["name"], "filename": file, "module": None,
                     "short_filename": short_filename(file, prefixes),
-                    "line": int(ln) if ln.isdigit() else 0, "locals": None})
+                    "line": int(ln) if ln.isdecimal() else 0, "locals": None})
     close()
     return dumps
 

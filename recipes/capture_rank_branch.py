@@ -12,9 +12,10 @@ all_reduce of that step. After STALL_TIMEOUT seconds without a beat each rank wr
 stacks and ring into $MLDEBUG_DIR. Knobs (environment): STALL_TIMEOUT (5), ON_STALL (dump),
 HANG_RANK (2), HANG_STEP (3), BLOCK=gil (block in a C call that holds the GIL for
 GIL_SECONDS, 8), NO_PTRACE=1 (forbid ptrace on this process: prctl(PR_SET_DUMPABLE, 0)),
-NO_HANDLER_RANK (this rank installs nothing), HANG_RANK_TIMEOUT (the hanging rank's own
-watchdog timeout: larger than STALL_TIMEOUT, the culprit dumps last - under dump+abort the
-others wait for its dump before they exit, see mldebug/capture/evidence.py).
+NO_HANDLER_RANK (this rank installs nothing), MLDEBUG_FR=1 (also the flight recorder),
+HANG_RANK_TIMEOUT (the hanging rank's own watchdog timeout: larger than STALL_TIMEOUT, the
+culprit dumps last - under dump+abort the others wait for its dump before they exit, see
+mldebug/capture/evidence.py).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def validate(step: int) -> None:
 def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
+    if os.environ.get("MLDEBUG_FR"):  # the flight recorder too (mldebug fr trigger)
+        from mldebug.fr import enable as enable_flight_recorder
+
+        enable_flight_recorder()
     if os.environ.get("NO_HANDLER_RANK") != str(rank):
         mldebug.trace.enable(events="lines", ring=256)
         stall = os.environ.get("STALL_TIMEOUT", "5")

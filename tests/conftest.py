@@ -20,8 +20,21 @@ REQUIRE_CLUSTER = os.environ.get("MLDEBUG_REQUIRE_CLUSTER") == "1"
 # Every process a test starts inherits this mark (tests pass dict(os.environ, ...)), so the
 # ones still running when the session ends are found, named and killed, and the session
 # fails: a leaked torchrun rank keeps burning CPU under every later test.
-SESSION_MARK = f"{os.getpid()}-{os.urandom(4).hex()}"
+# Under pytest-xdist the workers inherit the controller's mark, so the controller's check at
+# the end also finds what a worker's test leaked.
+SESSION_MARK = (os.environ["MLDEBUG_TEST_SESSION"]
+                if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("MLDEBUG_TEST_SESSION")
+                else f"{os.getpid()}-{os.urandom(4).hex()}")
 os.environ["MLDEBUG_TEST_SESSION"] = SESSION_MARK
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (``-n 2 --dist loadgroup``) every cluster test runs in one worker:
+    the sshd nodes of the session cluster (and the larger ones some tests start) use fixed
+    names and 127.0.1.x addresses, which two workers would both claim."""
+    for item in items:
+        if item.get_closest_marker("cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 def _leaked() -> list[tuple[int, str]]:

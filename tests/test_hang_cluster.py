@@ -48,10 +48,13 @@ def test_names_the_culprit_rank_and_host_from_outside_both_nodes(two_node_job):
 
 
 def test_out_writes_each_nodes_dumps_as_it_answers(two_node_job, tmp_path):
-    """node2's Python starts 5 s late and first lists --out/dumps: node1's ranks are on disk
-    by then (written as node1 answered, not when every node had), and the report is whole."""
+    """node2's Python starts 5 s late and first lists the dumps written so far: node1's ranks
+    are on disk by then (written as node1 answered, not when every node had), and the report
+    is whole. Until the run ends they are in the private directory beside --out
+    (``.out.tmp-*``, mldebug.paths.staged), which replaces --out at the end: an interrupted
+    run leaves no half-written --out (tests/test_safety_table.py, signals rows)."""
     out, seen = tmp_path / "out", tmp_path / "seen-by-node2"
-    python = slow_python(tmp_path, "node2", 5, then=f"ls {out}/dumps > {seen}")
+    python = slow_python(tmp_path, "node2", 5, then=f"ls {tmp_path}/.out.tmp-*/dumps > {seen}")
     r = run_cli("hang", "--nodes", "node[1-2]", "--out", str(out), "--remote-python", python,
                 "--json", env=two_node_job.env())
     assert r.returncode == 0, r.stderr
@@ -62,6 +65,7 @@ def test_out_writes_each_nodes_dumps_as_it_answers(two_node_job, tmp_path):
     report = json.loads(r.stdout)
     assert sorted(p["rank"] for p in report["processes"]) == [0, 1, 2, 3]
     assert json.loads((out / "report.json").read_text())["suspects"] == report["suspects"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")] == []
 
 
 def test_a_stopped_node_does_not_block_the_report(two_node_job):

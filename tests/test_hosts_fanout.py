@@ -271,3 +271,26 @@ def test_twenty_thousand_hosts_never_hit_the_argument_size_limit(tmp_path, monke
     assert len(results) == len(hosts) and not [r for r in results if r.error]
     assert sorted(got) == sorted(hosts)
     _json.dumps([r.host for r in results])
+
+
+def test_an_oversized_answer_is_cut_and_named_and_the_others_are_read(monkeypatch):
+    """A node printing one line over the limit (200 MB in the issue) is refused with that
+    reason, not reported as 'not reached'; its neighbours' answers still arrive, and the
+    caller never holds the whole line."""
+    import sys
+
+    from mldebug import fanout
+    from mldebug.fanout import PdshStream, _run_streaming
+
+    monkeypatch.setattr(fanout, "MAX_LINE", 1 << 20)
+    producer = ("import sys\n"
+                "sys.stdout.write('a: MLDEBUG-JSON {\"n\": 1}\\n')\n"
+                "sys.stdout.write('big: MLDEBUG-JSON \"' + 'x' * (5 << 20) + '\"\\n')\n"
+                "sys.stdout.write('b: MLDEBUG-JSON {\"n\": 2}\\n')\n")
+    got: dict[str, object] = {}
+    _run_streaming(["-c", producer], {}, 60,
+                   PdshStream(["a", "big", "b"], lambda r: got.__setitem__(r.host, r)),
+                   program=sys.executable)
+    assert got["a"].data == {"n": 1} and got["b"].data == {"n": 2}  # type: ignore[attr-defined]
+    assert got["big"].data is None  # type: ignore[attr-defined]
+    assert "over 1 MiB: cut and not read" in got["big"].error  # type: ignore[attr-defined]

@@ -120,7 +120,7 @@ def _prepare(args: list[str]) -> str | None:
             "Run 'mldebug --help' for the list of commands."
         raise UsageError(f"unknown command {first!r}.", fix)
     i = args.index(first)
-    if first in BARE_NUMBER and i + 1 < len(args) and args[i + 1].isdigit():
+    if first in BARE_NUMBER and i + 1 < len(args) and args[i + 1].isdecimal():
         args.insert(i + 1, BARE_NUMBER[first])
     return first
 
@@ -128,6 +128,19 @@ def _prepare(args: list[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     args_list, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
+    from mldebug.render import safe_stdio
+
+    # outside text never reaches the terminal raw (mldebug.render); pdb relays a live session
+    with safe_stdio(_command_of(args_list) not in UNSANITIZED,
+                    redact="--show-secrets" not in args_list):
+        return _main_guarded(args_list, debug)
+
+
+# commands whose output is an interactive session, passed through as it is
+UNSANITIZED = frozenset({"pdb"})
+
+
+def _main_guarded(args_list: list[str], debug: bool) -> int:
     try:
         return _main(args_list)
     except UsageError as e:

@@ -44,10 +44,30 @@ def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float =
                         "(appended to PDSH_SSH_ARGS_APPEND)")
 
 
+MAX_NUMBER = 1e9  # seconds: 31 years; MB: a petabyte - anything larger is a typo
+
+
+def finite_float(text: str) -> float:
+    """argparse ``type`` for every float option: ``inf``, ``nan``, ``1e400`` and magnitudes
+    over 1e9 are refused with one line (argparse's usage error), never a traceback later."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if abs(value) > MAX_NUMBER:
+        raise argparse.ArgumentTypeError(f"{text!r} is out of range (at most {MAX_NUMBER:g})")
+    return value
+
+
 def check_seconds(option: str, value: float) -> float:
     """A duration option's value, refused when zero, negative, nan or infinite."""
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{option} must be positive and finite, not {value:g}.",
+                         f"Pass seconds, e.g. {option} 30.")
+    if value > MAX_NUMBER:
+        raise UsageError(f"{option} {value:g} is out of range (at most {MAX_NUMBER:g} seconds).",
                          f"Pass seconds, e.g. {option} 30.")
     return value
 
@@ -94,11 +114,21 @@ def add_json_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
                    help="print the whole report as JSON (schema in docs/)")
 
 
-def print_report(report: Any, as_json: bool, render: Callable[[Any], None]) -> None:
-    """``--json``: the report's ``to_dict()`` as JSON on stdout; otherwise ``render(report)``."""
+def add_show_secrets_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--show-secrets", action="store_true",
+                   help="keep secrets (tokens, passwords, --api-key=... values, URL passwords) "
+                        "in command lines, variables and saved files; redacted by default")
+
+
+def print_report(report: Any, as_json: bool, render: Callable[[Any], None], *,
+                 show_secrets: bool = False) -> None:
+    """``--json``: the report's ``to_dict()`` as JSON on stdout, secrets redacted
+    (``mldebug.redact.redact_doc``) unless ``show_secrets``; otherwise ``render(report)``."""
     if as_json:
+        from mldebug.redact import redact_doc
         from mldebug.render import print_json
 
-        print_json(report.to_dict())
+        doc = report.to_dict()
+        print_json(doc if show_secrets else redact_doc(doc))
     else:
         render(report)

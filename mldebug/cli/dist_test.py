@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from mldebug.cli._common import finite_float
 from mldebug.errors import MldebugError, UsageError, torch_missing
 
 HELP = "check that every rank can init, all_reduce, barrier and allocate (run under any launcher)"
@@ -34,14 +35,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "launcher made this process, or a 1-rank world)")
     p.add_argument("--backend", choices=["nccl", "gloo", "mpi", "ucc"],
                    help="process-group backend (default: nccl with CUDA, else gloo)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=finite_float, default=60.0, metavar="S",
                    help="seconds each collective (init, all_reduce, barrier) may take before "
                         "it is reported as a timeout (default: 60)")
+    p.add_argument("--max-nproc", type=int, metavar="N",
+                   help=f"allow --nproc up to N (default: {MAX_NPROC_PER_CPU} per CPU, at "
+                        f"least {MIN_MAX_NPROC}): a typo must not spawn ranks until the "
+                        "OOM killer fires")
     add_json_argument(p)
     p.add_argument("--fault", help=argparse.SUPPRESS)  # "skip-allreduce:RANK", for tests
 
 
+MAX_NPROC_PER_CPU = 4
+MIN_MAX_NPROC = 16
+
+
+def check_nproc(nproc: int | None, max_nproc: int | None) -> None:
+    """``--nproc`` within bounds (before torch is imported): at least 1, at most
+    ``--max-nproc`` (default: 4 per CPU, at least 16)."""
+    if nproc is None:
+        return
+    if nproc < 1:
+        raise UsageError("--nproc must be at least 1.", "Pass e.g. --nproc 4.")
+    limit = max_nproc if max_nproc is not None else max(
+        MIN_MAX_NPROC, MAX_NPROC_PER_CPU * (os.cpu_count() or 1))
+    if nproc > limit:
+        raise UsageError(f"--nproc {nproc} is over the limit of {limit} ranks on this host "
+                         f"({'--max-nproc' if max_nproc is not None else 'default: 4 per CPU'}).",
+                         f"Pass a smaller --nproc, or --max-nproc {nproc} if you mean it.")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_nproc(args.nproc, args.max_nproc)
     from mldebug.cli._common import check_seconds, print_report
     from mldebug.dist import identity
     from mldebug.disttest.report import RankResult, analyze, render
@@ -57,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
         raise MldebugError(torch_missing("mldebug dist-test")) from None
 
     if args.nproc is not None:
-        if args.nproc < 1:
-            raise UsageError("--nproc must be at least 1.", "Pass e.g. --nproc 4.")
         if identity().is_distributed:
             raise UsageError(
                 "--nproc was given inside a launched rank.",

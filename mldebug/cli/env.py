@@ -7,8 +7,10 @@ import re
 
 from mldebug.cli._common import (
     add_json_argument,
+    add_show_secrets_argument,
     add_target_arguments,
     fanout_options,
+    finite_float,
     print_report,
 )
 from mldebug.errors import UsageError
@@ -47,11 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="HOST:PORT",
                    help="check a TCP port is reachable from each node (no value: "
                         "MASTER_ADDR:MASTER_PORT); repeatable")
-    p.add_argument("--torch-timeout", type=float, default=10.0, metavar="S",
+    p.add_argument("--torch-timeout", type=finite_float, default=10.0, metavar="S",
                    help="seconds the torch probe may take on each node (default: 10)")
     p.add_argument("--torch-import", action="store_true",
                    help="also import torch (in a child process) to report CUDA availability, "
                         "device count and backends; slower")
+    add_show_secrets_argument(p)
     add_target_arguments(p)
 
 
@@ -77,8 +80,12 @@ def run(args: argparse.Namespace) -> int:
 
     facts, failed = collect(target, NodeArgs(args.torch_timeout, args.torch_import, ports))
     report = build_report(facts, {r.host: r.error or "no answer" for r in failed})
-    if args.markdown:
-        print(markdown(report), end="")
+    if args.markdown:  # a URL password in a finding title, a token in a difference: redacted
+        from mldebug.redact import redact_text
+
+        text = markdown(report)
+        print(text if args.show_secrets else redact_text(text), end="")
     else:
-        print_report(report, args.json, lambda r: render(r, console()))
+        print_report(report, args.json, lambda r: render(r, console()),
+                     show_secrets=args.show_secrets)
     return 1 if report.has_errors else 0

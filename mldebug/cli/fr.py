@@ -6,6 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
+from mldebug.cli._common import finite_float
 from mldebug.errors import MldebugError, UsageError
 
 HELP = "flight recorder: trigger dumps on a live job (any backend) and name the culprit rank"
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "flight-recorder dump; the dumps are gathered into --out, named "
                        "fr-<host>-rank<R>. Works while the job is hung.")
     _add_dir_out(t, "to gather the dumps in")
-    t.add_argument("--max-mb", type=float, default=1024.0, metavar="MB",
+    t.add_argument("--max-mb", type=finite_float, default=1024.0, metavar="MB",
                    help="most megabytes of dumps one node sends back (default: 1024); ranks "
                         "beyond it are named with the reason")
     t.add_argument("--discover", action="store_true",
@@ -62,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="user (non-torch) frames per call site (default: 2)")
     a.add_argument("--rank", type=int, metavar="R",
                    help="with --all: only the timeline rank R belongs to")
+    from mldebug.htmlview import add_view_arguments
+
+    add_view_arguments(a, trace_event=True)
     add_json_argument(a)
     a.set_defaults(_fr=_analyze)
 
@@ -71,11 +75,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "again, and report the stragglers over the collectives issued in between: "
                        "per rank, how often it arrived last and by how much (docs/fr.md, "
                        "Stragglers). Needs only mldebug.fr.enable() in the job.")
-    w.add_argument("--interval", type=float, default=10.0, metavar="S",
+    w.add_argument("--interval", type=finite_float, default=10.0, metavar="S",
                    help="seconds between the two dumps (default: 10)")
     _add_dir_out(w, "for both dumps (<out>/1, <out>/2)")
     add_target_arguments(w, default_timeout=30.0)
     _add_pid_job(w)
+    add_view_arguments(w, what=" of the stragglers")
     add_json_argument(w)
     w.set_defaults(_fr=_watch)
 
@@ -158,6 +163,9 @@ def _analyze(args: argparse.Namespace) -> int:
         if not Path(item).exists():
             raise UsageError(f"{item} does not exist.",
                              "Pass the directory 'mldebug fr trigger' wrote, or dump files.")
+    from mldebug.htmlview import check_view_targets, write_views
+
+    check_view_targets(args)
     files = expand_inputs(args.inputs)
     if not files:
         raise MldebugError(f"no files in {', '.join(args.inputs)}.",
@@ -171,6 +179,16 @@ def _analyze(args: argparse.Namespace) -> int:
         if args.all:
             render_timeline(ds, con, args.frames, args.rank)
         render(result, con)
+    if ds.dumps:
+        from mldebug.fr.traceevent import fr_trace
+        from mldebug.fr.view import fr_html
+
+        write_views(args, lambda: fr_html(ds, result, "mldebug fr analyze"),
+                    lambda: fr_trace(ds, result))
+    elif args.html or args.trace_event:
+        raise MldebugError("none of the files could be loaded as a flight-recorder dump, so "
+                           "there is nothing to draw.",
+                           "See the reasons above; collect again with mldebug fr trigger.")
     if not ds.dumps:
         if not args.json:
             raise MldebugError("none of the files could be loaded as a flight-recorder dump.",
@@ -238,6 +256,9 @@ def _watch(args: argparse.Namespace) -> int:
     if not 0 < args.interval < 86400:
         raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
                          "Pass e.g. --interval 10.")
+    from mldebug.htmlview import check_view_targets, write_views
+
+    check_view_targets(args)
     target = fanout_options(args)
     result = watch(target, args.interval, args.out, args.dir, pids=job_pids(args, target.is_local))
     files = result.second.files
@@ -246,7 +267,8 @@ def _watch(args: argparse.Namespace) -> int:
                            "Check that the job called mldebug.fr.enable(); if it passed "
                            "enable(dump_dir=...) or set MLDEBUG_FR_DIR, pass the same --dir DIR "
                            "here; 'mldebug fr trigger' shows each rank's reason.")
-    analysis = analyze(load_files(files), since=result.since)
+    ds = load_files(files)
+    analysis = analyze(ds, since=result.since)
     if args.json:
         doc = result.to_dict()
         doc["analysis"] = analysis.to_dict()
@@ -261,6 +283,10 @@ def _watch(args: argparse.Namespace) -> int:
                        f"({result.second.out_dir}); {analysis.straggler_window} collective(s) "
                        "in between"))
         render(analysis, con)
+    if args.html:
+        from mldebug.fr.view import fr_html
+
+        write_views(args, lambda: fr_html(ds, analysis, "mldebug fr watch", result.since))
     return 0
 
 

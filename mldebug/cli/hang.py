@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -10,8 +11,10 @@ from typing import Any
 
 from mldebug.cli._common import (
     add_json_argument,
+    add_show_secrets_argument,
     add_target_arguments,
     fanout_options,
+    finite_float,
 )
 
 HELP = "dump every rank's Python stack (py-spy), group them and name the odd rank out"
@@ -57,8 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "iterations are then told apart")
     d.add_argument("--py-spy", metavar="PATH",
                    help="py-spy binary on the nodes (default: beside their Python, then PATH)")
-    d.add_argument("--watch", type=float, metavar="S",
+    d.add_argument("--watch", type=finite_float, metavar="S",
                    help="dump twice S seconds apart and mark each group stuck or moving")
+    from mldebug.htmlview import add_view_arguments
+
+    add_view_arguments(d, force=False, what=" of the ranks' state at both dumps (with --watch;"
+                       " --force replaces a file mldebug wrote)")
     d.add_argument("--signal", nargs="?", const="SIGUSR1", metavar="SIG",
                    help="no ptrace: send SIG (default SIGUSR1) to the ranks and collect the dumps "
                         "their mldebug.watchdog()/install_dump_handler() writes (docs/capture.md)")
@@ -82,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --fr: the ranks' dump directory when enable(dump_dir=...) set one "
                         "(default: as enable(); MLDEBUG_FR_DIR of each rank is found anyway)")
     add_json_argument(a)
+    add_show_secrets_argument(a)
     add_target_arguments(p, default_timeout=20.0,
                          timeout_help="seconds each py-spy dump may take on a node (a node's "
                                       "whole budget: this, doubled with --watch, plus --watch)")
@@ -105,6 +113,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="list every suspect, group and error")
 
 
+def _secrets(doc: dict[str, Any], args: argparse.Namespace) -> Any:
+    """``doc`` with command lines and environments redacted, unless --show-secrets."""
+    from mldebug.redact import redact_doc
+
+    return doc if getattr(args, "show_secrets", False) else redact_doc(doc)
+
+
+def _rebase(obj: Any, old: str, new: str) -> Any:
+    """Every string path under ``old`` in a JSON-like document, moved under ``new``."""
+    if isinstance(obj, str):
+        return new + obj[len(old):] if obj == old or obj.startswith(old + "/") else obj
+    if isinstance(obj, list):
+        return [_rebase(x, old, new) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _rebase(v, old, new) for k, v in obj.items()}
+    return obj
+
+
 def run(args: argparse.Namespace) -> int:
     if args.hang_action == "analyze":
         from mldebug.hang.analyze import analyze
@@ -115,16 +141,27 @@ def run(args: argparse.Namespace) -> int:
                          all_threads=args.all_threads or args.all_threads_analyze,
                          job=args.job or args.job_analyze)
         if args.json or args.json_analyze:
-            write_json(report.to_dict())
+            write_json(_secrets(report.to_dict(), args))
         else:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
 
     from mldebug.hang.options import options_from_args, start_local
+    from mldebug.htmlview import check_view_targets, write_views
 
+    if args.html and not args.watch:
+        from mldebug.errors import UsageError
+
+        raise UsageError("--html draws the ranks' state over a --watch.",
+                         "Add --watch S, e.g. mldebug hang --watch 5 --html hang.html.")
+    check_view_targets(args)
     target = fanout_options(args)
     opts = options_from_args(args)
-    out = Path(args.out) if args.out else None
+    out = None
+    if args.out:  # checked before anything runs; the resolved path
+        from mldebug.hang.collect import check_out
+
+        out = check_out(Path(args.out), force=args.force)
     docs: Any = None
     if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.hang.signal_collect import signal_docs
@@ -134,25 +171,31 @@ def run(args: argparse.Namespace) -> int:
         # py-spy starts now; the analysis and the report load while the dumps run
         docs = start_local(opts)
     from mldebug.hang.analyze import analyze
-    from mldebug.hang.collect import collect, prepare_out, save_report
+    from mldebug.hang.collect import collect, save_report, staged_out
     from mldebug.hang.report import render, render_text, write_json
 
+    # --out: written into a private directory beside it, swapped in at the end (all or nothing)
+    with staged_out(out) if out is not None else contextlib.nullcontext() as stage:
+        where = stage.path if stage is not None else None
+        results, coll, written = collect(opts, target, progress=not args.json, docs=docs,
+                                         out=where, show_secrets=args.show_secrets)
+        report = analyze(coll, all_threads=args.all_threads, job=args.job)
+        record = None
+        if args.fr:
+            from mldebug.hang import flight
+
+            record = flight.collect(target, where, args.timeout, fr_dir=args.fr_dir,
+                                    pids=[p.pid for p in report.processes])
+            if where is not None and out is not None:  # the paths it will have
+                record.doc = _rebase(record.doc, str(where), str(out))
+        if where is not None:
+            save_report(where, _secrets(report.to_dict(), args),
+                        render_text(report, show_all=True))
     if out is not None:
-        prepare_out(out, force=args.force)
-    results, coll, written = collect(opts, target, progress=not args.json, docs=docs, out=out)
-    report = analyze(coll, all_threads=args.all_threads, job=args.job)
-    if out is not None:
-        save_report(out, report.to_dict(), render_text(report, show_all=True))
         print(f"mldebug hang: saved {len(written)} dumps and the report in {out}/ "
               f"(re-analyse: mldebug hang analyze {out})", file=sys.stderr)
-    record = None
-    if args.fr:
-        from mldebug.hang import flight
-
-        record = flight.collect(target, out, args.timeout, fr_dir=args.fr_dir,
-                                pids=[p.pid for p in report.processes])
     if args.json:
-        doc = report.to_dict()
+        doc = _secrets(report.to_dict(), args)
         if record is not None:
             doc["flight_recorder"] = record.to_dict()
         if args.signal:
@@ -178,4 +221,13 @@ def run(args: argparse.Namespace) -> int:
             from mldebug.render import console
 
             render_capture(results, console())
+    if args.html:
+        if not report.processes:
+            from mldebug.errors import MldebugError
+
+            raise MldebugError("no rank process was dumped, so there is nothing to draw.",
+                               "See the errors above; check --pid/--pattern and --nodes.")
+        from mldebug.hang.view import hang_html
+
+        write_views(args, lambda: hang_html(report))
     return 0 if report.processes else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mldebug.cli._common import add_json_argument, add_target_arguments, print_report
+from mldebug.cli._common import add_json_argument, add_target_arguments, finite_float, print_report
 
 HELP = "memory: snapshot reports and plots, per-rank usage across nodes, peak of a process tree"
 DESCRIPTION = """\
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "host, --nodes or --slurm-job and show their memory; with "
                                    "--watch S, sample for S seconds and name the ranks that "
                                    "grow (leak) and the ranks far from the others (imbalance).")
-    t.add_argument("--watch", type=float, default=0.0, metavar="S",
+    t.add_argument("--watch", type=finite_float, default=0.0, metavar="S",
                    help="sample for S seconds and name growing / imbalanced ranks")
     t.add_argument("--pattern", metavar="REGEX",
                    help="Python processes whose command line matches (also without RANK)")
@@ -66,13 +66,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="this process, or its rank-carrying descendants if it is a launcher")
     t.add_argument("--rows", type=int, default=10, metavar="N",
                    help="ranks listed, largest first (default: 10)")
+    from mldebug.htmlview import add_view_arguments
+
+    add_view_arguments(t, what=" of every rank's memory over the --watch")
     add_json_argument(t)
     add_target_arguments(t, default_timeout=30.0)
     pk = sub.add_parser("peak", help="run a command; peak memory of its whole process tree",
                         description="Run CMD and report the peak memory of all its processes "
                                     "however deep (a fresh cgroup when possible, else sampling), "
                                     "wall/user/sys time and OOM kills. Exits with CMD's code.")
-    pk.add_argument("--interval", type=float, default=0.05, metavar="S",
+    pk.add_argument("--interval", type=finite_float, default=0.05, metavar="S",
                     help="sampling interval when no cgroup can be used (default: 0.05)")
     pk.add_argument("--method", choices=("auto", "cgroup", "sampling"), default="auto",
                     help="how to measure (default: auto: cgroup, else sampling)")
@@ -165,10 +168,25 @@ def _top(args: argparse.Namespace) -> int:
 
     if args.watch < 0 or args.rows < 1:
         raise UsageError("--watch must be >= 0 and --rows >= 1.", "e.g. --watch 10 --rows 20")
+    from mldebug.htmlview import check_view_targets, write_views
+
+    if args.html and not args.watch:
+        raise UsageError("--html draws memory over a --watch.",
+                         "Add --watch S, e.g. mldebug mem top --watch 10 --html mem.html.")
+    check_view_targets(args)
     results = collect_top(fanout_options(args), watch=args.watch, pid=args.pid,
                           pattern=args.pattern)
     rep = analyze_top(results, watch=args.watch, rows=args.rows)
     _print(rep, args.json)
+    if args.html:
+        if not rep.processes:
+            from mldebug.errors import MldebugError
+
+            raise MldebugError("no rank process was sampled, so there is nothing to draw.",
+                               "Check --pid/--pattern and --nodes (see the findings above).")
+        from mldebug.memory.view import mem_html
+
+        write_views(args, lambda: mem_html(rep))
     return 0 if rep.processes else 1
 
 

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("paths", nargs="+", metavar="DIR|FILE",
                    help="the watchdog's directory (its trace/ folder is used) or ring files")
     s.add_argument("--json", action="store_true", help="the report as JSON")
+    from mldebug.htmlview import add_view_arguments
+
+    add_view_arguments(s, trace_event=True)
     r = sub.add_parser("run", help="run a Python command with a full per-rank trace",
                        description="Run 'python SCRIPT ARGS' with every call (or line) of the "
                                    "user's code written, timestamped and [host:rank]-prefixed, "
@@ -42,9 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.trace_action == "show":
         from mldebug.cli._common import print_report
+        from mldebug.htmlview import check_view_targets, write_views
         from mldebug.trace.analyze import analyze
         from mldebug.trace.collect import load
 
+        check_view_targets(args)
         traces, errors = load(args.paths)
         report = analyze(traces, errors)
 
@@ -55,6 +60,15 @@ def run(args: argparse.Namespace) -> int:
             render(rep, console())  # type: ignore[arg-type]
 
         print_report(report, args.json, _render)
+        if traces:
+            from mldebug.trace.view import trace_html, trace_trace
+
+            write_views(args, lambda: trace_html(report), lambda: trace_trace(report))
+        elif args.html or args.trace_event:
+            from mldebug.errors import MldebugError
+
+            raise MldebugError("no ring file could be read, so there is nothing to draw.",
+                               "Pass the watchdog's directory (its trace/ folder) or ring files.")
         return 0 if traces else 1
     from mldebug.trace.launch import trace_command
 

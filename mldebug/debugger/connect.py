@@ -32,7 +32,7 @@ def parse_spec(spec: str) -> tuple[str | None, int]:
         if not 0 < port < 65536:
             raise UsageError(f"port {port} is out of range.", "Copy HOST:PORT from mldebug pdb list.")
         return validate_host(m["host"]), port
-    if spec.isdigit():
+    if spec.isdecimal():
         return None, int(spec)
     raise UsageError(f"cannot read {spec!r} as a rank or HOST:PORT.",
                      "Pass a rank number (mldebug pdb connect 2) or HOST:PORT from mldebug pdb list.")

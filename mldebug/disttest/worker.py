@@ -44,11 +44,15 @@ def _fault_rank(fault: str | None, kind: str) -> int | None:
     if not fault:
         return None
     name, _, rank = fault.partition(":")
-    return int(rank) if name == kind and rank.isdigit() else None
+    return int(rank) if name == kind and rank.isdecimal() else None
 
 
 def run_worker(opts: Options) -> RankResult:
     """Run the checks in this rank; its result (also printed, see ``REPORT_ENV``)."""
+    if os.environ.get(REPORT_ENV) == "1":  # launched by `mldebug dist-test --nproc`
+        from mldebug.lifetime import die_with_parent
+
+        die_with_parent()  # torchrun gone (mldebug SIGKILLed): this rank goes too
     ident = identity()
     result = RankResult(rank=ident.rank if ident.rank is not None else 0,
                         world_size=ident.world_size if ident.world_size is not None else 1,
@@ -207,16 +211,25 @@ def launch(nproc: int, opts: Options, on_line: Any) -> tuple[list[RankResult], i
     env = dict(os.environ, **{REPORT_ENV: "1"})
     if prefix:  # reverse lookups fail without DNS in the namespace; c10d warns on each
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    proc = subprocess.Popen(launcher_command(nproc, opts, prefix), stdout=subprocess.PIPE,
-                            text=True, errors="replace", env=env, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    results: list[RankResult] = []
-    for line in proc.stdout:
-        if line.startswith(MARKER):
-            try:
-                results.append(RankResult.from_dict(json.loads(line[len(MARKER):])))
-                continue
-            except (ValueError, KeyError, TypeError):
-                pass
-        on_line(line)
-    return results, proc.wait(), bool(prefix)
+    from mldebug.lifetime import kill_group, popen_owned, sigterm_unwinds
+
+    # torchrun in a process group of its own that dies with us (even on SIGKILL); killed on
+    # error, Ctrl-C and SIGTERM; its ranks die with it (run_worker)
+    with sigterm_unwinds():
+        proc = popen_owned(launcher_command(nproc, opts, prefix), stdout=subprocess.PIPE,
+                           text=True, errors="replace", env=env, stdin=subprocess.DEVNULL)
+        try:
+            assert proc.stdout is not None
+            results: list[RankResult] = []
+            for line in proc.stdout:
+                if line.startswith(MARKER):
+                    try:
+                        results.append(RankResult.from_dict(json.loads(line[len(MARKER):])))
+                        continue
+                    except (ValueError, KeyError, TypeError):
+                        pass
+                on_line(line)
+            return results, proc.wait(), bool(prefix)
+        finally:
+            if proc.poll() is None:
+                kill_group(proc)

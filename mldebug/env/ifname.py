@@ -57,7 +57,7 @@ def parse(value: str) -> IfSpec:
 def _atoi(text: str) -> int:
     digits = ""
     for ch in text.strip():
-        if not ch.isdigit():
+        if not ch.isdecimal():
             break
         digits += ch
     return int(digits) if digits else 0

@@ -368,13 +368,13 @@ def ib_devices():
         ports = []
         pdir = os.path.join(base, dev, "ports")
         try:
-            port_names = sorted(os.listdir(pdir), key=lambda p: int(p) if p.isdigit() else 0)
+            port_names = sorted(os.listdir(pdir), key=lambda p: int(p) if p.isdecimal() else 0)
         except OSError:
             port_names = []
         for p in port_names:
             d = os.path.join(pdir, p)
             ports.append({
-                "port": int(p) if p.isdigit() else p,
+                "port": int(p) if p.isdecimal() else p,
                 "state": (_read(os.path.join(d, "state"), "") or "").split(":")[-1].strip(),
                 "link_layer": _read(os.path.join(d, "link_layer"), ""),
                 "rate": _read(os.path.join(d, "rate"), ""),

@@ -405,7 +405,7 @@ def check_rendezvous(facts: NodeFacts) -> list[Finding]:
                           "check the master is running and that no firewall blocks the port; "
                           "pick a free MASTER_PORT if another job holds it."))
     port = facts.env.get("MASTER_PORT")
-    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+    if port is not None and not (port.isdecimal() and 0 < int(port) < 65536):
         out.append(_f(facts, Severity.ERROR, "master-port-invalid",
                       f"MASTER_PORT={port} is not a TCP port number",
                       "", "export MASTER_PORT=29500 (any free port 1024-65535)."))
@@ -455,7 +455,7 @@ def check_world(facts: NodeFacts) -> list[Finding]:
     count = facts.gpu_count
     cvd = facts.env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and count:
-        bad = [x for x in cvd.split(",") if x.strip().isdigit() and int(x) >= count]
+        bad = [x for x in cvd.split(",") if x.strip().isdecimal() and int(x) >= count]
         if bad:
             out.append(_f(facts, Severity.ERROR, "cuda-visible-devices-invalid",
                           f"CUDA_VISIBLE_DEVICES={cvd} names GPUs this node does not have",

@@ -173,7 +173,7 @@ def _groups(ds: DumpSet, world: int) -> list[_Pg]:
 
 
 def _natural(s: str) -> tuple[int, str]:
-    return (int(s), "") if s.isdigit() else (1 << 62, s)
+    return (int(s), "") if s.isdecimal() else (1 << 62, s)
 
 
 def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -> Analysis:
@@ -220,7 +220,7 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
     from mldebug.fr.diagnose import build_findings
     from mldebug.fr.stragglers import find_stragglers
 
-    result.stragglers, result.straggler_window = find_stragglers(ds, since)
+    result.stragglers, result.straggler_window = find_stragglers(ds, since, result.arrivals)
     result.findings = build_findings(result)
     return result
 

@@ -70,12 +70,18 @@ def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return Path(tempfile.mkdtemp(prefix=f"mldebug-fr-dumps-{stamp}-")), True
-    p = Path(out)
-    if p.is_symlink():
-        raise UsageError(f"--out {p} is a symlink; refused.", "Pass a new directory.")
+    from mldebug.paths import resolve
+
+    if Path(out).is_symlink():
+        raise UsageError(f"--out {out} is a symlink; refused.", "Pass a new directory.")
+    p = resolve(out)  # '..' after a missing directory refused
     if p.exists():
         if not p.is_dir():
             raise UsageError(f"--out {p} exists and is not a directory.", "Pass a new directory.")
+        if p.stat().st_uid != os.geteuid():
+            raise UsageError(f"--out {p} belongs to another user (uid {p.stat().st_uid}), who "
+                             "could plant links in it while dumps are written.",
+                             "Pass a new directory (mldebug creates it, mode 0700).")
         if any(p.iterdir()):
             raise UsageError(f"--out {p} already holds files; dumps of two triggers would be "
                              "mixed (or overwritten).", "Pass a new or empty directory.")
@@ -113,12 +119,18 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path,
     Each file keeps its source's permission (0644 stays 0644, anything narrower becomes
     0600): a dump readable only by the job's user is not made readable by all.
     """
-    host = _SAFE.sub("_", str(doc.get("host") or host))[:255]
+    from mldebug.nodetrust import check_host
+    from mldebug.paths import name_part
+
+    claim = check_host(host, doc)  # a node speaks for itself: filed under the host asked
+    host = name_part(_SAFE.sub("_", str(host)), 255)
     notes, ranks = doc.get("notes", []), doc.get("ranks", [])
     if not isinstance(notes, list) or not isinstance(ranks, list):
         return NodeOutcome(host, errors=["the node sent a malformed document (notes/ranks "
                                          "are not lists); ignored"])
     outcome = NodeOutcome(host, notes=[str(n)[:2000] for n in notes])
+    if claim:
+        outcome.errors.append(claim)
     left = max_bytes
     for err in doc.get("errors") or []:
         outcome.errors.append(str(err)[:2000])

@@ -146,7 +146,8 @@ def _forget_seen() -> None:
 
 
 def _read_bounded(name: str) -> bytes:
-    with open(name, "rb") as f:
+    # O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer
+    with os.fdopen(os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise BadDump("not a regular file")
@@ -631,7 +632,7 @@ def _stamp(e: Any) -> int:
 
 def _num(v: Any) -> int | None:
     """An integer written as a number or as its decimal string ('2', '-1')."""
-    if isinstance(v, str) and 0 < len(v) <= 19 and v.lstrip("-").isdigit():
+    if isinstance(v, str) and 0 < len(v) <= 19 and v.lstrip("-").isdecimal():
         return int(v)
     return _int(v)
 

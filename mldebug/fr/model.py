@@ -347,6 +347,9 @@ class Analysis:
     stragglers: list[Straggler] = field(default_factory=list)
     straggler_window: int = 0  # matched collectives the straggler statistics cover
     findings: list[Finding] = field(default_factory=list)  # built by analysis (fr.diagnose)
+    # per group, the arrival times the straggler statistics compared (fr.stragglers.Arrivals);
+    # not in --json: the HTML view's heat map draws them
+    arrivals: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def culprits(self) -> list[int]:

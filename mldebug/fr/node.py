@@ -337,7 +337,7 @@ def _native(dir_fd: int, owner: int, deadline: float, include_data: bool,
                     continue
                 time.sleep(0.2)  # the watchdog writes in place
                 pending.remove(target)
-                digits = "".join(ch for ch in target if ch.isdigit())
+                digits = "".join(ch for ch in target if ch.isdecimal())
                 item: dict[str, Any] = {"rank": int(digits[-9:]) if digits else None,
                                         "file": target, "native": True}
                 try:
@@ -363,7 +363,7 @@ def discover_dirs(only: set[int] | None = None) -> list[str]:
     found: dict[str, None] = {}
     try:
         pids = ([str(p) for p in sorted(only)] if only is not None
-                else [n for n in os.listdir("/proc") if n.isdigit()])
+                else [n for n in os.listdir("/proc") if n.isdecimal()])
     except OSError:
         pids = []
     key = b"MLDEBUG_FR_DIR="
@@ -427,7 +427,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--discover", action="store_true")
     p.add_argument("--pids", default=None, help="comma-separated: only these processes")
     a = p.parse_args(argv)
-    pids = {int(x) for x in a.pids.split(",") if x.isdigit()} if a.pids is not None else None
+    pids = {int(x) for x in a.pids.split(",") if x.isdecimal()} if a.pids is not None else None
     doc = trigger_all(a.dir or default_dir(), a.timeout, include_data=not a.no_data,
                       max_bytes=a.max_bytes, discover=a.discover, pids=pids)
     emit(doc)

@@ -414,7 +414,7 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
     if native:
         size = (os.environ.get("TORCH_FR_BUFFER_SIZE")
                 or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or str(buffer_size))
-        env = native_env(d, int(size) if size.isdigit() else buffer_size)
+        env = native_env(d, int(size) if size.isdecimal() else buffer_size)
         for key, value in env.items():
             os.environ.setdefault(key, value)
         try:

@@ -98,8 +98,19 @@ def _host_offsets(m: Matched, hosts: list[str]) -> dict[str, float]:
             for h, e in earliest.items()}
 
 
+@dataclass
+class Arrivals:
+    """One group's matched collectives as the straggler statistics compared them: the enqueue
+    times, each member's host-clock shift (ns) and each collective's median aligned time."""
+
+    pg: str
+    matched: Matched
+    shift: list[float]
+    mids: list[float]
+
+
 def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
-                    ) -> tuple[list[Straggler], int]:
+                    arrivals: list[Arrivals] | None = None) -> tuple[list[Straggler], int]:
     """Ranks consistently last at matched collectives, and how many collectives were compared.
 
     Lateness of a rank at one collective = its aligned enqueue time minus the median rank's.
@@ -110,7 +121,7 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
     count: dict[int, int] = defaultdict(int)
     compared = 0
     kept = []
-    for m in arrival_times(ds, since).values():
+    for pg, m in arrival_times(ds, since).items():
         hosts = [ds.dumps[r].host or "" for r in m.ranks]
         offsets = _host_offsets(m, hosts)
         shift = [offsets[h] for h in hosts]
@@ -122,6 +133,8 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
         for r in m.ranks:
             count[r] += len(m.seqs)
         kept.append((m, shift, mids))
+        if arrivals is not None:  # kept for the HTML view's heat map (no second pass)
+            arrivals.append(Arrivals(pg, m, shift, mids))
         compared += len(m.seqs)
     # only a rank that was last often enough can be named: its lateness is all that is kept
     # (a 16,384-rank job would otherwise hold 16,384 x 1,000 numbers)

@@ -397,6 +397,12 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             "Narrow to one job with --job KEY (or --pid LAUNCHER_PID).", "jobs"))
     for j in jobs:
         findings.extend(j.findings)
+    from mldebug.nodetrust import duplicate_rank_finding, duplicate_ranks
+
+    dup = duplicate_rank_finding(duplicate_ranks(
+        (j.key or "", p.rank, p.host, p.pid) for j in jobs for p in j.processes))
+    if dup:
+        findings.append(dup)
     if lone:
         findings.append(Finding(
             Severity.INFO, f"{len(lone)} process{'es' if len(lone) != 1 else ''} carry a rank "

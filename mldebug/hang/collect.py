@@ -125,13 +125,16 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
         coll.errors.append(CollectError(r.host, None, "answered something that is not a "
                                                       "collector document"))
         return
-    host = doc.get("host") or r.host
-    if not isinstance(host, str):
-        host = r.host
+    from mldebug.nodetrust import check_host
+
+    host = r.host  # a node speaks for itself only: its answer is filed under the host asked
     procs: list[Process] = []
     errors: list[CollectError] = []
     tck = doc.get("clk_tck")
     tck = tck if isinstance(tck, int) and 1 <= tck <= 10000 else 100
+    claim = check_host(r.host, doc)
+    if claim:
+        errors.append(CollectError(host, None, claim))
     try:
         for e in doc.get("errors") or ():
             errors.append(CollectError(host, _opt_int(e.get("pid")), str(e.get("error"))))
@@ -169,7 +172,7 @@ def collection_from_results(results: Sequence[NodeResult], watch: float | None =
 
 def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = False,
             docs: Callable[..., list[NodeResult]] | None = None, out: Path | None = None,
-            ) -> tuple[list[NodeResult], Collection, list[Path]]:
+            show_secrets: bool = False) -> tuple[list[NodeResult], Collection, list[Path]]:
     """Collect from every node of ``target``, folding each node's answer into the collection
     as it arrives (the raw document is dropped then: at 1,000 nodes the documents are ~150 MB).
 
@@ -188,7 +191,7 @@ def collect(opts: CollectOptions, target: FanoutOptions, *, progress: bool = Fal
     def on_result(r: NodeResult) -> None:
         add_node_result(coll, r)
         if out is not None:
-            written.extend(save_node(out, r))
+            written.extend(save_node(out, r, show_secrets=show_secrets))
         slim[r.host] = NodeResult(r.host, data=slim_doc(r.data), error=r.error)
 
     hosts = [r.host for r in node_docs_fn(opts, target, on_result, progress)]
@@ -226,63 +229,89 @@ def slurm_scope_note(env: dict[str, str] | None = None) -> str | None:
 OUT_MARKER = ".mldebug-hang"
 
 
-def prepare_out(out: Path, *, force: bool) -> None:
-    """Make ``out`` an empty directory for this run: a reused one is refused, or with
-    ``force`` replaced as a whole when mldebug wrote it (a marker inside) - never mixed."""
-    import shutil
+def check_out(out: Path, *, force: bool) -> Path:
+    """``--out`` checked before anything runs (``mldebug.paths.check_out`` with hang's marker);
+    the resolved path. A reused directory is refused, or with ``force`` replaced as a whole when
+    mldebug hang wrote it - never mixed."""
+    from mldebug import paths
 
-    if out.is_symlink():
-        raise UsageError(f"--out {out} is a symbolic link.", "Pass a real directory path.")
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"--out {out} exists and is not a directory.",
-                             "Pass a new directory name.")
-        if any(out.iterdir()):
-            if not force:
-                raise UsageError(f"--out {out} already holds files; old dumps would mix with "
-                                 "the new ones.", "Pass a new directory, or --force to replace "
-                                 "a directory an earlier 'mldebug hang --out' wrote.")
-            if not (out / OUT_MARKER).is_file():
-                raise UsageError(f"--out {out} was not written by mldebug hang (no "
-                                 f"{OUT_MARKER} inside); --force replaces only those.",
-                                 "Pass a new directory.")
-            from mldebug.outdir import protected_reason
-
-            reason = protected_reason(out)  # the same rule as every other --force
-            if reason:
-                raise UsageError(f"--out {out} is never replaced: {reason}.",
-                                 "Pass a new directory.")
-            shutil.rmtree(out.resolve())
-    out.mkdir(parents=True, exist_ok=True)
-    (out / OUT_MARKER).write_text("written by mldebug hang --out; --force may replace this "
-                                  "directory\n")
+    p = Path(out).expanduser()
+    if not force and not p.is_symlink() and p.is_dir() and any(p.iterdir()):
+        raise UsageError(f"--out {out} already holds files; old dumps would mix with "
+                         "the new ones.", "Pass a new directory, or --force to replace "
+                         "a directory an earlier 'mldebug hang --out' wrote.")
+    return paths.check_out(p, force=force, marker=OUT_MARKER, command="mldebug hang")
 
 
-def save_node(out: Path, r: NodeResult) -> list[Path]:
-    """Write one node's raw per-process py-spy dumps under ``out/dumps`` (see prepare_out);
-    ``collect`` calls it as each node answers."""
+def staged_out(out: Path) -> Any:
+    """The context ``mldebug hang --out`` writes in: a private directory beside ``out`` that
+    replaces it when the run ends (``mldebug.paths.staged``), so an interrupted run leaves
+    the finished directory or nothing."""
+    from mldebug import paths
+
+    return paths.staged(out, marker=OUT_MARKER, marker_text=_MARKER_TEXT, private=True)
+
+
+_MARKER_TEXT = "written by mldebug hang --out; --force may replace this directory\n"
+
+
+def prepare_out(out: Path, *, force: bool) -> Path:
+    """Make ``out`` an empty directory of ours holding the marker (``check_out``, then an
+    empty staged directory swapped in); the resolved path."""
+    out = check_out(out, force=force)
+    with staged_out(out):
+        pass
+    return out
+
+
+def _file_part(value: Any) -> str:
+    from mldebug.paths import name_part
+
+    return name_part(value)
+
+
+def save_node(out: Path, r: NodeResult, *, show_secrets: bool = False) -> list[Path]:
+    """Write one node's raw per-process py-spy dumps under ``out/dumps`` (see staged_out);
+    ``collect`` calls it as each node answers. File names are built from the host we asked
+    (never the node's own ``host`` field) and the rank and pid, each reduced to a plain name
+    part; files are created new (0600, never through a link)."""
+    from mldebug.paths import write_new
+    from mldebug.redact import redact_doc
+
     if not isinstance(r.data, dict):
         return []
     dumps = out / "dumps"
-    dumps.mkdir(parents=True, exist_ok=True)
+    dumps.mkdir(mode=0o700, exist_ok=True)
     written = []
-    host = str(r.data.get("host") or r.host)
+    host = r.host
     for p in r.data.get("processes") or ():
         if not isinstance(p, dict) or p.get("dump") is None:
             continue
         ident = p.get("identity")
         rank = ident.get("rank") if isinstance(ident, dict) else None
-        name = f"{host}-rank{rank}-{p.get('pid')}.json" if rank is not None else f"{host}-{p.get('pid')}.json"
-        path = dumps / name
-        path.write_text(json.dumps({"format": DUMP_FORMAT, "host": host, **p}, indent=1))
+        stem = (f"{_file_part(host)}-rank{_file_part(rank)}-{_file_part(p.get('pid'))}"
+                if rank is not None else f"{_file_part(host)}-{_file_part(p.get('pid'))}")
+        doc = {"format": DUMP_FORMAT, "host": host, **p}
+        data = json.dumps(doc if show_secrets else redact_doc(doc), indent=1)
+        for n in range(1000):  # a node naming one pid twice: both kept, neither overwritten
+            path = dumps / (f"{stem}.json" if n == 0 else f"{stem}-{n}.json")
+            try:
+                write_new(path, data)
+                break
+            except FileExistsError:
+                continue
         written.append(path)
     return written
 
 
 def save_report(out: Path, report_dict: dict[str, Any], report_text: str) -> None:
-    """Write the report (JSON and text) beside the dumps under ``out``."""
-    (out / "report.json").write_text(json.dumps(report_dict, indent=2))
-    (out / "report.txt").write_text(report_text)
+    """Write the report (JSON and text) beside the dumps under ``out`` (new files, 0600)."""
+    from mldebug.paths import write_new
+
+    write_new(out / "report.json", json.dumps(report_dict, indent=2))
+    from mldebug.text import sanitize
+
+    write_new(out / "report.txt", sanitize(report_text, multiline=True))
 
 
 @dataclass
@@ -303,7 +332,8 @@ def _expand_inputs(paths: Iterable[str]) -> _Inputs:
         if p.is_dir():
             sub = p / "dumps" if (p / "dumps").is_dir() else p
             found = sorted((f for f in sub.iterdir() if f.name not in
-                            ("report.json", "report.txt", OUT_MARKER) and f.is_file()),
+                            ("report.json", "report.txt", OUT_MARKER)
+                            and not f.is_symlink() and f.is_file()),  # a planted link: skipped
                            key=lambda f: f.name)
             # a watchdog's directory: ranks whose only stacks are faulthandler's text
             texts, errors = fhtext.capture_texts(p, {fhtext.stem(f.name) for f in found})

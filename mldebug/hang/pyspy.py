@@ -124,7 +124,7 @@ def parse_text_dump(text: str, default_host: str = "?") -> list[Process]:
             if current is None or (not headed and (current.host != host or (
                     is_main and any(t.name == "MainThread" for t in current.threads)))):
                 tid = tm["tid"] or ""  # a dump without its "Process" header
-                current = Process(host=host, pid=int(tid) if tid.isdigit() and is_main
+                current = Process(host=host, pid=int(tid) if tid.isdecimal() and is_main
                                   else len(procs) + 1)
                 procs.append(current)
                 headed = False

@@ -38,7 +38,7 @@ FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread s
 
 def signal_number(name: str) -> int:
     """SIGUSR1, USR1 or 10 as a signal number."""
-    if name.isdigit():
+    if name.isdecimal():
         return int(name)
     up = name.upper()
     num = getattr(_signal, up if up.startswith("SIG") else "SIG" + up, None)

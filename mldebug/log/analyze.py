@@ -359,7 +359,7 @@ def fingerprint_mismatch(facts: Facts) -> Verdict | None:
     rank the messages name (each message names only two)."""
     fps = facts.parsed.fingerprints
     groups = [(f"sequence number {seq}", fps[seq]) for seq in
-              sorted(fps, key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else 0))]
+              sorted(fps, key=lambda s: (not s.isdecimal(), int(s) if s.isdecimal() else 0))]
     every = {r: (f"#{seq} " if len(fps) > 1 else "") + fp for seq, at in fps.items() for r, fp in at.items()}
     groups.append(("different sequence numbers", every))  # ranks out of step: no common seq
     for where, by_rank in groups:

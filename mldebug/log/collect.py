@@ -30,7 +30,7 @@ def rank_from_path(path: Path) -> int | None:
     number = trailing_number(path.stem)  # the rule hang and fr use for file names
     if number is not None and re.search(r"rank[_-]?\d+$", path.stem, re.IGNORECASE):
         return number
-    if path.parent.name.isdigit() and path.name in ("stdout.log", "stderr.log", "error.json"):
+    if path.parent.name.isdecimal() and path.name in ("stdout.log", "stderr.log", "error.json"):
         return int(path.parent.name)
     return None
 
@@ -153,8 +153,12 @@ def inputs(paths: Sequence[str], skipped: list[str] | None = None) -> list[Path 
             if not found:
                 raise UsageError(f"{p}: the directory holds no files.", "Pass the log files themselves.")
             out.extend(last_attempt(found, skipped)[:MAX_FILES])
-        else:  # regular files, FIFOs, /dev/stdin: read as streams
-            out.append(path)
+        elif stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or p.startswith("/dev/std") \
+                or p.startswith("/dev/fd/") or p.startswith("/proc/self/fd/"):
+            out.append(path)  # regular files, FIFOs, /dev/stdin: read as streams
+        else:  # /dev/zero, /dev/urandom, a disk: endless or not a log
+            raise UsageError(f"{p} is a device or socket, not a log file.",
+                             "Pass a log file, a FIFO, or '-' to read standard input.")
     return out
 
 

@@ -497,7 +497,7 @@ class LogParser:
         m = _OVERFLOW_PEER.search(text)
         if m is not None:
             for r in m["ranks"].replace(" ", "").split(","):
-                if r.isdigit() and len(p.named_by_peers) < 4096:
+                if r.isdecimal() and len(p.named_by_peers) < 4096:
                     p.named_by_peers[int(r)] = p.named_by_peers.get(int(r), 0) + 1
             return False
         return False

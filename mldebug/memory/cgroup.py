@@ -73,7 +73,7 @@ def usage_of(path: Path) -> int | None:
     """Bytes a cgroup uses now (v1 usage_in_bytes, v2 memory.current)."""
     for name in ("memory.usage_in_bytes", "memory.current"):
         text = _read(path / name)
-        if text.isdigit():
+        if text.isdecimal():
             return int(text)
     return None
 
@@ -114,22 +114,22 @@ class Group:
     def peak(self) -> int | None:
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
         text = _read(self.path / name)
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isdecimal() else None
 
     def oom_kills(self) -> int | None:
         name = "memory.oom_control" if self.version == 1 else "memory.events"
         for line in _read(self.path / name).splitlines():
             key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
+            if key == "oom_kill" and value.strip().isdecimal():
                 return int(value)
         return None
 
     def usage(self) -> int | None:
         text = _read(self.path / ("memory.usage_in_bytes" if self.version == 1 else "memory.current"))
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isdecimal() else None
 
     def pids(self) -> list[int]:
-        return [int(x) for x in _read(self.path / "cgroup.procs").split() if x.isdigit()]
+        return [int(x) for x in _read(self.path / "cgroup.procs").split() if x.isdecimal()]
 
     def remove(self) -> bool:
         """Remove the group if it is empty (a leftover daemon keeps it; we never kill it)."""

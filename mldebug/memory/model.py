@@ -143,6 +143,9 @@ class RankMemory:
     seconds: float  # how long it was watched
     rss_rate: float = 0.0  # bytes per second (least squares over the samples)
     gpu_rate: float = 0.0
+    leak: bool = False  # a leak finding names this rank
+    # (seconds, RSS, GPU bytes or None) per sample: the HTML view's lines (not in --json)
+    samples: list[tuple[float, int, int | None]] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -173,4 +176,7 @@ class TopReport:
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return report_dict(self, "mldebug.mem.top/1")
+        d = report_dict(self, "mldebug.mem.top/1")
+        for p in d["processes"]:
+            p.pop("samples", None)
+        return d

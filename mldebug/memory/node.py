@@ -32,7 +32,7 @@ def _kib_fields(path: str, names: tuple[str, ...]) -> dict[str, int]:
         key, _, rest = line.partition(":")
         if key in names:
             parts = rest.split()
-            if parts and parts[0].isdigit():
+            if parts and parts[0].isdecimal():
                 out[key] = out.get(key, 0) + int(parts[0]) * 1024
     return out
 
@@ -50,7 +50,7 @@ def parse_compute_apps(text: str) -> dict[int, dict[str, int]]:
     out: dict[int, dict[str, int]] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 3 or not parts[0].isdigit():
+        if len(parts) < 3 or not parts[0].isdecimal():
             continue
         try:
             mib = int(float(parts[1]))

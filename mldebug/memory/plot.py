@@ -6,7 +6,6 @@ from a CDN.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,12 +203,8 @@ def html(tl: Timeline, title: str) -> str:
                 peak_event=max(range(len(tl.points)),
                                key=lambda j: sum(s[j] for s in tl.series)) if tl.points else 0)
     data["peak_event"] = tl.points[data["peak_event"]] if tl.points else 0
-    # '/' escaped: no '</script>' and no 'scheme://' can appear in the page, whatever the
-    # file names in the snapshot say
-    blob = json.dumps(data, separators=(",", ":")).replace("/", "\\/")
-    return _HTML.replace("__TITLE__", _escape(title)).replace("__DATA__", blob)
+    # the shared escaping (mldebug.htmlview): no '</script>' and no 'scheme://' can appear
+    # in the page, whatever the file names in the snapshot say
+    from mldebug.htmlview import embed, esc
 
-
-def _escape(s: str) -> str:
-    return (s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("/", "&#47;"))
+    return _HTML.replace("__TITLE__", esc(title)).replace("__DATA__", embed(data))

@@ -75,9 +75,19 @@ class record:  # noqa: N801 - used like a function: with record(...): / @record(
         import torch
 
         assert self.path is not None
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        torch.cuda.memory._dump_snapshot(str(tmp))
-        os.replace(tmp, self.path)
+        import tempfile
+
+        # written inside a fresh 0700 directory of ours (an unpredictable name: nobody can
+        # plant a link where torch writes), then renamed over the final name
+        private = tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        try:
+            tmp = os.path.join(private, "snapshot.pickle")
+            torch.cuda.memory._dump_snapshot(tmp)
+            os.replace(tmp, self.path)
+        finally:
+            for leftover in os.listdir(private):
+                os.unlink(os.path.join(private, leftover))
+            os.rmdir(private)
         torch.cuda.memory._record_memory_history(enabled=None)
         self.active = False
         self.written = self.path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,21 +42,32 @@ TORCH_PARTS = ("/torch/", "/site-packages/torch", "/dist-packages/torch", "/_dyn
 
 def load(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
     """The snapshot dict; a clear error for a missing, huge, unsafe or foreign file."""
-    from mldebug.safeload import DeepNesting, UnsafePickle, safe_loads
+    from mldebug.safeload import DeepNesting, UnsafePickle, safe_loads, sniff_pickle
 
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting forever
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as e:
         raise MldebugError(f"cannot open the snapshot {p}: {e.strerror}.",
                            "Pass the file torch.cuda.memory._dump_snapshot() wrote "
                            "(a symlink is not followed).") from None
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise MldebugError(f"{p} is not a regular file (a device, FIFO or directory).",
+                               "Pass the file torch.cuda.memory._dump_snapshot() wrote.")
+        size = st.st_size
         if size > max_bytes:
             raise MldebugError(f"{p} is {fmt_bytes(size)}, over the {fmt_bytes(max_bytes)} limit.",
                                "Record fewer steps or a smaller max_entries, or raise --max-size.")
-        data = f.read(max_bytes + 1)
+        head = f.read(2)  # sniffed before the whole file is read: a pickle or JSON
+        if head and not (sniff_pickle(head) or head.lstrip()[:1] in (b"{", b"[")
+                         or head[:1].isspace()):
+            raise MldebugError(f"{p} is not a PyTorch memory snapshot (neither a pickle nor "
+                               "JSON).", "Pass a file written by "
+                               "torch.cuda.memory._dump_snapshot().")
+        data = head + f.read(max_bytes + 1 - len(head))
     if not data:
         raise MldebugError(f"{p} is empty (the rank died while dumping?).",
                            "Dump again; mldebug.memory.record() writes one file per rank.")

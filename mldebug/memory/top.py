@@ -79,6 +79,7 @@ def _rank_memory(host: str, p: dict[str, Any]) -> RankMemory | None:
                    seconds=float(last[0]) - float(first[0]))
     r.rss_rate = _slope([(float(s[0]), float(s[1])) for s in samples])
     r.gpu_rate = _slope([(float(s[0]), float(gpu(s) or 0)) for s in samples])
+    r.samples = [(float(s[0]), int(s[1]), gpu(s)) for s in samples]
     return r
 
 
@@ -153,6 +154,8 @@ def _leaks(job: str, ranks: list[RankMemory], metric: str) -> list[Finding]:
     if not growing:
         return []
     names = {id(r) for r in growing}
+    for r in growing:
+        r.leak = True
     others = [abs(getattr(r, rate_attr)) for r in ranks if id(r) not in names]
     typical = median_low(others) if others else typical
     growing.sort(key=lambda r: -getattr(r, rate_attr))

@@ -151,7 +151,7 @@ class _Parser:
             return
         log.nccl_lines += 1
         proc = self.last_proc = self._process(m.groupdict().get("id"), m.groupdict().get("dev"))
-        if label is not None and label.isdigit():
+        if label is not None and label.isdecimal():
             proc.launcher_rank = int(label)
         msg = m["msg"].strip()
         if m["level"] == "WARN":
@@ -175,7 +175,8 @@ class _Parser:
         else:
             host, pid_text = UNKNOWN_HOST, ""
         # A redacted or missing pid: one process per GPU index (negative, never a real pid).
-        pid = int(pid_text) if pid_text.isdigit() else -1 - (devno or 0)
+        # isdecimal: '¹' is a digit to isdigit() but not a number int() reads
+        pid = int(pid_text) if pid_text.isdecimal() and len(pid_text) <= 9 else -1 - (devno or 0)
         key = f"{host}:{pid}"
         proc = self.log.processes.get(key)
         if proc is None:

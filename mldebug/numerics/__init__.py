@@ -7,8 +7,9 @@ torch; ``from mldebug.numerics import DebugUnderflowOverflow`` does.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from mldebug.lazy import exports
 
 if TYPE_CHECKING:  # the real types for type checkers; at run time resolved on first use
     from mldebug.numerics.detector import DebugUnderflowOverflow, OverflowDetected
@@ -74,14 +75,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mldebug.numerics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = exports('mldebug.numerics', _LAZY, globals())

@@ -1,0 +1,526 @@
+"""Safe on a shared cluster, as a table: one row per hostile or careless input, each run
+against every command it applies to (docs/safety.md lists the classes and rows).
+
+A new command is covered by adding it to the COMMANDS tables below. Commands run in-process
+(``mldebug.cli.main``) where they cannot hang the test; a process is started only where the
+row is about processes (signals, a rank's secret command line, SIGKILL of mldebug). Rows
+about another user run as root with a second real user (useradd), as test_fr_hostile does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from mldebug.cli import main
+from mldebug.fanout import NodeResult
+
+ESC = "\x1b]52;c;aGFja2Vk\x07\x1b[2J\x9b31m"  # OSC 52 clipboard write, screen clear, C1 CSI
+SECRET = "sk-live-abcdefghijklmnopqrstuvwx"
+URL_PW = "hunter2pass"
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user (useradd)")
+    name = f"mldst{os.getpid() % 100000}"
+    r = subprocess.run(["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"useradd is unavailable here: {r.stderr.strip()[:200]}")
+    try:
+        yield pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert "internal error" not in err and "Traceback" not in err, err
+    return rc, out, err
+
+
+# -- the commands that write a directory: argv reaching the --out check -----------------------
+def _src(tmp: Path) -> Path:
+    src = tmp / "src"
+    (src / "model").mkdir(parents=True, exist_ok=True)
+    (src / "train.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    return src
+
+
+OUT_COMMANDS: dict[str, Callable[[Path, str], list[str]]] = {
+    "make-tiny-dataset": lambda s, o: ["make-tiny-dataset", str(s / "train.jsonl"), "-n", "1",
+                                       "--out", o],
+    "make-tiny": lambda s, o: ["make-tiny", "llama", "--out", o],
+    "shrink-layers": lambda s, o: ["shrink-layers", str(s / "model"), "--layers", "1",
+                                   "--no-measure", "--out", o],
+    "hang --out": lambda s, o: ["hang", "--pattern", "zzz-no-such-process", "--out", o],
+    "fr trigger --out": lambda s, o: ["fr", "trigger", "--dir", str(s / "nofr"), "--out", o],
+}
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else b"")
+            for p in sorted(d.rglob("*"))}
+
+
+# -- class: path tricks ---------------------------------------------------------------------
+@pytest.mark.parametrize("cmd", sorted(OUT_COMMANDS))
+def test_path_dotdot_after_a_missing_directory_is_refused(cmd, tmp_path, capsys, monkeypatch):
+    """`--out data/missing/..` once made --force delete data/ (row: path-dotdot)."""
+    monkeypatch.chdir(tmp_path)
+    src = _src(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "precious").write_text("keep")
+    before = _tree(data)
+    for extra in ([], ["--force"]) if cmd != "fr trigger --out" else ([],):
+        rc, out, err = _cli(OUT_COMMANDS[cmd](src, "data/missing/..") + extra, capsys)
+        assert rc == 2 and "'..'" in err, (cmd, rc, err)
+        assert _tree(data) == before and not (data / "missing").exists()
+
+
+@pytest.mark.parametrize("cmd", sorted(OUT_COMMANDS))
+def test_path_out_that_is_a_symlink_is_refused(cmd, tmp_path, capsys, monkeypatch):
+    """row: path-symlink - a link to a directory is never written through."""
+    monkeypatch.chdir(tmp_path)
+    src = _src(tmp_path)
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "f").write_text("keep")
+    (tmp_path / "link").symlink_to(real)
+    rc, out, err = _cli(OUT_COMMANDS[cmd](src, "link"), capsys)
+    assert rc == 2 and "link" in err, (cmd, err)
+    assert _tree(real) == {"f": b"keep"}
+
+
+@pytest.mark.parametrize("cmd", sorted(c for c in OUT_COMMANDS if c != "fr trigger --out"))
+def test_path_force_never_replaces_what_mldebug_did_not_write(cmd, tmp_path, capsys, monkeypatch):
+    """row: path-force-unmarked."""
+    monkeypatch.chdir(tmp_path)
+    src = _src(tmp_path)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "data.bin").write_text("x")
+    rc, out, err = _cli(OUT_COMMANDS[cmd](src, str(theirs)) + ["--force"], capsys)
+    assert rc == 2 and "not written by" in err, (cmd, err)
+    assert _tree(theirs) == {"data.bin": b"x"}
+
+
+@pytest.mark.parametrize("cmd", sorted(OUT_COMMANDS))
+def test_path_empty_directory_of_another_user_is_refused(cmd, tmp_path, capsys, monkeypatch,
+                                                          other_user):
+    """row: path-other-users-dir - they could plant links in it while we write (root once
+    overwrote files it was pointed at)."""
+    monkeypatch.chdir(tmp_path)
+    src = _src(tmp_path)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user, -1)
+    rc, out, err = _cli(OUT_COMMANDS[cmd](src, str(theirs)), capsys)
+    assert rc == 2 and "another user" in err or "not to you" in err, (cmd, err)
+    assert list(theirs.iterdir()) == [] and theirs.stat().st_uid == other_user
+
+
+def test_path_hang_out_files_are_private_and_replaced_whole(tmp_path, capsys, monkeypatch):
+    """row: path-private-files - hang --out writes 0700/0600, built aside, swapped in."""
+    monkeypatch.chdir(tmp_path)
+    rc, _, _ = _cli(["hang", "--pattern", "zzz-no-such-process", "--out", "run"], capsys)
+    assert rc == 1
+    run = tmp_path / "run"
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    rc, _, _ = _cli(["hang", "--pattern", "zzz-no-such-process", "--out", "run", "--force"],
+                    capsys)
+    assert rc == 1 and (run / "report.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")] == []
+
+
+# -- class: links ----------------------------------------------------------------------------
+LINK_READERS: dict[str, Callable[[Path], list[str]]] = {
+    "hang analyze": lambda d: ["hang", "analyze", str(d)],
+    "fr analyze": lambda d: ["fr", "analyze", str(d)],
+    "mem report": lambda d: ["mem", "report", str(d / "link.pickle")],
+}
+
+
+@pytest.mark.parametrize("cmd", sorted(LINK_READERS))
+def test_links_planted_in_an_input_directory_are_not_followed(cmd, tmp_path, capsys):
+    """row: links-planted - root reading a user's directory never prints a file a link
+    points to."""
+    secret = tmp_path / "root-only.json"
+    secret.write_text(json.dumps({"format": "mldebug.hang.dump/1", "TOPSECRET": "TOPSECRET-42"}))
+    secret.chmod(0o600)
+    d = tmp_path / "dir"
+    d.mkdir()
+    for name in ("link.json", "link.pickle", "fr-h-rank0"):
+        (d / name).symlink_to(secret)
+    rc = main(LINK_READERS[cmd](d))
+    out, err = capsys.readouterr()
+    assert rc != 0 and "TOPSECRET-42" not in out + err, (cmd, out, err)
+    assert "internal error" not in err
+
+
+# -- class: node answers ---------------------------------------------------------------------
+def test_node_answer_host_field_never_becomes_a_path_or_another_node(tmp_path):
+    """rows: node-host-path, node-other-identity, node-duplicate-rank (hang; fr below)."""
+    from mldebug.hang.analyze import analyze
+    from mldebug.hang.collect import collection_from_results, save_node
+
+    frames = [{"name": "wait", "filename": "/x.py", "line": 1}]
+    thread = [{"thread_name": "MainThread", "thread_id": 1, "frames": frames}]
+    honest = {"host": "n1", "processes": [
+        {"pid": 10, "identity": {"rank": 0, "world_size": 2, "run_id": "j"}, "dump": thread}]}
+    hostile = {"host": "../../n1", "processes": [
+        {"pid": 7, "identity": {"rank": 0, "world_size": 2, "run_id": "j"}, "dump": thread}]}
+    worse = {"host": "n3", "processes": [
+        {"pid": "../../8", "identity": {"rank": "../../9"}, "dump": thread}]}
+    results = [NodeResult("n1", data=honest), NodeResult("n2", data=hostile)]
+    out = tmp_path / "out"
+    out.mkdir()
+    written = [p for r in [*results, NodeResult("n3", data=worse)] for p in save_node(out, r)]
+    assert len(written) == 3
+    for p in written:
+        assert p.resolve().parent == (out / "dumps").resolve() and "/" not in p.name
+    assert sorted(json.loads(p.read_text())["host"] for p in written) == ["n1", "n2", "n3"]
+    coll = collection_from_results(results)
+    assert sorted(p.host for p in coll.processes) == ["n1", "n2"]
+    assert any("answered as host" in e.error and e.host == "n2" for e in coll.errors)
+    codes = [f.code for f in analyze(coll).findings]
+    assert "duplicate-ranks" in codes
+
+
+def test_node_answer_fr_host_field_is_filed_under_the_host_asked(tmp_path):
+    """row: node-host-path (fr trigger over nodes)."""
+    from mldebug.fr.collect import save_node_doc
+
+    outcome = save_node_doc("n2", {"host": "../../etc", "notes": [], "ranks": []}, tmp_path)
+    assert outcome.host == "n2" and any("answered as host" in e for e in outcome.errors)
+
+
+# -- class: escapes --------------------------------------------------------------------------
+def _hang_dump(d: Path) -> Path:
+    frames = [{"name": f"step{ESC}", "filename": f"/train{ESC}.py", "line": 3}]
+    doc = {"format": "mldebug.hang.dump/1", "host": "vm", "pid": 100,
+           "identity": {"rank": 0, "world_size": 1, "run_id": f"job{ESC}"},
+           "dump": [{"thread_name": f"Main{ESC}", "thread_id": 1, "frames": frames}]}
+    p = d / "vm-rank0-100.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+ESCAPE_COMMANDS: dict[str, Callable[[Path], list[str]]] = {
+    "hang analyze": lambda d: ["hang", "analyze", str(_hang_dump(d))],
+    "log": lambda d: ["log", str(_write(d / "rank0.log", (
+        "[rank0]: Traceback (most recent call last):\n"
+        f'[rank0]:   File "/train{ESC}.py", line 3, in <module>\n'
+        f"[rank0]: RuntimeError: boom {ESC}\n")))],
+    "nccl-log": lambda d: ["nccl-log", str(_write(
+        d / "nccl.log", f"node1:1234:1300 [0] misc/socket.cc:50 NCCL WARN Net : {ESC} failed\n"))],
+    "env": lambda d: ["env", "--torch-timeout", "1"],
+}
+
+
+def _write(p: Path, text: str) -> Path:
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("cmd", sorted(ESCAPE_COMMANDS))
+@pytest.mark.parametrize("mode", ["plain", "markdown-or-all"])
+def test_escapes_in_outside_text_never_reach_the_terminal(cmd, mode, tmp_path, capsys,
+                                                          monkeypatch):
+    """row: escapes - ESC, OSC 52 and C1 controls in frame names, file names, log lines, NCCL
+    WARN text and env values are shown escaped (\\x1b) in every human output."""
+    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", f"INIT{ESC}")
+    argv = ESCAPE_COMMANDS[cmd](tmp_path)
+    if mode == "markdown-or-all":
+        argv += ["--markdown"] if cmd == "env" else (["--all"] if cmd == "hang analyze" else [])
+    rc, out, err = _cli(argv, capsys)
+    assert "\x1b" not in out + err and "\x9b" not in out + err and "\x07" not in out + err
+    assert "\\x1b" in out or "\\x9b" in out, (cmd, out[-2000:])  # shown, escaped
+
+
+@pytest.mark.parametrize("cmd", ["hang analyze", "env"])
+def test_escapes_json_keeps_the_exact_text(cmd, tmp_path, capsys, monkeypatch):
+    """row: escapes-json - --json is exact (JSON escapes controls itself)."""
+    monkeypatch.setenv("NCCL_DEBUG_SUBSYS", f"INIT{ESC}")
+    rc, out, err = _cli(ESCAPE_COMMANDS[cmd](tmp_path) + ["--json"], capsys)
+    assert "\x1b" not in out
+    assert any("\x1b]52;c;aGFja2Vk" in x for x in _strings(json.loads(out))), out[:2000]
+
+
+def _strings(doc: object) -> list[str]:
+    if isinstance(doc, str):
+        return [doc]
+    if isinstance(doc, dict):
+        return [s for k, v in doc.items() for s in _strings(k) + _strings(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _strings(v)]
+    return []
+
+
+# -- class: secrets --------------------------------------------------------------------------
+def test_secrets_env_json_and_markdown_are_redacted(capsys, monkeypatch):
+    """rows: secrets-env-json, secrets-env-markdown (a URL password in a finding title)."""
+    monkeypatch.setenv("NCCL_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz012345")
+    monkeypatch.setenv("MASTER_ADDR", f"http://user:{URL_PW}@10.0.0.1")
+    for extra in (["--json"], ["--markdown"], []):
+        rc, out, err = _cli(["env", "--torch-timeout", "1", *extra], capsys)
+        assert "hf_abcdefghijklmnopqrstuvwxyz012345" not in out + err, extra
+        assert URL_PW not in out + err, (extra, out)
+    rc, out, err = _cli(["env", "--torch-timeout", "1", "--json", "--show-secrets"], capsys)
+    assert "hf_abcdefghijklmnopqrstuvwxyz012345" in out
+
+
+@pytest.fixture
+def secret_rank(tmp_path):
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT="29871", TORCHELASTIC_RUN_ID="secretjob")
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)",
+                          f"--api-key={SECRET}", "--token", SECRET], env=env)
+    time.sleep(0.5)
+    try:
+        yield p
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_secrets_hang_json_and_out_files_are_redacted(secret_rank, tmp_path, capsys):
+    """rows: secrets-argv-json, secrets-argv-out-files (0600), --show-secrets opts out."""
+    rc, out, err = _cli(["hang", "--pid", str(secret_rank.pid), "--json", "--out",
+                         str(tmp_path / "o")], capsys)
+    doc = json.loads(out)
+    assert doc["processes"] and SECRET not in out, out[:2000]
+    assert any("<redacted>" in " ".join(p["cmdline"]) for p in doc["processes"])
+    for f in (tmp_path / "o").rglob("*"):
+        if f.is_file():
+            assert SECRET not in f.read_text(), f
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    rc, out, err = _cli(["hang", "--pid", str(secret_rank.pid), "--json", "--show-secrets"],
+                        capsys)
+    assert SECRET in out
+
+
+# -- class: devices --------------------------------------------------------------------------
+DEVICE_READERS: dict[str, tuple[Callable[[str], list[str]], bool]] = {
+    # name: (argv for a path, whether a FIFO is refused - log and nccl-log stream FIFOs)
+    "mem report": (lambda p: ["mem", "report", p], True),
+    "fr analyze": (lambda p: ["fr", "analyze", p], True),
+    "hang analyze": (lambda p: ["hang", "analyze", p], True),
+    "log": (lambda p: ["log", p], False),
+    "nccl-log": (lambda p: ["nccl-log", p], False),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+@pytest.mark.parametrize("cmd", sorted(DEVICE_READERS))
+def test_devices_and_fifos_are_refused_in_every_reader(cmd, kind, tmp_path, capsys):
+    """rows: devices-dev-zero, devices-fifo - /dev/zero once grew `mem report` to 8 GB and
+    kept `mldebug log` busy forever; a FIFO without a writer blocked."""
+    argv, refuses_fifo = DEVICE_READERS[cmd]
+    if kind == "fifo":
+        if not refuses_fifo:
+            pytest.skip(f"{cmd} streams a FIFO by design (bounded per line)")
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    rc, out, err = _cli(argv(str(path)), capsys)
+    assert rc != 0 and err.strip(), (cmd, kind, out, err)
+
+
+# -- class: numbers --------------------------------------------------------------------------
+NUMBER_OPTIONS = [
+    ["hang", "--pattern", "zzz", "--watch={}"],
+    ["hang", "--pattern", "zzz", "--timeout={}"],
+    ["env", "--torch-timeout={}"],
+    ["mem", "top", "--watch={}"],
+    ["fr", "watch", "--interval={}"],
+    ["dist-test", "--timeout={}"],
+]
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "-inf", "1e300"])
+@pytest.mark.parametrize("argv", NUMBER_OPTIONS, ids=lambda a: f"{a[0]} {a[-1][:-3]}")
+def test_numbers_inf_nan_and_huge_options_are_one_line(argv, value, capsys):
+    """rows: numbers-options."""
+    rc, out, err = _cli([a.format(value) for a in argv], capsys)
+    assert rc == 2 and ("finite" in err or "out of range" in err), err
+
+
+@pytest.mark.parametrize("value", ["1e400", "-1e400", "NaN", "Infinity"])
+def test_numbers_in_json_fields_are_refused_with_one_line(value, tmp_path, capsys):
+    """rows: numbers-json - a dump whose pid or rank is inf/nan/huge."""
+    p = tmp_path / "d.json"
+    p.write_text('{"format": "mldebug.hang.dump/1", "host": "vm", "pid": ' + value
+                 + ', "identity": {"rank": ' + value + '}, "dump": []}')
+    rc, out, err = _cli(["hang", "analyze", str(p)], capsys)
+    assert rc != 0 or "error" in (out + err).lower()
+
+
+def test_numbers_nproc_over_the_bound_is_refused_before_anything_starts(capsys):
+    """row: numbers-nproc - `dist-test --nproc 100000` once spawned ranks until the OOM
+    killer fired."""
+    rc, out, err = _cli(["dist-test", "--nproc", "100000"], capsys)
+    assert rc == 2 and "--max-nproc" in err and "launching" not in out
+
+
+# -- class: signals --------------------------------------------------------------------------
+_STAGED = """
+import sys, time
+from pathlib import Path
+from mldebug.paths import check_out, staged
+out = check_out(Path(sys.argv[1]), force=True)
+with staged(out) as st:
+    st.write("a/b.txt", "new")
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("existing", [False, True])
+def test_signals_during_a_write_leave_the_old_output_or_nothing(sig, existing, tmp_path):
+    """rows: signals-staged - the mechanism every --out command writes through."""
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+        (out / ".mldebug-output").write_text("{}")
+        (out / "old.txt").write_text("old")
+    before = _tree(out) if existing else None
+    p = subprocess.Popen([sys.executable, "-c", _STAGED, str(out)], stdout=subprocess.PIPE,
+                         text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        p.send_signal(sig)
+        p.wait(30)
+    finally:
+        p.kill()
+        p.wait()
+    assert (_tree(out) == before) if existing else not out.exists()
+    assert [x.name for x in tmp_path.iterdir() if x.name != "out"] == []
+
+
+def test_signals_sigterm_during_hang_out_leaves_nothing(secret_rank, tmp_path):
+    """row: signals-hang-out - SIGTERM while `hang --out` collects (--watch)."""
+    p = subprocess.Popen([sys.executable, "-m", "mldebug", "hang", "--pid", str(secret_rank.pid),
+                          "--watch", "30", "--out", str(tmp_path / "run")], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(x.name.startswith(".run.tmp-") for x in tmp_path.iterdir()):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(30)
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 143 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_signals_sigkill_of_mldebug_takes_the_launched_ranks_with_it(tmp_path):
+    """row: signals-sigkill-launcher - `dist-test --nproc` ranks once spun for 20 minutes after
+    mldebug was gone. Rank 1 skips its all_reduce, so rank 0 waits there (timeout 600 s);
+    mldebug is SIGKILLed: torchrun (PR_SET_PDEATHSIG) and the ranks (the same, from torchrun)
+    are gone within seconds, far inside the ranks' own timeout."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("torch")
+    p = subprocess.Popen([sys.executable, "-m", "mldebug", "dist-test", "--nproc", "2",
+                          "--backend", "gloo", "--timeout", "600", "--fault", "skip-allreduce:1"],
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    family: list = []
+    try:
+        assert p.stdout is not None
+        seen = []
+        for line in p.stdout:  # a rank's line: both ranks are past their start-up
+            seen.append(line)
+            if "skipping all_reduce" in line:
+                break
+        ranks = [c for c in psutil.Process(p.pid).children(recursive=True)
+                 if "dist-test" in " ".join(c.cmdline()) and "torch.distributed.run"
+                 not in " ".join(c.cmdline())]
+        assert len(ranks) >= 2, seen
+        family = psutil.Process(p.pid).children(recursive=True)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+        gone, alive = psutil.wait_procs(family, timeout=60)
+        assert alive == [], [a.cmdline() for a in alive]
+    finally:
+        for c in family:
+            try:
+                c.kill()
+            except psutil.Error:
+                pass
+        p.kill()
+        p.wait()
+
+
+def test_node_another_users_process_never_joins_the_callers_job(tmp_path, capsys, other_user):
+    """row: node-other-user-rank - another user's process with the caller's MASTER_ADDR:PORT
+    and RANK=1 is its own job, never a rank (or a suspect) of the caller's job."""
+    base = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="10.9.8.7", MASTER_PORT="29555")
+    base.pop("TORCHELASTIC_RUN_ID", None)
+    code = "import time; time.sleep(120)  # mldebug-safety-table-job"
+    mine = subprocess.Popen([sys.executable, "-c", code], env=dict(base, RANK="0"))
+    theirs = subprocess.Popen(["setpriv", f"--reuid={other_user}", f"--regid={other_user}",
+                               "--clear-groups", sys.executable, "-c", code],
+                              env=dict(base, RANK="1"))
+    try:
+        time.sleep(1.0)
+        rc, out, err = _cli(["hang", "--pattern", "mldebug-safety-table-job", "--json"], capsys)
+        doc = json.loads(out)
+        jobs = {p["pid"]: p["job"] for p in doc["processes"]}
+        assert mine.pid in jobs and theirs.pid in jobs, (jobs, err)
+        assert jobs[mine.pid] != jobs[theirs.pid]
+    finally:
+        for p in (mine, theirs):
+            p.kill()
+            p.wait()
+
+
+# -- class: verdicts -------------------------------------------------------------------------
+def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
+    """row: verdicts-lone-rank - the report says to select a lone RANK process with --pid or
+    --pattern; doing so analyses it (it was still left out as lone)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
+    code = "import time; time.sleep(120)  # mldebug-safety-table-lone"
+    p = subprocess.Popen([sys.executable, "-c", code], env=dict(env, RANK="0"))
+    try:
+        time.sleep(0.5)
+        rc, out, err = _cli(["hang", "--json"], capsys)
+        lone = json.loads(out)
+        assert p.pid not in [x["pid"] for x in lone["processes"]]
+        assert any(f["code"] == "lone-processes" and "--pid" in f["fix"]
+                   for f in lone["findings"]), lone["findings"]
+        for argv in (["--pid", str(p.pid)], ["--pattern", "mldebug-safety-table-lone"]):
+            rc, out, err = _cli(["hang", *argv, "--json"], capsys)
+            assert rc == 0 and [x["pid"] for x in json.loads(out)["processes"]] == [p.pid], argv
+    finally:
+        p.kill()
+        p.wait()
