@@ -196,3 +196,31 @@ def test_4096_rank_synthetic_set():
     assert report.missing_ranks == [17] and report.missing_hosts[17] == "node2"
     assert len(report.groups) == 2 and len(report.groups[0].ranks) == world - 2
     assert elapsed < 30  # sanity only; the timing claim lives in benchmarks/bench_hang.py
+
+
+def test_a_stopped_rank_is_alive_and_unreadable_not_exited():
+    """A SIGSTOPped (or traced) rank has a process but no stacks: the report says so and how
+    to resume it, never that it exited (#24)."""
+    procs = [proc(r, BARRIER) for r in range(4) if r != 2]
+    why = ("py-spy could not attach to pid 1002: the process is stopped (State T (stopped)), "
+           "by SIGSTOP or a job-control stop. Resume it with kill -CONT 1002")
+    report = analyze(Collection(processes=procs, undumped={("run:r1", 2): why}))
+    assert "Rank 2 of 4 is alive" in report.verdict and "missing" not in report.verdict
+    titles = {h.code: h for h in report.hints}
+    assert "rank-exited" not in titles and "rank-not-started" not in titles
+    assert "kill -CONT 1002" in titles["rank-unreadable"].detail
+    assert report.to_dict()["jobs"][0]["verdict"]["class"] != "dead-rank"
+
+
+def test_a_stopped_rank_is_recorded_from_the_node_document():
+    from mldebug.fanout import NodeResult
+    from mldebug.hang.collect import collection_from_results
+
+    doc = {"host": "node1", "processes": [
+        {"pid": 1002, "ppid": 1, "cmdline": ["python", "t.py"], "dump": None,
+         "error": "py-spy could not attach to pid 1002: the process is stopped",
+         "identity": {"rank": 2, "world_size": 4, "run_id": "r1", "launcher": "torchrun"},
+         "job": {"key": "run:r1", "launcher": "torchrun", "lone": False}}], "errors": []}
+    coll = collection_from_results([NodeResult("node1", data=doc)])
+    assert coll.undumped == {("run:r1", 2): "pid 1002 on node1: py-spy could not attach to "
+                                            "pid 1002: the process is stopped"}

@@ -275,7 +275,8 @@ def _order(p: Process) -> tuple[int, str, int]:
 
 def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                 watch: float | None = None, answered: frozenset[str] = frozenset(),
-                gpu: dict[str, list[dict[str, Any]]] | None = None) -> Job:
+                gpu: dict[str, list[dict[str, Any]]] | None = None,
+                undumped: dict[int, str] | None = None) -> Job:
     """One job's groups, suspects and verdict (see mldebug.hang.rules)."""
     from mldebug.hang import rules
 
@@ -295,7 +296,9 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     job_hosts = {p.host for p in procs}
     sit = rules.Situation(procs, groups, places, world, missing, expected, answered, watch,
                           all_threads, activity=acts,
-                          gpu={h: v for h, v in (gpu or {}).items() if h in job_hosts})
+                          gpu={h: v for h, v in (gpu or {}).items() if h in job_hosts},
+                          undumped={r: why for r, why in (undumped or {}).items()
+                                    if r in missing})
     v = rules.verdict(sit)
     by_key = {(p.host, p.pid): p for p in procs}
     suspects = []
@@ -330,9 +333,15 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
         miss = fold_ranks(missing)
         hosts = sorted({expected[r] for r in missing if r in expected})
         where_txt = f" (expected on {collapse(hosts)})" if hosts else ""
-        text = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
-                f"{'are' if len(missing) > 1 else 'is'} missing{where_txt}: it may have "
-                "crashed or never started, and the others may be waiting for it. " + text)
+        alive = [r for r in missing if r in sit.undumped]
+        if alive and len(alive) == len(missing):  # stopped or traced: there, not readable
+            text = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
+                    f"{'are' if len(missing) > 1 else 'is'} alive{where_txt} but could not be "
+                    "read (see the hint), and the others may be waiting for it. " + text)
+        else:
+            text = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
+                    f"{'are' if len(missing) > 1 else 'is'} missing{where_txt}: it may have "
+                    "crashed or never started, and the others may be waiting for it. " + text)
         if kind is VerdictKind.SAME_PLACE:
             kind = VerdictKind.SUSPECTS
     cls = rules.hang_class(sit, kind, [groups[i] for i in v.reasons])
@@ -370,7 +379,9 @@ def analyze(collection: Collection, *, all_threads: bool = False,
     no_answer = {e.host for e in errors if e.pid is None}
     dead = sorted(h for h in asked if h in no_answer and h not in answered)
     jobs = [analyze_job(k, v, all_threads=all_threads, watch=collection.watch,
-                        answered=answered | (asked - no_answer), gpu=collection.gpu)
+                        answered=answered | (asked - no_answer), gpu=collection.gpu,
+                        undumped={r: why for (jk, r), why in collection.undumped.items()
+                                  if jk == k})
             for k, v in jobs_procs.items()]
     jobs.sort(key=lambda j: (-len(j.processes), j.key))
     if len(jobs) > 1:  # several jobs: every hint names its job

@@ -58,6 +58,18 @@ def _opt_str(v: Any) -> str | None:
     return v
 
 
+def _undumped(host: str, p: dict[str, Any], error: str,
+              out: dict[tuple[str, int], str]) -> None:
+    """Remember a live rank py-spy could not read (stopped, traced, ptrace denied), keyed by
+    its job and rank, so the analysis says so instead of calling the rank gone."""
+    try:
+        proc = process_from_node(host, dict(p, dump=None, dump_later=None, workers=[]))
+    except ValueError:
+        return
+    if proc.rank is not None and not proc.lone:
+        out[(proc.job_key, proc.rank)] = f"pid {proc.pid} on {host}: {error}"[:400]
+
+
 def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Process:
     """A Process from one entry of a node document; ValueError when it is malformed."""
     if not isinstance(p, dict):
@@ -130,6 +142,7 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
     host = r.host  # a node speaks for itself only: its answer is filed under the host asked
     procs: list[Process] = []
     errors: list[CollectError] = []
+    undumped: dict[tuple[str, int], str] = {}
     tck = doc.get("clk_tck")
     tck = tck if isinstance(tck, int) and 1 <= tck <= 10000 else 100
     claim = check_host(r.host, doc)
@@ -142,6 +155,8 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
             if p.get("error"):
                 errors.append(CollectError(host, _opt_int(p.get("pid")), str(p["error"])))
             if p.get("dump") is None:
+                if p.get("error"):
+                    _undumped(host, p, str(p["error"]), undumped)
                 continue
             procs.append(process_from_node(host, p, tck))
     except (AttributeError, TypeError, ValueError, RecursionError) as e:
@@ -150,6 +165,7 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
         return
     coll.errors.extend(errors)
     coll.processes.extend(procs)
+    coll.undumped.update(undumped)
     if doc.get("gpu") is not None:
         from mldebug.hang.gpu import SignalError, check_polls
 

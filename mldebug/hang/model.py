@@ -152,6 +152,9 @@ class Collection:
     hosts: list[str] = field(default_factory=list)  # hosts asked (for "did not answer")
     watch: float | None = None
     gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> GPU polls
+    # (job key, rank) -> why a live rank has no stacks (stopped, traced, py-spy failed): such a
+    # rank is alive, never "exited"
+    undumped: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 class VerdictKind(str, enum.Enum):

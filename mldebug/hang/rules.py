@@ -43,6 +43,7 @@ class Situation:
     # (host, pid) -> ("spinning" | "blocked", evidence), from the /proc samples
     activity: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> two polls
+    undumped: dict[int, str] = field(default_factory=dict)  # missing rank alive, unreadable: why
 
     def wedged(self) -> dict[str, list[int]]:
         """Per host, the GPUs busy at ~100% with flat power in both polls."""
@@ -213,8 +214,8 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
         return HangClass.SLOW
     if kind is VerdictKind.NO_PROCESSES:
         return HangClass.NONE
-    if s.missing or (s.gpu and s.ras()["dead"]):
-        return HangClass.DEAD_RANK
+    if any(r not in s.undumped for r in s.missing) or (s.gpu and s.ras()["dead"]):
+        return HangClass.DEAD_RANK  # a stopped or traced rank is alive: not this class
     if kind is VerdictKind.AMBIGUOUS:
         return HangClass.DESYNC
     if kind is VerdictKind.SUSPECTS:
@@ -294,11 +295,27 @@ def no_majority_hint(s: Situation) -> list[Finding]:
 
 
 def missing_hint(s: Situation) -> list[Finding]:
-    """A rank that exited (the others are past start-up) vs one that never started."""
-    if not s.missing:
+    """A rank that exited (the others are past start-up) vs one that never started; a rank
+    whose process is there but could not be read (stopped, traced) is neither."""
+    out = []
+    if s.undumped:
+        alive = sorted(s.undumped)
+        out.append(_f("rank-unreadable", f"Rank {fold_ranks(alive)} is alive but its stacks "
+                      "could not be read.",
+                      " ".join(s.undumped[r] for r in alive[:3]),
+                      "Resume or detach the process as the reason says (kill -CONT PID for a "
+                      "stopped rank, quit the debugger or strace holding it), then run "
+                      "again; without ptrace: mldebug hang --signal with mldebug.watchdog().",
+                      {s.expected[r] for r in alive if r in s.expected}, Severity.WARNING))
+    gone = [r for r in s.missing if r not in s.undumped]
+    return out + _gone_hint(s, gone)
+
+
+def _gone_hint(s: Situation, gone: list[int]) -> list[Finding]:
+    if not gone:
         return []
-    miss = fold_ranks(s.missing)
-    hosts = {s.expected[r] for r in s.missing if r in s.expected}
+    miss = fold_ranks(gone)
+    hosts = {s.expected[r] for r in gone if r in s.expected}
     up = sorted(h for h in hosts if h in s.answered_hosts)
     in_init = all(s.groups[i].collective == "init_process_group"
                   for idx in s.places for i in idx)
