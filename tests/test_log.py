@@ -37,6 +37,9 @@ CASES = [
     ("dcpdn-12-dataloader-killed.log", "log-first-failure-dataloader-killed", []),
     ("ms-swift-9443-text-only-batch.log", "log-fingerprint-mismatch", []),
     ("simpletuner-2712-allgather-vs-reduce.log", "log-fingerprint-mismatch", []),
+    ("speechbrain-2401-checkpoint-broadcast.log", "log-fingerprint-mismatch", []),
+    ("lightning-19680-epoch-end-all-gather.log", "log-fingerprint-mismatch", []),
+    ("amvur-2-sigkill-flattened.log", "log-killed", [2]),
 ]
 
 
@@ -181,7 +184,11 @@ def test_two_rank_detail_messages_name_both_ranks_and_what_differs() -> None:
     both ranks and the differing shape/op are in the verdict, with low confidence."""
     want = {"opendde-23-uneven-split.log": ("ranks 1-2", "1435", "1436"),
             "ms-swift-9443-text-only-batch.log": ("ranks 0-1", "51123456", "195812480"),
-            "simpletuner-2712-allgather-vs-reduce.log": ("ranks 1,7", "ALLGATHER", "REDUCE")}
+            "simpletuner-2712-allgather-vs-reduce.log": ("ranks 1,7", "ALLGATHER", "REDUCE"),
+            "speechbrain-2401-checkpoint-broadcast.log": ("ranks 0-1", "sequence number 485",
+                                                          "ALLREDUCE", "BROADCAST"),
+            "lightning-19680-epoch-end-all-gather.log": ("ranks 0-1", "no sequence number",
+                                                         "ALLGATHER_COALESCED")}
     for name, words in want.items():
         v = analyze(load([str(FIX / name)])).verdict
         assert v is not None and "Confidence: low" in v.detail, name
@@ -525,3 +532,16 @@ def test_cut_and_wrapped_lines() -> None:
     report = analyze(parse_lines(lines))
     assert 2 in report.parsed.ranks and report.parsed.ranks[2].timeouts
     assert report.parsed.ranks[2].timeouts[0].seq == 9
+
+
+def test_failure_table_squeezed_onto_one_line_is_read() -> None:
+    """torchrun's table as an issue page renders it (spaces and newlines gone): the entry on one
+    line still gives the rank, the exit code and the pid; the table's own layout still works."""
+    flat = ["Root Cause (first observed failure) :", "[0]:", "time", "host",
+            "rank5 (local rank: 1)exitcode: -6 (pid: 4242)error file: <N/A>"]
+    parsed = parse_lines(flat)
+    assert [(f.rank, f.exitcode, f.pid, f.root) for f in parsed.launcher] == [(5, -6, 4242, True)]
+    spaced = ["Root Cause (first observed failure):", "[0]:", "  time      : 2024-01-01_00:00:00",
+              "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 77)", "  error_file: <N/A>"]
+    parsed = parse_lines(spaced)
+    assert [(f.rank, f.exitcode, f.pid) for f in parsed.launcher] == [(3, -9, 77)]

@@ -358,7 +358,8 @@ def fingerprint_mismatch(facts: Facts) -> Verdict | None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL mismatch messages: the odd rank by majority over every
     rank the messages name (each message names only two)."""
     fps = facts.parsed.fingerprints
-    groups = [(f"sequence number {seq}", fps[seq]) for seq in
+    groups = [(f"sequence number {seq}" if seq.isdecimal() else "the messages give no sequence number",
+               fps[seq]) for seq in
               sorted(fps, key=lambda s: (not s.isdecimal(), int(s) if s.isdecimal() else 0))]
     every = {r: (f"#{seq} " if len(fps) > 1 else "") + fp for seq, at in fps.items() for r, fp in at.items()}
     groups.append(("different sequence numbers", every))  # ranks out of step: no common seq

@@ -110,6 +110,10 @@ _TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d{1,7})\]:\s*$")
 _TABLE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<val>.*)$")
 _TABLE_RANK = re.compile(r"^(?P<rank>\d{1,7})\b")
 _TABLE_EXIT = re.compile(r"^(?P<code>-?\d{1,4})\b(?: \(pid: (?P<pid>\d{1,10})\))?")
+# one table entry squeezed onto one line, as issue pages render it once the layout's spaces and
+# newlines are gone: "rank2 (local rank: 2)exitcode: -9 (pid: 36071)error file: <N/A>"
+_TABLE_FLAT = re.compile(r"\brank\s*:?\s*(?P<rank>\d{1,7})\s*\(local[_ ]rank:\s*\d{1,7}\)\s*"
+                         r"exitcode\s*:\s*(?P<code>-?\d{1,4})(?:\s*\(pid:\s*(?P<pid>\d{1,10})\))?")
 
 _NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _SRC_TAG = re.compile(r"\[[^\]\s]{1,300}\.(?:cc|cpp|h|hpp|cu|py):\d+\] ")  # [/path/pair.cc:553]
@@ -443,6 +447,17 @@ class LogParser:
                 p.torch_version = v["v"]
         if "mldebug" in text or "DebugUnderflowOverflow" in text:
             if self._mldebug_lines(rank, text, where, when):
+                return
+        if "xitcode" in text and "local" in text and "failed (exitcode:" not in text:
+            fm = _TABLE_FLAT.search(text)
+            if fm is not None:
+                self._flush_table()
+                self.parsed.launcher.append(LauncherFailure(
+                    rank=int(fm["rank"]), exitcode=int(fm["code"]),
+                    pid=int(fm["pid"]) if fm["pid"] else None, root=self._root_section))
+                st = p.rank(int(fm["rank"]))
+                st.exitcode = int(fm["code"])
+                st.pid = st.pid or (int(fm["pid"]) if fm["pid"] else None)
                 return
         if "failed (exitcode:" in text:
             m = _EXIT_LINE.search(text)
