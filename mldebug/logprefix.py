@@ -45,6 +45,8 @@ _PATTERNS: list[tuple[str, str | None, str]] = [
     (r"(?P<l>[\w.-]{1,60}) {1,20}\|\s", "l", "host"),
     # mpirun/srun style "[3] " and "> " quoting
     (r"\[(?P<l>\d{1,7})\]\s(?=[^\s:]{1,200}:[^\s:]{1,40}:[^\s:]{1,40} \[)", "l", "rank"),
+    # a job or container label in front of NCCL's own head (Kubeflow: "pytorch host:pid:tid [0] ")
+    (r"[A-Za-z][\w.-]{0,60} (?=[^\s:\[\]]{1,200}:[^\s:]{1,40}:[^\s:]{1,40} \[\d)", None, ""),
     (r">\s?", None, ""),
     # accelerate test output
     (r"(?:stdout|stderr): ", None, ""),

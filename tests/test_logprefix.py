@@ -36,6 +36,7 @@ NCCL = "node1:11:12 [0] NCCL INFO Using network IB"
     ("bug_1  | " + NCCL, "bug_1"),  # docker compose
     ("stdout: " + NCCL, None),  # accelerate test
     ("[0] " + NCCL, "0"),  # mpirun-style tag before host:pid:tid
+    ("pytorch " + NCCL, None),  # Kubeflow job label before host:pid:tid (NVIDIA/nccl#879)
     ("node3: [rank2]: [2025-01-01 10:00:00] " + NCCL, "2"),  # stacked
 ])
 def test_prefixes_are_removed_and_the_label_kept(line: str, label: str | None) -> None:
@@ -47,7 +48,8 @@ def test_lines_without_a_prefix_are_left_alone() -> None:
                  "include/socket.h:344 WARN Socket creation failed",
                  "NCCL version 2.7.8+cuda11.1",
                  "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1275, unhandled system error",
-                 "ncclInternalError: Internal check failed."):
+                 "ncclInternalError: Internal check failed.",
+                 "Failed to execute operation Connect from rank 0, retcode 2 [0] x"):
         assert split_prefix(line) == (None, line)
 
 

@@ -76,6 +76,8 @@ def test_redacted_and_missing_ids_and_launcher_labels() -> None:
     assert sorted(p.rank for p in mpirun) == [0, 1]
     trainer = _report(REAL / "ifname-missing-trainer-prefix.log").processes
     assert [p.rank for p in trainer] == [3]
+    kubeflow = _report(REAL / "ring-loop-back-hostid-2.12.12.log").processes
+    assert [p.host for p in kubeflow] == ["card-16-final-4509-master-0"]  # 'pytorch ' label dropped
     ray = _report(REAL / "veth-ray-pid-prefix.log").processes
     assert [p.transport for p in ray] == ["Socket"]
     merged = _report(REAL / "merged-nics-ibext.log").processes[0]

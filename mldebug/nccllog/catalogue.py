@@ -157,6 +157,14 @@ class Catalogue:
     def lookup(self, msg: str) -> Entry | None:
         """The WARN format string ``msg`` was printed from (the most literal one), or None."""
         msg = msg.strip()[:MAX_MESSAGE]
+        best = self._lookup(msg)
+        if best is None and msg[-1:] in ".;:,":
+            # a full stop the person pasting added, or a later version's format that ends
+            # without one: the same message
+            best = self._lookup(msg[:-1].rstrip())
+        return best
+
+    def _lookup(self, msg: str) -> Entry | None:
         best: Entry | None = None
         for e in self._by_word.get(first_word(msg), ()):
             if e.matches(msg):
