@@ -40,6 +40,7 @@ CASES = [
     ("speechbrain-2401-checkpoint-broadcast.log", "log-fingerprint-mismatch", []),
     ("lightning-19680-epoch-end-all-gather.log", "log-fingerprint-mismatch", []),
     ("amvur-2-sigkill-flattened.log", "log-killed", [2]),
+    ("ms-swift-6301-rank11-cuda-oom.log", "log-first-failure-cuda-oom", [11]),
 ]
 
 
