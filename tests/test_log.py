@@ -41,6 +41,8 @@ CASES = [
     ("lightning-19680-epoch-end-all-gather.log", "log-fingerprint-mismatch", []),
     ("amvur-2-sigkill-flattened.log", "log-killed", [2]),
     ("ms-swift-6301-rank11-cuda-oom.log", "log-first-failure-cuda-oom", [11]),
+    ("spa-vl-rlhf-2-broadcast-shapes.log", "log-fingerprint-mismatch", []),
+    ("xtuner-1993-monitored-barrier-rank0.log", "log-monitored-barrier", [0]),
 ]
 
 
@@ -189,7 +191,8 @@ def test_two_rank_detail_messages_name_both_ranks_and_what_differs() -> None:
             "speechbrain-2401-checkpoint-broadcast.log": ("ranks 0-1", "sequence number 485",
                                                           "ALLREDUCE", "BROADCAST"),
             "lightning-19680-epoch-end-all-gather.log": ("ranks 0-1", "no sequence number",
-                                                         "ALLGATHER_COALESCED")}
+                                                         "ALLGATHER_COALESCED"),
+            "spa-vl-rlhf-2-broadcast-shapes.log": ("ranks 0,2", "38838272", "33554432")}
     for name, words in want.items():
         v = analyze(load([str(FIX / name)])).verdict
         assert v is not None and "Confidence: low" in v.detail, name
@@ -546,3 +549,17 @@ def test_failure_table_squeezed_onto_one_line_is_read() -> None:
               "  rank      : 3 (local_rank: 3)", "  exitcode  : -9 (pid: 77)", "  error_file: <N/A>"]
     parsed = parse_lines(spaced)
     assert [(f.rank, f.exitcode, f.pid) for f in parsed.launcher] == [(3, -9, 77)]
+
+
+def test_monitored_barrier_names_the_rank_that_did_not_arrive() -> None:
+    """monitored_barrier's own words (ProcessGroupGloo.cpp): rank 0 names the ranks it did not
+    hear from (one or several); that beats the other ranks pointing at rank 0."""
+    lines = ["[rank0]: RuntimeError: [Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 5000 ms",
+             "[rank2]: RuntimeError: Rank 2 successfully reached monitoredBarrier, but received "
+             "errors while waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank."]
+    report = analyze(parse_lines(lines))
+    assert report.verdict is not None and report.verdict.code == "log-monitored-barrier"
+    assert report.culprits == [1, 3] and "Confidence: high" in report.verdict.detail
+    one = analyze(parse_lines(["[rank0]: RuntimeError: [Rank 0]: Rank 2 failed to pass "
+                               "monitoredBarrier in 1000 ms", " Original exception: ", "x"]))
+    assert one.culprits == [2]

@@ -220,6 +220,38 @@ def stalled(facts: Facts) -> Verdict | None:
         "high" if len(hits) == 1 or use_time else "medium")
 
 
+def monitored_barrier(facts: Facts) -> Verdict | None:
+    """torch.distributed.monitored_barrier (gloo) names the rank that did not arrive: rank 0
+    names the ranks it did not hear from; a rank that arrived but got errors from rank 0 points
+    at rank 0 (PyTorch: 'Please check rank 0 logs for faulty rank')."""
+    mb = facts.parsed.monitored
+    if mb.by_rank0:
+        culprits = sorted(mb.by_rank0)
+        how, sure = "rank 0's monitored_barrier message names the ranks that did not check in", "high"
+        said = (f"Rank 0's monitored_barrier did not hear from rank{'s' if len(culprits) > 1 else ''} "
+                f"{fold_ints(culprits)} within its timeout ('failed to pass monitoredBarrier').")
+    elif mb.reporters:
+        culprits = [0]
+        how = (f"rank{'s' if len(mb.reporters) > 1 else ''} {fold_ints(sorted(mb.reporters))} reached "
+               "monitored_barrier and got errors from rank 0")
+        sure = "medium"
+        said = (f"Rank{'s' if len(mb.reporters) > 1 else ''} {fold_ints(sorted(mb.reporters))} reached "
+                "monitored_barrier but got errors while waiting for rank 0 ('received errors while "
+                "waiting for send/recv from rank 0'): rank 0 failed or left first; its own log says why.")
+    else:
+        return None
+    tail = facts.others(set(culprits) | mb.reporters)
+    detail = said + ("\n" + tail if tail else "")
+    return Verdict(Finding(
+        Severity.ERROR,
+        f"rank{'s' if len(culprits) > 1 else ''} {fold_ints(culprits)} did not pass monitored_barrier",
+        detail,
+        "Read the named rank's own output for what kept it from the barrier (an exception, data "
+        "loading or preprocessing done only there, a slower step); while it hangs, `mldebug hang` "
+        "shows its stack. Raise the barrier's timeout only for work known to be long on that rank.",
+        code="log-monitored-barrier", hosts=_hosts(facts, culprits)), culprits, how, sure)
+
+
 def size_mismatch(facts: Facts) -> Verdict | None:
     """gloo: 'op.preamble.length <= op.nbytes. A vs B. Received data size doesn't match expected
     size': a rank got A bytes for a tensor of B - the ranks passed different sizes to the same
@@ -491,7 +523,7 @@ def exit_only(facts: Facts) -> Verdict | None:
         "launcher.", code="log-exit-no-traceback", hosts=_hosts(facts, ranks)), ranks)
 
 
-RULES: list[Rule] = [fingerprint_mismatch, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
+RULES: list[Rule] = [fingerprint_mismatch, monitored_barrier, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
                      silent, exit_only, launcher_failed, phase_tiebreak, all_waiting]
 
 

@@ -95,6 +95,14 @@ class LauncherFailure:
 
 
 @dataclass
+class MonitoredBarrier:
+    """What torch.distributed.monitored_barrier said (gloo)."""
+
+    by_rank0: dict[int, int] = field(default_factory=dict)  # rank -> rank 0's messages naming it
+    reporters: set[int] = field(default_factory=set)  # ranks that arrived but heard errors from 0
+
+
+@dataclass
 class ParsedLogs:
     """Everything read from the inputs, per rank; bounded by the number of ranks."""
 
@@ -112,6 +120,7 @@ class ParsedLogs:
     evidence: dict[str, list[int]] = field(default_factory=dict)  # command -> ranks it covers
     named_by_peers: dict[int, int] = field(default_factory=dict)  # rank -> peers that blamed it
     fingerprints: dict[str, dict[int, str]] = field(default_factory=dict)  # seq -> rank -> collective
+    monitored: MonitoredBarrier = field(default_factory=lambda: MonitoredBarrier())
     notes: list[str] = field(default_factory=list)  # mldebug's debugger lines, attempts skipped
 
     def rank(self, r: int) -> RankLog:

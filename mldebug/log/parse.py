@@ -43,6 +43,7 @@ PREFILTER_WORDS = (
     "Signal", "SIGKILL", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGTERM", "SIGILL", "SIGFPE", "Failures:", "Fatal", "Root Cause", "Received data size",
     "op.preamble.length",  # gloo's size check before its message said so (gloo#456)
     "DebugUnderflowOverflow", "Detected mismatch",
+    "monitoredBarrier",  # gloo's monitored_barrier names the rank that did not arrive
     "WORLD_SIZE", "world_size", "world size",
     "torch==", "torch version", "PyTorch version",  # the version, for the known-issue table
     # phases a rank enters on its own (the tie break between waiting ranks)
@@ -191,6 +192,12 @@ _MLD_ABORT = re.compile(r"mldebug\.capture: on_stall=dump\+abort: exiting with c
 _MLD_TRACE = re.compile(r"mldebug\.trace: tracing into (?P<path>\S{1,4000})")
 _MLD_FR = re.compile(r"mldebug\.fr: .{0,200}?(?P<path>/\S{1,4000})")
 _MLD_PDB = re.compile(r"mldebug\.(?:breakpoint|ForkedPdb): ")
+# torch.distributed.monitored_barrier (ProcessGroupGloo.cpp): rank 0 names the ranks that did
+# not check in ("[Rank 0]: Rank 3 failed to pass monitoredBarrier in 1000 ms", "[Rank 0]: Ranks
+# 1, 3 failed to pass ..."); the others, when rank 0 itself failed ("Rank 2 successfully reached
+# monitoredBarrier, but received errors while waiting for send/recv from rank 0")
+_MB_FAILED = re.compile(r"Ranks? (?P<ranks>\d{1,7}(?:, \d{1,7}){0,4095}) failed to pass monitoredBarrier")
+_MB_FROM0 = re.compile(r"Rank (?P<r>\d{1,7}) successfully reached monitoredBarrier, but received errors")
 _OVERFLOW_PEER = re.compile(r"DebugUnderflowOverflow: rank\(s\) (?P<ranks>[\d, ]{1,2000}) detected inf/nan")
 _EXIT_LINE = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<rank>\d{1,7})")
 _TORCH_VERSION = re.compile(r"(?:torch==|[Tt]orch version:? |PyTorch version:? )v?(?P<v>\d{1,2}\.\d{1,3}(?:\.\d{1,3})?)")
@@ -371,6 +378,8 @@ class LogParser:
 
         if "is running collective" in text:
             self._fingerprints(text)
+        if "monitoredBarrier" in text:
+            self._monitored(text)
         # torchrun's ChildFailedError table (printed by the launcher, no rank prefix).
         if self._table_line(text):
             return
@@ -516,6 +525,20 @@ class LogParser:
                     p.named_by_peers[int(r)] = p.named_by_peers.get(int(r), 0) + 1
             return False
         return False
+
+    def _monitored(self, text: str) -> None:
+        """monitored_barrier's verdict: rank 0 names the ranks that did not arrive (``by_rank0``);
+        a rank that did arrive but heard errors from rank 0 points at rank 0 (``from_peers``)."""
+        mb = self.parsed.monitored
+        m = _MB_FAILED.search(text)
+        if m is not None:
+            for r in m["ranks"].split(", "):
+                if len(mb.by_rank0) < 4096:
+                    mb.by_rank0[int(r)] = mb.by_rank0.get(int(r), 0) + 1
+            return
+        m = _MB_FROM0.search(text)
+        if m is not None and len(mb.reporters) < 4096:
+            mb.reporters.add(int(m["r"]))
 
     def _fingerprints(self, text: str) -> None:
         """Each rank's collective fingerprint named by a DETAIL mismatch message (any rank may
