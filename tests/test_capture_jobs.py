@@ -217,6 +217,10 @@ def test_dump_and_abort_keeps_every_ranks_dump_when_the_culprit_dumps_last(tmp_p
             saved = report("hang", "analyze", str(cap))
             assert [s["rank"] for s in saved["suspects"]] == [1], saved["suspects"]
             assert saved["errors"] == []
+            # every rank's ring was written with its dump: trace show misses none of the 4
+            trace = report("trace", "show", str(cap))
+            assert trace["world_size"] == 4 and trace["missing"] == [], trace["missing"]
+            assert sorted(r["rank"] for r in trace["ranks"]) == [0, 1, 2, 3]
         finally:
             job.stop()
 

@@ -219,3 +219,59 @@ def test_many_ranks_stay_one_screen():
     assert len(rep.divergences) == 40
     assert len(rep.findings) == 6 and rep.findings[-1].code == "trace-path-diverged-more"
     assert rep.findings[0].title == "ranks 0,4000 left the others' path at t.py:100 in g"
+
+
+def test_show_names_the_missing_rank_and_why_from_the_abort_note(tmp_path):
+    # rings of ranks 0, 2, 3 of 4 (rank 1's removed, as when torchrun killed it before it
+    # wrote), and dump+abort's evidence note from a real barrier naming rank 1 and why
+    from mldebug.capture.evidence import Barrier
+    from mldebug.privdir import private_dir
+
+    d = run_ranks(tmp_path, sys.executable, "lines")
+    [ring1] = (d / "trace").glob("*rank1-*.json")
+    ring1.unlink()
+    r = run_cli("trace", "show", str(d), "--json")
+    rep = json.loads(r.stdout)
+    assert rep["world_size"] == 4  # from the rings' recorded identity
+    assert rep["missing"] == [{"rank": 1, "pid": None, "reason": rep["missing"][0]["reason"]}]
+    assert rep["missing"][0]["reason"].startswith("no ring file here, and no dump+abort note")
+
+    fh, dumps = private_dir(d / "faulthandler"), private_dir(d / "dumps")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    Barrier(d, f"vm-rank1-{dead.pid}", {"rank": 1, "run_id": "r"}, dead.pid, fh, dumps)
+    me = Barrier(d, f"vm-rank0-{os.getpid()}", {"rank": 0, "run_id": "r"}, os.getpid(), fh,
+                 dumps)
+    me.wait(deadline_s=20)
+    for target in (d, d / "trace"):  # the capture directory or its trace/ folder
+        r = run_cli("trace", "show", str(target), "--json")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads(r.stdout)
+        [miss] = rep["missing"]
+        assert miss["rank"] == 1 and miss["pid"] == dead.pid
+        assert miss["reason"].startswith("exited (or was killed) before writing a dump "
+                                         "(rank 0 waited "), miss
+        codes = [f["code"] for f in rep["findings"]]
+        assert codes[0] == "trace-rank-missing" and "trace-path-diverged" in codes, codes
+        assert rep["findings"][0]["fix"]
+    human = run_cli("trace", "show", str(d)).stdout
+    assert "mldebug trace: 3 of 4 ranks" in human
+    assert "rank 1 missing: 3 of 4 ranks' rings here" in human
+    assert f"rank 1 (pid {dead.pid}): exited (or was killed) before writing a dump" in human
+    assert "All ranks followed the same path" not in human
+
+
+def test_missing_ranks_are_bounded_and_absent_when_all_rings_are_there():
+    from mldebug.trace.analyze import missing
+
+    t = [RankTrace("h", 10 + r, r, "calls", "x", [Loc("a.py", 1, "f")], world_size=4)
+         for r in (0, 1, 2, 3)]
+    assert missing(t, []) == (4, [])
+    rep = analyze(t[:1])  # world size from the ring, no notes
+    assert [m.rank for m in rep.missing] == [1, 2, 3] and rep.world_size == 4
+    assert rep.findings[0].code == "trace-rank-missing"
+    # a noted rank past any world is listed, never expanded into a range
+    world, miss = missing(t, [(10**12, 5, "why"), (None, 77, "gone")])
+    assert world == 4 and [(m.rank, m.pid) for m in miss] == [(10**12, 5), (None, 77)]
+    huge = [RankTrace("h", 1, 0, "calls", "x", [], world_size=10**12)]
+    assert missing(huge, []) == (None, [])

@@ -7,8 +7,8 @@ with its rank, pid and run id); after its own dump it marks itself dumped and wa
 ``wait`` seconds, until every member of its job has dumped (a JSON dump, or the C-level
 faulthandler text of a rank that held the GIL) or is gone. Then it writes what it saw
 (``DIR/abort/<stem>.exit``: who dumped, who is missing and why) and exits with
-``STALL_EXIT_CODE``. ``mldebug hang analyze DIR`` reads those notes (``mldebug.hang.collect.
-missing_notes``, the same format name) and says which ranks have no dump and why.
+``STALL_EXIT_CODE``. ``mldebug hang analyze DIR`` and ``mldebug trace show DIR`` read those
+notes (``mldebug.abortnotes.missing_notes``) and say which ranks have no dump and why.
 
 Only ranks that share the directory (one node, or a shared file system) see each other. The
 kernel route (the GIL held: ``mldebug.capture.abort``) runs no Python and cannot wait; its
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mldebug.abortnotes import NOTE_FORMAT
 from mldebug.privdir import private_dir, read_bounded, write_atomic
 
-NOTE_FORMAT = "mldebug.capture.abort/1"
 DEFAULT_WAIT_S = 30.0
 MAX_MEMBERS = 4096
 

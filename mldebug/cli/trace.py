@@ -47,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
         from mldebug.cli._common import print_report
         from mldebug.htmlview import check_view_targets, write_views
         from mldebug.trace.analyze import analyze
-        from mldebug.trace.collect import load
+        from mldebug.trace.collect import abort_notes, load
 
         check_view_targets(args)
         traces, errors = load(args.paths)
-        report = analyze(traces, errors)
+        report = analyze(traces, errors, abort_notes(args.paths))
 
         def _render(rep: object) -> None:
             from mldebug.render import console

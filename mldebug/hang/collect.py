@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mldebug.abortnotes import NOTE_FORMAT, missing_notes
 from mldebug.errors import UsageError
 from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run
 from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process, ProcSample
@@ -463,32 +464,7 @@ def _load(paths: Iterable[str]) -> Collection:
     return coll
 
 
-ABORT_NOTE_FORMAT = "mldebug.capture.abort/1"  # written by mldebug.capture.evidence
-
-
-def missing_notes(root: Path) -> list[tuple[int | None, int, str]]:
-    """(rank, pid, why) for each rank dump+abort's exit notes under ``root/abort`` name as
-    having no dump, once each; read bounded, malformed notes skipped."""
-    from mldebug.privdir import read_bounded
-
-    d = root / "abort"
-    if not d.is_dir():
-        return []
-    seen: dict[tuple[Any, int], str] = {}
-    for f in sorted(d.glob("*.exit"))[:4096]:
-        try:
-            doc = json.loads(read_bounded(f, 1 << 20))
-        except (OSError, ValueError):
-            continue
-        if not isinstance(doc, dict) or doc.get("format") != ABORT_NOTE_FORMAT:
-            continue
-        for m in doc.get("missing") or ():
-            if (isinstance(m, dict) and isinstance(m.get("pid"), int)
-                    and (m.get("rank") is None or isinstance(m.get("rank"), int))):
-                seen.setdefault((m.get("rank"), m["pid"]),
-                                f"{str(m.get('why'))[:200]} (rank {doc.get('rank')} waited "
-                                f"{doc.get('waited_s')}s for it before its own abort)")
-    return [(r, pid, why) for (r, pid), why in seen.items()]
+ABORT_NOTE_FORMAT = NOTE_FORMAT  # written by mldebug.capture.evidence, read in mldebug.abortnotes
 
 
 def _abort_notes(coll: Collection, dirs: list[Path]) -> None:

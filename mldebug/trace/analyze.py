@@ -8,10 +8,18 @@ from collections import Counter, defaultdict
 
 from mldebug.findings import Finding, Severity
 from mldebug.render import fold_ints
-from mldebug.trace.model import Divergence, Loc, RankTrace, TraceGroup, TraceReport
+from mldebug.trace.model import (
+    Divergence,
+    Loc,
+    MissingRank,
+    RankTrace,
+    TraceGroup,
+    TraceReport,
+)
 
 TAIL = 6
 MAX_FINDINGS = 5  # one screen at 8,000 ranks: the rest are in --json
+MAX_WORLD = 1 << 17  # a larger world size or rank, recorded or noted, is not believed
 
 
 def _ranks_text(labels: list[str], ranks: list[int]) -> str:
@@ -70,9 +78,62 @@ def divergences(traces: list[RankTrace]) -> list[Divergence]:
     return sorted(found.values(), key=lambda d: len(d.labels))
 
 
+NO_RING = ("no ring file here, and no dump+abort note says why (the ring not enabled on "
+           "that rank, the rank killed before it wrote, or its file on another node)")
+
+
+def missing(traces: list[RankTrace],
+            notes: list[tuple[int | None, int, str]]) -> tuple[int | None, list[MissingRank]]:
+    """The expected world size (the largest the rings recorded, or one past the highest rank
+    the notes name) and the ranks with no ring: the notes' reason where they give one."""
+    have_ranks = {t.rank for t in traces if t.rank is not None}
+    have_pids = {t.pid for t in traces}
+    sizes = [t.world_size for t in traces if t.world_size and 0 < t.world_size <= MAX_WORLD]
+    noted = [r for r, _, _ in notes if r is not None and 0 <= r < MAX_WORLD]
+    world = max(sizes + [r + 1 for r in noted], default=None)
+    why = {r: (pid, reason) for r, pid, reason in notes if r is not None}
+    out = [MissingRank(r, why[r][0] if r in why else None, why[r][1] if r in why else NO_RING)
+           for r in range(world or 0) if r not in have_ranks]
+    out += [MissingRank(r, pid, reason) for r, pid, reason in notes
+            if r is not None and not 0 <= r < MAX_WORLD and r not in have_ranks]
+    out += [MissingRank(None, pid, reason) for r, pid, reason in notes
+            if r is None and pid not in have_pids]
+    return world, out
+
+
+def _missing_finding(world: int | None, miss: list[MissingRank], n: int) -> Finding:
+    by_reason: dict[str, list[MissingRank]] = defaultdict(list)
+    for m in miss:
+        by_reason[m.reason].append(m)
+    parts = []
+    for reason, ms in list(by_reason.items())[:MAX_FINDINGS]:
+        ranks = [m.rank for m in ms if m.rank is not None]
+        pids = [str(m.pid) for m in ms if m.rank is None]
+        who = (f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)}" if ranks else "")
+        who += (", " if who and pids else "") + (f"pid {', '.join(pids[:6])}" if pids else "")
+        parts.append(f"{who}: {reason}")
+    if len(by_reason) > MAX_FINDINGS:
+        parts.append(f"{len(by_reason) - MAX_FINDINGS} more reasons in --json (missing)")
+    ranks = [m.rank for m in miss if m.rank is not None]
+    who = (f"rank{'s' if len(ranks) > 1 else ''} {fold_ints(ranks)}" if ranks
+           else f"{len(miss)} process(es)")
+    of = f" of {world}" if world else ""
+    return Finding(
+        Severity.WARNING, f"{who} missing: {n}{of} ranks' rings here",
+        detail="; ".join(parts) + ". The comparison below is of the ranks that wrote a ring: "
+               "a missing rank is often the one that hung.",
+        fix="Run `mldebug hang analyze DIR` for the missing ranks' dumps; if dump+abort's wait "
+            "ended first, raise MLDEBUG_ABORT_WAIT; enable the ring on every rank "
+            "(mldebug.trace.enable()) and pass every node's directory.",
+        code="trace-rank-missing")
+
+
 def findings(traces: list[RankTrace], groups: list[TraceGroup],
-             divs: list[Divergence]) -> list[Finding]:
+             divs: list[Divergence], miss: list[MissingRank] | None = None,
+             world: int | None = None) -> list[Finding]:
     out: list[Finding] = []
+    if miss:
+        out.append(_missing_finding(world, miss, len(traces)))
     for d in divs[:MAX_FINDINGS]:
         who = _ranks_text(d.labels, d.ranks)
         after = f" after {d.branch.describe()}" if d.branch else ""
@@ -109,8 +170,12 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
     return out
 
 
-def analyze(traces: list[RankTrace], errors: list[str] | None = None) -> TraceReport:
+def analyze(traces: list[RankTrace], errors: list[str] | None = None,
+            notes: list[tuple[int | None, int, str]] | None = None) -> TraceReport:
+    """``notes``: (rank, pid, why) of the ranks dump+abort's notes name as without a dump."""
     groups = group(traces)
     divs = divergences(traces)
+    world, miss = missing(traces, list(notes or ()))
     return TraceReport(traces=traces, groups=groups, divergences=divs,
-                       findings=findings(traces, groups, divs), errors=list(errors or ()))
+                       findings=findings(traces, groups, divs, miss, world),
+                       errors=list(errors or ()), missing=miss, world_size=world)

@@ -8,11 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mldebug.abortnotes import missing_notes
 from mldebug.errors import UsageError
 from mldebug.trace.model import Loc, RankTrace
 from mldebug.trace.ring import FORMAT
 
 MAX_FILE = 64 << 20
+MAX_WORLD = 1 << 17  # beyond any job: a larger recorded world size is ignored
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -39,10 +41,12 @@ def rank_from_doc(doc: dict[str, Any], source: str) -> RankTrace:
     main = threads[0] if threads else {}
     events = [locs[i] for i in main.get("events") or () if isinstance(i, int) and 0 <= i < len(locs)]
     rank = doc.get("rank")
+    ws = doc.get("world_size")
     return RankTrace(host=str(doc.get("host") or "?"), pid=int(doc.get("pid") or 0),
                      rank=int(rank) if isinstance(rank, int) else None,
                      kind=str(doc.get("events") or "?"), reason=str(doc.get("reason") or ""),
-                     events=events, threads=len(threads), source=source)
+                     events=events, threads=len(threads), source=source,
+                     world_size=ws if isinstance(ws, int) and 0 < ws <= MAX_WORLD else None)
 
 
 def load(paths: list[str]) -> tuple[list[RankTrace], list[str]]:
@@ -77,3 +81,29 @@ def load(paths: list[str]) -> tuple[list[RankTrace], list[str]]:
             errors.append(f"{f.name}: malformed ({e})")
     traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.host, t.pid))
     return traces, errors
+
+
+def _roots(paths: list[str]) -> list[Path]:
+    """The capture directories above the given paths: DIR for DIR, DIR/trace or DIR/trace/F."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        d = p if p.is_dir() else p.parent
+        if d.name == "trace" and not (d / "trace").is_dir():
+            d = d.parent
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def abort_notes(paths: list[str]) -> list[tuple[int | None, int, str]]:
+    """dump+abort's notes (``DIR/abort/*.exit``) beside the rings: (rank, pid, why) of each
+    rank they name as having no dump."""
+    seen: set[tuple[int | None, int]] = set()
+    out = []
+    for root in _roots(paths):
+        for rank, pid, why in missing_notes(root):
+            if (rank, pid) not in seen:
+                seen.add((rank, pid))
+                out.append((rank, pid, why))
+    return out

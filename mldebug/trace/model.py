@@ -40,6 +40,7 @@ class RankTrace:
     events: list[Loc] = field(default_factory=list)  # the main thread's, oldest first
     threads: int = 1
     source: str = ""
+    world_size: int | None = None  # as the rank recorded it (its identity)
 
     @property
     def label(self) -> str:
@@ -67,12 +68,23 @@ class Divergence:
 
 
 @dataclass
+class MissingRank:
+    """A rank the job had (by the rings' world size or dump+abort's notes) with no ring here."""
+
+    rank: int | None
+    pid: int | None
+    reason: str
+
+
+@dataclass
 class TraceReport:
     traces: list[RankTrace]
     groups: list[TraceGroup] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    missing: list[MissingRank] = field(default_factory=list)
+    world_size: int | None = None  # expected ranks, when the rings or the notes tell
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,6 +98,8 @@ class TraceReport:
                              "branch": asdict(d.branch) if d.branch else None,
                              "left_at": asdict(d.left_at), "others": d.others}
                             for d in self.divergences],
+            "world_size": self.world_size,
+            "missing": [asdict(m) for m in self.missing],
             "findings": findings_to_json(self.findings),
             "errors": self.errors,
         }

@@ -18,11 +18,22 @@ def render(report: TraceReport, console: Console) -> None:
     n = len(report.traces)
     kinds = sorted({t.kind for t in report.traces})
     hosts = sorted({t.host for t in report.traces})
-    console.print(Text(f"mldebug trace: {n} rank{'s' if n != 1 else ''} on {len(hosts)} "
+    of = f" of {report.world_size}" if report.world_size and report.missing else ""
+    console.print(Text(f"mldebug trace: {n}{of} rank{'s' if n != 1 else ''} on {len(hosts)} "
                        f"host{'s' if len(hosts) != 1 else ''}, {'/'.join(kinds) or 'no'} "
                        "events", style="bold"))
     console.print()
     render_findings(report.findings, console, empty="All ranks followed the same path.")
+    if report.missing:
+        console.print()
+        console.print(Text(f"Missing ({len(report.missing)}): no ring file", style="bold"))
+        for m in report.missing[:20]:
+            who = f"rank {m.rank}" if m.rank is not None else f"pid {m.pid}"
+            pid = f" (pid {m.pid})" if m.rank is not None and m.pid else ""
+            console.print(Text(f"    {who}{pid}: {m.reason}"))
+        if len(report.missing) > 20:
+            console.print(Text(f"    ... and {len(report.missing) - 20} more in --json (missing)",
+                               style="dim"))
     for i, g in enumerate(report.groups[:20], 1):
         console.print()
         console.print(Text(f"Group {i}: {_ranks_text(g.labels, g.ranks)} - last "
