@@ -375,6 +375,22 @@ def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_pat
         stale.unlink(missing_ok=True)
 
 
+def test_a_registry_entry_removed_under_a_live_rank_comes_back(tmp_path):
+    """Another rank's prune can remove a live rank's entry when pids repeat (one home shared by
+    nodes with their own pid namespaces, a restarted job); the handler registers again on its
+    next poll, so `hang --signal` still finds the rank."""
+    r = run_py("""
+        import os, time
+        h = mldebug.install_dump_handler(dir="cap", poll=0.1)
+        os.unlink(h.registry_path)
+        deadline = time.monotonic() + 10
+        while not h.registry_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(h.registry_path.exists())
+    """, tmp_path)
+    assert r.stdout.split() == ["True"], r.stderr
+
+
 def test_unknown_signal_is_a_usage_error():
     r = run_cli("hang", "--signal", "SIGNOPE")
     assert r.returncode == 2 and "not a signal name or number" in r.stderr

@@ -152,6 +152,11 @@ class DumpHandler:
                 _log(f"{type(e).__name__}: {e}")
 
     def _tick(self) -> None:
+        if (self.registry_path is not None and not self._stop.is_set()
+                and not os.path.lexists(self.registry_path)):
+            # another rank's prune can race with our registration when our pid was reused
+            # (another node's pid namespace, a restarted job): register again
+            self.registry_path = self._register()
         size = os.fstat(self._fh_fd).st_size
         if size > self._fh_seen:  # a signal came: faulthandler has written its part
             self._fh_seen = size
@@ -253,11 +258,17 @@ def _prune(reg: Path, host: str) -> None:
         if not (name.startswith(host + "-") and name.endswith(".json")):
             continue
         try:
+            before = os.lstat(reg / name)
             entry = json.loads(read_bounded(reg / name, 1 << 20))
             if entry.get("format") != REGISTRY_FORMAT:
                 continue
             if start_time(int(entry["pid"])) != entry.get("start_time"):
-                os.unlink(reg / name)
+                # a rank that reuses the pid (another node's namespace, a restarted job) may
+                # have replaced this stale file with its own entry meanwhile: only the file
+                # read is removed (the live rank's rename makes a new inode)
+                now = os.lstat(reg / name)
+                if (now.st_ino, now.st_mtime_ns) == (before.st_ino, before.st_mtime_ns):
+                    os.unlink(reg / name)
         except (OSError, ValueError, KeyError, TypeError):
             continue
 
