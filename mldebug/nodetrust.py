@@ -21,6 +21,9 @@ def _short(host: str) -> str:
     return host.split(".", 1)[0].lower()
 
 
+CLAIM = "answered as host "  # how check_host's line starts: a note, the node did answer
+
+
 def check_host(asked: str, doc: Mapping[str, Any]) -> str | None:
     """None when ``doc`` names no host, or the host asked (its short name alike); otherwise
     one line saying what it claimed - the answer stays filed under ``asked``."""
@@ -29,7 +32,7 @@ def check_host(asked: str, doc: Mapping[str, Any]) -> str | None:
         return None
     if isinstance(claimed, str) and _short(claimed) == _short(asked):
         return None
-    return (f"answered as host {sanitize(repr(claimed), limit=80)}, not as {asked}: filed under "
+    return (f"{CLAIM}{sanitize(repr(claimed), limit=80)}, not as {asked}: filed under "
             f"{asked}, the host asked")
 
 

@@ -224,3 +224,20 @@ def test_a_stopped_rank_is_recorded_from_the_node_document():
     coll = collection_from_results([NodeResult("node1", data=doc)])
     assert coll.undumped == {("run:r1", 2): "pid 1002 on node1: py-spy could not attach to "
                                             "pid 1002: the process is stopped"}
+
+
+def test_a_node_answering_under_another_name_is_not_dead():
+    """`--nodes 10.0.0.[1-2]` or ssh aliases: the node's own host name differs from the name
+    asked. Its answer is filed under the name asked, the difference is noted, and the node
+    is never counted among the hosts that did not answer."""
+    from mldebug.fanout import NodeResult
+    from mldebug.hang.collect import collection_from_results
+
+    docs = [NodeResult(h, data={"host": "gpu-node-7", "processes": [], "errors": []})
+            for h in ("10.0.0.1", "10.0.0.2")]
+    coll = collection_from_results(docs)
+    coll.hosts = ["10.0.0.1", "10.0.0.2"]
+    rep = analyze(coll).to_dict()
+    assert not rep.get("dead_hosts"), rep
+    assert any("answered as host" in e["error"] and e["host"] == "10.0.0.1"
+               for e in rep["errors"])
