@@ -37,7 +37,7 @@ def test_spinning_blocked_and_a_stuck_worker_with_the_ring_on(tmp_path):
         job.wait_ready()
         # the spinner is caught inside the ring's tracer most of the time: dump until it is,
         # so the check below really has mldebug frames to ignore
-        for _ in range(4):
+        for _ in range(15):
             report = hang("--pid", str(job.pid))
             if any("mldebug/trace/" in f["filename"] for f in raw_frames(report, 1)):
                 break
