@@ -118,3 +118,21 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
         capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO,
         stdin=subprocess.DEVNULL,
     )
+
+
+def second_user(prefix: str) -> Iterator[int]:
+    """A real second user (``useradd``, no home) for the module's tests, removed after them;
+    skips where there is no root or no useradd. Use from a module-scoped fixture."""
+    import pwd
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user (useradd)")
+    name = f"{prefix}{os.getpid() % 100000}"
+    r = subprocess.run(["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"useradd is unavailable here: {r.stderr.strip()[:200]}")
+    try:
+        yield pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)

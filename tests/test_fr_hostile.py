@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import pwd
 import socket
 import stat
 import subprocess
@@ -19,11 +18,12 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import fr_synth as synth
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, second_user
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,18 +37,8 @@ HOST = socket.gethostname().split(".")[0]
 
 
 @pytest.fixture(scope="module")
-def other_user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a second user (useradd)")
-    name = f"mldfr{os.getpid() % 100000}"
-    r = subprocess.run(["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"useradd is unavailable here: {r.stderr.strip()[:200]}")
-    try:
-        yield pwd.getpwnam(name).pw_uid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
+def other_user() -> Iterator[int]:
+    yield from second_user("mldfr")
 
 
 def test_dir_is_created_0700_and_another_users_or_writable_dir_is_refused(tmp_path, other_user):

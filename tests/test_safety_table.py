@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, second_user
 
 from mldebug.cli import main
 from mldebug.fanout import NodeResult
@@ -32,18 +31,8 @@ URL_PW = "hunter2pass"
 
 
 @pytest.fixture(scope="module")
-def other_user():
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create a second user (useradd)")
-    name = f"mldst{os.getpid() % 100000}"
-    r = subprocess.run(["useradd", "-M", "-r", "-s", "/usr/sbin/nologin", name],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"useradd is unavailable here: {r.stderr.strip()[:200]}")
-    try:
-        yield pwd.getpwnam(name).pw_uid
-    finally:
-        subprocess.run(["userdel", name], capture_output=True)
+def other_user() -> Iterator[int]:
+    yield from second_user("mldst")
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
