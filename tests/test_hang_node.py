@@ -165,3 +165,45 @@ def test_pid_of_another_users_process_real_cli_says_whose(tmp_path):
     assert r.returncode == 1, r.stderr
     errors = [e["error"] for e in json.loads(r.stdout)["errors"]]
     assert errors and "belongs to uid 0" in errors[0] and "no process" not in errors[0]
+
+
+def test_process_table_of_one_pid_holds_its_tree_and_both_ancestries():
+    """list_processes(root=PID) - what `mldebug hang --pid PID` reads - has that process, its
+    descendants, their ancestors and mldebug's own chain, each entry as the full table has it;
+    find_ranks selects the same from both."""
+    import time
+
+    from mldebug.ranks import list_processes
+
+    code = ("import subprocess,sys,time;"
+            "c=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']);"
+            "print(c.pid,flush=True);time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        time.sleep(0.2)
+        part = list_processes(root=parent.pid)
+        full = list_processes()
+        assert {parent.pid, child, os.getpid(), os.getppid()} <= set(part)
+        assert len(part) < len(full)
+        for pid, info in part.items():
+            if pid in full:
+                assert info == full[pid]
+        env = envs({child: worker_env(0)})
+        assert find_ranks(part, pid=parent.pid, environ=env) == \
+            find_ranks(full, pid=parent.pid, environ=env)
+        assert [t["pid"] for t in find_ranks(part, pid=parent.pid, environ=env)[0]] == [child]
+        gone = list_processes(root=1 << 30)  # no such process: mldebug's own chain only
+        assert os.getpid() in gone and parent.pid not in gone
+        assert find_ranks(gone, pid=1 << 30)[1] == [
+            {"pid": 1 << 30, "error": f"no process {1 << 30} on this node"}]
+    finally:
+        parent.kill()
+        parent.wait()
+        if child:
+            try:
+                os.kill(child, 9)
+            except ProcessLookupError:
+                pass

@@ -170,7 +170,7 @@ def select_targets(opts: argparse.Namespace, host: str) -> tuple[
     """The process table, the rank processes this run looks at (``--pid``, ``--pattern``,
     ``--user``/``--all-users``, ``--slurm-job``), their errors, and the uid filter. Targets are
     None when ``--user`` names nobody on this host."""
-    procs = list_processes()
+    procs = list_processes(root=opts.pid)  # with --pid: only that process's part of the table
     uid = None if opts.all_users or os.geteuid() == 0 else os.geteuid()
     if opts.user:
         uid = resolve_user(opts.user)
