@@ -25,7 +25,6 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 import threading
 import zlib
@@ -428,6 +427,7 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
     import queue
     import shutil
     import signal
+    import subprocess
     import time
 
     exe = shutil.which(program, path=env.get("PATH", os.environ.get("PATH")))
@@ -510,6 +510,8 @@ def _run_streaming(argv: list[str], env: dict[str, str], deadline_s: float,
 
 def _run_local(source: str, args: Sequence[str], options: FanoutOptions,
                schema: Mapping[str, type | tuple[type, ...]]) -> NodeResult:
+    import subprocess
+
     host = short_hostname()
     try:
         r = subprocess.run(
@@ -531,6 +533,8 @@ def slurm_job_hosts(job: str) -> list[str]:
 
     Inside the job, ``SLURM_JOB_NODELIST``; elsewhere ``squeue -h -j JOB -o %N``.
     """
+    import subprocess
+
     from mldebug.hosts import expand
 
     nodelist = ""
@@ -551,6 +555,8 @@ def slurm_job_hosts(job: str) -> list[str]:
 
 def _run_srun(options: FanoutOptions, command: str,
               schema: Mapping[str, type | tuple[type, ...]]) -> list[NodeResult]:
+    import subprocess  # not at the top: a local `mldebug hang` never needs it
+
     job = str(options.slurm_job)
     argv = srun_argv(job, command, options.exclude)
     deadline = options.connect_timeout + options.timeout + _DEADLINE_SLACK

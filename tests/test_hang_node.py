@@ -207,3 +207,23 @@ def test_process_table_of_one_pid_holds_its_tree_and_both_ancestries():
                 os.kill(child, 9)
             except ProcessLookupError:
                 pass
+
+
+def test_run_captured_gives_code_and_both_streams_and_kills_at_the_timeout():
+    """The py-spy runner (posix_spawn + poll, no subprocess): exit code, stdout and stderr
+    apart, stdin empty; past the timeout the process is killed and reaped."""
+    import time
+
+    from mldebug.hang.node import run_captured
+
+    code, out, err = run_captured(
+        [sys.executable, "-c", "import sys; print(sys.stdin.read() + 'out'); "
+                               "sys.stderr.write('err' * 50000); sys.exit(3)"], 20)
+    assert (code, out, err) == (3, "out\n", "err" * 50000)
+    t = time.monotonic()
+    with pytest.raises(TimeoutError):
+        run_captured([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
+    assert time.monotonic() - t < 10
+    with pytest.raises(OSError):
+        run_captured(["/nonexistent/py-spy", "dump"], 5)
+    assert run_captured(["sh", "-c", "kill -9 $$"], 5)[0] == -9

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -76,6 +75,69 @@ def explain_pyspy_error(pid: int, stderr: str, rc: int,
     return f"py-spy failed on pid {pid} (exit code {rc}): {text[-1] if text else 'no message'}"
 
 
+def run_captured(cmd: list[str], timeout: float) -> tuple[int, str, str]:
+    """``cmd``'s exit code, stdout and stderr (stdin /dev/null); ``TimeoutError`` after
+    ``timeout`` seconds, the process killed. ``os.posix_spawnp`` and ``poll``, not
+    ``subprocess``: on a local ``mldebug hang`` importing it cost about what a dump does
+    (subprocess is the fallback where Python has no posix_spawnp, before 3.8)."""
+    if not hasattr(os, "posix_spawnp"):
+        import subprocess
+
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError from None
+        return r.returncode, r.stdout, r.stderr
+    import select
+
+    out_r, out_w = os.pipe()  # close-on-exec: other threads' children never inherit them
+    err_r, err_w = os.pipe()
+    try:
+        pid = os.posix_spawnp(cmd[0], cmd, os.environ, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    poll = select.poll()
+    for fd in chunks:
+        poll.register(fd, select.POLLIN)
+    deadline = time.monotonic() + timeout
+    open_fds = len(chunks)
+    status = None
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            for fd, _ in poll.poll(left * 1000):
+                b = os.read(fd, 1 << 16)
+                if b:
+                    chunks[fd].append(b)
+                else:
+                    poll.unregister(fd)
+                    open_fds -= 1
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+        if status is None:  # timed out or interrupted: never leave py-spy attached
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    code = -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF  # waitstatus_to_exitcode
+    return (code, b"".join(chunks[out_r]).decode(errors="replace"),
+            b"".join(chunks[err_r]).decode(errors="replace"))
+
+
 def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals: bool,
          timeout: float) -> tuple[list[Any] | None, str | None]:
     cmd = [py_spy, "dump", "--pid", str(pid), "--json"]
@@ -86,19 +148,18 @@ def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals:
     if with_locals:
         cmd.append("--locals")
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
+        rc, stdout, stderr = run_captured(cmd, timeout)
+    except TimeoutError:
         return None, (f"py-spy did not finish within {timeout:g}s on pid {pid} (the process may "
                       "be in uninterruptible sleep, state D); raise --timeout or try --nonblocking")
     except OSError as e:
         return None, f"could not run py-spy ({py_spy}): {e.strerror}"
-    if r.returncode != 0:
-        return None, explain_pyspy_error(pid, r.stderr, r.returncode)
+    if rc != 0:
+        return None, explain_pyspy_error(pid, stderr, rc)
     try:
-        data = json.loads(r.stdout)
+        data = json.loads(stdout)
     except json.JSONDecodeError:
-        return None, f"py-spy printed unreadable output for pid {pid}: {r.stdout[:200]!r}"
+        return None, f"py-spy printed unreadable output for pid {pid}: {stdout[:200]!r}"
     return data, None
 
 
