@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mldebug.errors import NO_PTRACE_ROUTE, PTRACE_FIX
@@ -242,8 +243,11 @@ def select_targets(opts: argparse.Namespace, host: str) -> tuple[
     return procs, targets, errors, uid
 
 
-def collect(opts: argparse.Namespace) -> dict[str, Any]:
-    """Find and dump the ranks on this node; the JSON document the caller receives."""
+def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
+            ) -> dict[str, Any]:
+    """Find and dump the ranks on this node; the JSON document the caller receives.
+    ``dumping`` is called when the ranks are found and their dumps about to start (a local
+    ``mldebug hang`` then loads the analysis while py-spy runs, not while /proc is read)."""
     start = time.monotonic()
     host = short_hostname()
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
@@ -268,6 +272,8 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
         first = time.monotonic()
         gpu_polls: list[dict[str, Any]] = []
         gpu_thread = _gpu_poll_async(opts, gpu_polls)  # the first poll while the dumps run
+        if dumping is not None:
+            dumping()
         dump_all(targets, py_spy, opts, "dump")
         time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
         sample_all(targets)

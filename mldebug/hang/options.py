@@ -64,21 +64,28 @@ DocsFn = Callable[[CollectOptions, FanoutOptions, OnResult, bool], list[NodeResu
 def start_local(opts: CollectOptions) -> DocsFn:
     """Start this host's collection (finding the ranks, py-spy on each) on a thread now, and
     return a ``docs`` function for ``collect.collect`` that waits for it and hands over its
-    document. The caller meanwhile imports what analysis and rendering need: on 8 ranks the
-    dumps take about as long as those imports."""
+    document. Returns once the dumps are starting; the caller then imports what analysis and
+    rendering need while py-spy runs: on 8 ranks the dumps take about as long as those
+    imports."""
     from mldebug.hang import node
 
     node_opts = node.parser().parse_args(opts.node_args())
     box: dict[str, Any] = {}
+    dumping = threading.Event()
 
     def work() -> None:
         try:
-            box["doc"] = node.collect(node_opts)
+            box["doc"] = node.collect(node_opts, dumping=dumping.set)
         except BaseException as e:  # handed to the caller's thread, raised there
             box["error"] = e
+        finally:
+            dumping.set()
 
     thread = threading.Thread(target=work, name="mldebug-hang-local", daemon=True)
     thread.start()
+    # the ranks are found before the caller imports anything more: both are Python work,
+    # and sharing the GIL would only delay the first py-spy
+    dumping.wait()
 
     def docs(_opts: CollectOptions, _target: FanoutOptions, on_result: OnResult,
              _progress: bool = True) -> list[NodeResult]:
