@@ -209,21 +209,22 @@ def test_process_table_of_one_pid_holds_its_tree_and_both_ancestries():
                 pass
 
 
-def test_run_captured_gives_code_and_both_streams_and_kills_at_the_timeout():
-    """The py-spy runner (posix_spawn + poll, no subprocess): exit code, stdout and stderr
-    apart, stdin empty; past the timeout the process is killed and reaped."""
+def test_run_many_gives_code_and_both_streams_and_kills_at_the_timeout():
+    """The py-spy runner (posix_spawn + one poll loop, no subprocess): per command its exit
+    code, stdout and stderr apart, stdin empty, in the order given whatever the width; past
+    the timeout a process is killed and reaped; one that cannot start is its OSError."""
     import time
 
-    from mldebug.hang.node import run_captured
+    from mldebug.hang.node import run_many
 
-    code, out, err = run_captured(
-        [sys.executable, "-c", "import sys; print(sys.stdin.read() + 'out'); "
-                               "sys.stderr.write('err' * 50000); sys.exit(3)"], 20)
-    assert (code, out, err) == (3, "out\n", "err" * 50000)
+    talk = [sys.executable, "-c", "import sys; print(sys.stdin.read() + sys.argv[1]); "
+                                  "sys.stderr.write('err' * 50000); sys.exit(3)"]
     t = time.monotonic()
-    with pytest.raises(TimeoutError):
-        run_captured([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
-    assert time.monotonic() - t < 10
-    with pytest.raises(OSError):
-        run_captured(["/nonexistent/py-spy", "dump"], 5)
-    assert run_captured(["sh", "-c", "kill -9 $$"], 5)[0] == -9
+    got = run_many([[*talk, "a"], [sys.executable, "-c", "import time; time.sleep(30)"],
+                    ["/nonexistent/py-spy", "dump"], ["sh", "-c", "kill -9 $$"], [*talk, "b"]],
+                   2.0, 2)
+    assert time.monotonic() - t < 15
+    assert got[0] == (3, "a\n", "err" * 50000) and got[4] == (3, "b\n", "err" * 50000)
+    assert isinstance(got[1], TimeoutError)
+    assert isinstance(got[2], OSError)
+    assert got[3] == (-9, "", "")

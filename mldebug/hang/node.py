@@ -76,71 +76,126 @@ def explain_pyspy_error(pid: int, stderr: str, rc: int,
     return f"py-spy failed on pid {pid} (exit code {rc}): {text[-1] if text else 'no message'}"
 
 
-def run_captured(cmd: list[str], timeout: float) -> tuple[int, str, str]:
-    """``cmd``'s exit code, stdout and stderr (stdin /dev/null); ``TimeoutError`` after
-    ``timeout`` seconds, the process killed. ``os.posix_spawnp`` and ``poll``, not
-    ``subprocess``: on a local ``mldebug hang`` importing it cost about what a dump does
-    (subprocess is the fallback where Python has no posix_spawnp, before 3.8)."""
-    if not hasattr(os, "posix_spawnp"):
-        import subprocess
+def run_many(cmds: list[list[str]], timeout: float, width: int) -> list[Any]:
+    """Run every command, at most ``width`` at once, each with stdin /dev/null and bounded by
+    ``timeout`` seconds; per command its ``(exit code, stdout, stderr)``, or the exception
+    that stands for it (``TimeoutError``: killed at the timeout; ``OSError``: not started).
 
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError from None
-        return r.returncode, r.stdout, r.stderr
+    One thread spawns them (``os.posix_spawnp``) and reads every pipe in one ``poll`` loop:
+    with a thread per dump, each thread had to start in turn, waiting for the GIL that a local
+    run's imports held, and the last dump of 8 started 50 ms after the first; ``subprocess``
+    itself cost about what a dump does to import. Python without posix_spawnp (before 3.8):
+    ``subprocess`` on a few threads."""
+    results: list[Any] = [None] * len(cmds)
+    if not hasattr(os, "posix_spawnp"):
+        _run_many_threads(cmds, timeout, width, results)
+        return results
     import select
 
-    out_r, out_w = os.pipe()  # close-on-exec: other threads' children never inherit them
-    err_r, err_w = os.pipe()
-    try:
-        pid = os.posix_spawnp(cmd[0], cmd, os.environ, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
-    except BaseException:
-        os.close(out_r)
-        os.close(err_r)
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     poll = select.poll()
-    for fd in chunks:
-        poll.register(fd, select.POLLIN)
-    deadline = time.monotonic() + timeout
-    open_fds = len(chunks)
-    status = None
-    try:
-        while open_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            for fd, _ in poll.poll(left * 1000):
-                b = os.read(fd, 1 << 16)
-                if b:
-                    chunks[fd].append(b)
-                else:
-                    poll.unregister(fd)
-                    open_fds -= 1
-        _, status = os.waitpid(pid, 0)
-    finally:
-        os.close(out_r)
-        os.close(err_r)
-        if status is None:  # timed out or interrupted: never leave py-spy attached
+    running: dict[int, list[Any]] = {}  # index -> [pid, {fd: chunks}, deadline, open fds]
+    owner: dict[int, int] = {}  # fd -> index
+
+    def start(i: int) -> None:
+        out_r, out_w = os.pipe()  # close-on-exec: the other children never inherit them
+        err_r, err_w = os.pipe()
+        try:
+            pid = os.posix_spawnp(cmds[i][0], cmds[i], os.environ, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)])
+        except OSError as e:
+            os.close(out_r)
+            os.close(err_r)
+            results[i] = e
+            return
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        running[i] = [pid, {out_r: [], err_r: []}, time.monotonic() + timeout, 2]
+        for fd in (out_r, err_r):
+            poll.register(fd, select.POLLIN)
+            owner[fd] = i
+
+    def finish(i: int, error: BaseException | None = None) -> None:
+        pid, chunks, _, _ = running.pop(i)
+        for fd in chunks:
+            if owner.pop(fd, None) is not None:
+                poll.unregister(fd)
+            os.close(fd)
+        if error is not None:  # timed out or interrupted: never leave py-spy attached
             try:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
             except OSError:
                 pass
-    code = -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF  # waitstatus_to_exitcode
-    return (code, b"".join(chunks[out_r]).decode(errors="replace"),
-            b"".join(chunks[err_r]).decode(errors="replace"))
+            results[i] = error
+            return
+        _, status = os.waitpid(pid, 0)
+        code = -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+        out, err = (b"".join(c).decode(errors="replace") for c in chunks.values())
+        results[i] = (code, out, err)
+
+    todo = 0
+    try:
+        while todo < len(cmds) or running:
+            while todo < len(cmds) and len(running) < max(1, width):
+                start(todo)
+                todo += 1
+            now = time.monotonic()
+            for i in [i for i, r in running.items() if r[2] <= now]:
+                finish(i, TimeoutError())
+            if not running:
+                continue
+            wait = min(r[2] for r in running.values()) - now
+            for fd, _ in poll.poll(max(0.0, wait) * 1000 + 1):
+                i = owner[fd]
+                b = os.read(fd, 1 << 16)
+                if b:
+                    running[i][1][fd].append(b)
+                    continue
+                poll.unregister(fd)
+                del owner[fd]
+                running[i][3] -= 1
+                if running[i][3] == 0:
+                    finish(i)
+    finally:
+        for i in list(running):
+            finish(i, KeyboardInterrupt())
+    return results
 
 
-def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals: bool,
-         timeout: float) -> tuple[list[Any] | None, str | None]:
+def _run_many_threads(cmds: list[list[str]], timeout: float, width: int,
+                      results: list[Any]) -> None:
+    import subprocess
+
+    queue = list(reversed(range(len(cmds))))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i = queue.pop()
+            try:
+                r = subprocess.run(cmds[i], capture_output=True, text=True, timeout=timeout,
+                                   stdin=subprocess.DEVNULL)
+                results[i] = (r.returncode, r.stdout, r.stderr)
+            except subprocess.TimeoutExpired:
+                results[i] = TimeoutError()
+            except OSError as e:
+                results[i] = e
+
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(max(1, min(len(cmds), width)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def dump_cmd(pid: int, py_spy: str, *, native: bool, nonblocking: bool,
+             with_locals: bool) -> list[str]:
     cmd = [py_spy, "dump", "--pid", str(pid), "--json"]
     if native:
         cmd.append("--native")
@@ -148,13 +203,21 @@ def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals:
         cmd.append("--nonblocking")
     if with_locals:
         cmd.append("--locals")
-    try:
-        rc, stdout, stderr = run_captured(cmd, timeout)
-    except TimeoutError:
+    return cmd
+
+
+def dump_result(pid: int, py_spy: str, timeout: float, outcome: Any
+                ) -> tuple[list[Any] | None, str | None]:
+    """A dump's stacks, or the error that says why there are none, from ``run_many``'s
+    outcome of its py-spy."""
+    if isinstance(outcome, TimeoutError):
         return None, (f"py-spy did not finish within {timeout:g}s on pid {pid} (the process may "
                       "be in uninterruptible sleep, state D); raise --timeout or try --nonblocking")
-    except OSError as e:
-        return None, f"could not run py-spy ({py_spy}): {e.strerror}"
+    if isinstance(outcome, OSError):
+        return None, f"could not run py-spy ({py_spy}): {outcome.strerror}"
+    if isinstance(outcome, BaseException):
+        raise outcome
+    rc, stdout, stderr = outcome
     if rc != 0:
         return None, explain_pyspy_error(pid, stderr, rc)
     try:
@@ -162,6 +225,12 @@ def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals:
     except json.JSONDecodeError:
         return None, f"py-spy printed unreadable output for pid {pid}: {stdout[:200]!r}"
     return data, None
+
+
+def dump(pid: int, py_spy: str, *, native: bool, nonblocking: bool, with_locals: bool,
+         timeout: float) -> tuple[list[Any] | None, str | None]:
+    cmd = dump_cmd(pid, py_spy, native=native, nonblocking=nonblocking, with_locals=with_locals)
+    return dump_result(pid, py_spy, timeout, run_many([cmd], timeout, 1)[0])
 
 
 def dump_jobs(opts: argparse.Namespace) -> int:
@@ -178,37 +247,23 @@ def dump_jobs(opts: argparse.Namespace) -> int:
 
 def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespace,
              key: str) -> None:
-    def one(info: dict[str, Any]) -> None:
-        for w in info.get("workers", ()) if key == "dump" else ():
-            w["dump"], w["error"] = dump(w["pid"], py_spy, native=opts.native,
-                                         nonblocking=opts.nonblocking, with_locals=False,
-                                         timeout=opts.timeout)
-        data, err = dump(info["pid"], py_spy, native=opts.native, nonblocking=opts.nonblocking,
-                         with_locals=opts.locals, timeout=opts.timeout)
-        info[key] = data
-        if err:
-            info.setdefault("error", err)
-
-    if not targets:
-        return
-    # plain threads, not concurrent.futures: its import costs more than these dumps
-    queue = list(reversed(targets))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                info = queue.pop()
-            one(info)
-
-    threads = [threading.Thread(target=worker, daemon=True)
-               for _ in range(min(len(targets), dump_jobs(opts)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    """py-spy on every target (``key``: "dump", or "dump_later" for --watch's second round)
+    and, the first time, on the DataLoader workers under it; at most ``dump_jobs`` at once."""
+    jobs: list[tuple[dict[str, Any], bool]] = []  # (process, is a rank)
+    for info in targets:
+        jobs.append((info, True))
+        jobs += [(w, False) for w in (info.get("workers", ()) if key == "dump" else ())]
+    cmds = [dump_cmd(p["pid"], py_spy, native=opts.native, nonblocking=opts.nonblocking,
+                     with_locals=opts.locals and rank) for p, rank in jobs]
+    outcomes = run_many(cmds, opts.timeout, dump_jobs(opts))
+    for (p, rank), outcome in [(jobs[i], outcomes[i]) for i in range(len(jobs))]:
+        data, err = dump_result(p["pid"], py_spy, opts.timeout, outcome)
+        if rank:
+            p[key] = data
+            if err:
+                p.setdefault("error", err)
+        else:
+            p["dump"], p["error"] = data, err
 
 
 def _gpu_poll_async(opts: argparse.Namespace, polls: list[dict[str, Any]]
