@@ -204,7 +204,8 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
 # -- missing ranks ---------------------------------------------------------------------
 def _most_common(values: Iterable[int | None]) -> int | None:
     counts = Counter(v for v in values if v is not None)
-    return counts.most_common(1)[0][0] if counts else None
+    # the first of the most frequent, as most_common(1) (which imports heapq for it)
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def missing_ranks(processes: Sequence[Process]) -> tuple[int | None, list[int], dict[int, str]]:
@@ -359,7 +360,7 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
 
 def _most_common_str(values: Iterable[str | None]) -> str | None:
     counts = Counter(v for v in values if v)
-    return counts.most_common(1)[0][0] if counts else None
+    return max(counts, key=counts.__getitem__) if counts else None
 
 
 def analyze(collection: Collection, *, all_threads: bool = False,

@@ -89,6 +89,11 @@ def start_local(opts: CollectOptions) -> DocsFn:
 
     def docs(_opts: CollectOptions, _target: FanoutOptions, on_result: OnResult,
              _progress: bool = True) -> list[NodeResult]:
+        if thread.is_alive():  # what the analysis and the report load lazily, while py-spy runs
+            import hostlist  # noqa: F401  (mldebug.hosts.collapse)
+
+            import mldebug.hang.rules
+            import mldebug.redact  # noqa: F401  (the output's redaction)
         thread.join()
         if "error" in box:
             raise box["error"]
