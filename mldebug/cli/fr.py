@@ -113,22 +113,9 @@ def job_pids(args: argparse.Namespace, local: bool) -> set[int] | None:
                          "--slurm-job each node has its own pids.",
                          "Run on the job's node, or drop --pid/--job (every registered rank "
                          "of your user dumps).")
-    import os
+    from mldebug.cli._common import job_targets
 
-    from mldebug.ranks import find_ranks, list_processes
-
-    uid = None if os.geteuid() == 0 else os.geteuid()
-    targets, errors = find_ranks(list_processes(), pid=args.pid, uid=uid)
-    if args.job is not None:
-        targets = [t for t in targets if (t.get("job") or {}).get("key") == args.job]
-    if not targets:
-        why = "; ".join(str(e.get("error")) for e in errors[:3])
-        what = f"pid {args.pid}" if args.pid is not None else ""
-        what += (" and " if what else "") + (f"job {args.job!r}" if args.job else "")
-        raise MldebugError(f"no rank process of {what} on this host" + (f" ({why})" if why
-                                                                         else "") + ".",
-                           "'mldebug hang' lists the jobs and their keys; pass the launcher's "
-                           "pid (torchrun) or a key it prints.")
+    targets = job_targets(args.pid, args.job)
     return {int(t["pid"]) for t in targets} | ({args.pid} if args.pid is not None else set())
 
 

@@ -1,0 +1,164 @@
+"""``mldebug trace show --pid/--job``: ask one live job's ranks on this host for their rings.
+
+A rank with ``mldebug.trace.enable()`` and a dump handler (``mldebug.install_dump_handler()``
+or ``mldebug.watchdog()``) writes its ring beside its stack dump when the handler's signal
+comes (docs/capture.md). Here: find each selected rank's registry entry
+(``mldebug.dumpreg``), signal only the ranks whose handler catches that signal (an uncaught
+SIGUSR1 would end the rank), wait a bounded time for the dump the signal produces, and read
+the ring that dump names. A rank that wrote no ring gets its reason: no handler, ring not
+enabled, GIL held, no answer in time, exited. The job is never stopped or killed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mldebug.dumpreg import catches, inside, read_json_owned, registry_entries
+from mldebug.nodekit import short_hostname
+from mldebug.privdir import check_dir
+from mldebug.trace.collect import MAX_FILE, read_ring
+from mldebug.trace.model import RankTrace
+
+NO_HANDLER = ("no dump handler, so nothing can ask it for its ring without stopping it: add "
+              "mldebug.install_dump_handler() (or mldebug.watchdog()) beside "
+              "mldebug.trace.enable()")
+NO_RING = ("answered the signal (its stacks are in {dumps}) but has no ring: "
+           "mldebug.trace.enable() was not called in it")
+RING_FAILED = "answered the signal but could not write its ring (see the rank's stderr)"
+GIL_HELD = ("holds the GIL: only faulthandler's C-level stack came, no Python ran to write "
+            "the ring ('mldebug hang --signal --pid {pid}' shows that stack)")
+FH_GRACE = 3.0  # after faulthandler's text, how long the handler's thread may still take
+
+
+@dataclass
+class Asked:
+    """One selected rank and what came of asking it."""
+
+    pid: int
+    rank: int | None
+    uid: int
+    entry: dict[str, Any] | None
+    trace: RankTrace | None = None
+    reason: str | None = None  # why no ring, when none
+    since: float = 0.0
+    fh_offset: int = -1
+    fh_seen: float | None = None
+
+
+def _fh_size(entry: dict[str, Any], uid: int) -> int:
+    fh = str(entry.get("faulthandler", ""))
+    if not inside(fh, str(entry.get("dir", ""))):
+        return -1
+    try:
+        st = os.lstat(fh)
+    except OSError:
+        return -1
+    return st.st_size if st.st_uid == uid else -1
+
+
+def _fresh_dump(a: Asked) -> dict[str, Any] | None:
+    """The stack dump the rank's handler wrote after our signal, read safely."""
+    entry = a.entry or {}
+    d, dump = str(entry.get("dir", "")), str(entry.get("dump", ""))
+    if not d or not inside(dump, d):
+        return None
+    try:
+        check_dir(Path(d), a.uid)
+        check_dir(Path(dump).parent, a.uid)
+    except Exception:  # noqa: BLE001 - a directory we must not trust: no answer
+        return None
+    doc = read_json_owned(Path(dump), a.uid, MAX_FILE)
+    meta = (doc or {}).get("capture") or {}
+    if doc is None or not isinstance(meta.get("time"), (int, float)) or meta["time"] < a.since:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _ring_of(a: Asked, meta: dict[str, Any]) -> None:
+    """Read the ring the dump's ``capture`` block names (only inside the rank's own
+    directory's trace/ folder), or record why there is none."""
+    entry = a.entry or {}
+    d = str(entry.get("dir", ""))
+    if "trace" not in meta:
+        a.reason = NO_RING.format(dumps=str(Path(d) / "dumps"))
+        return
+    path = meta.get("trace")
+    if not isinstance(path, str) or not path:
+        a.reason = RING_FAILED
+        return
+    if not inside(path, str(Path(d) / "trace")):
+        a.reason = f"its dump names a ring outside its directory ({path}); not read"
+        return
+    try:
+        check_dir(Path(path).parent, a.uid)
+    except Exception as e:  # noqa: BLE001
+        a.reason = f"its ring's directory is not private ({e}); not read"
+        return
+    got = read_ring(Path(path), owner=a.uid)
+    if isinstance(got, str):
+        a.reason = got
+    else:
+        a.trace = got
+
+
+def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
+    """Signal each selected rank process (``mldebug.ranks.find_ranks``' dicts) that has a
+    dump handler, and gather the rings; never signals a process that does not catch it."""
+    host = short_hostname()
+    uids = {int(t.get("uid", os.geteuid())) for t in targets}
+    entries = registry_entries(uids, host)
+    asked: list[Asked] = []
+    for t in targets:
+        pid = int(t["pid"])
+        ident = t.get("identity") or {}
+        rank = ident.get("rank") if isinstance(ident.get("rank"), int) else None
+        a = Asked(pid, rank, int(t.get("uid", os.geteuid())), entries.get(pid))
+        asked.append(a)
+        sig = (a.entry or {}).get("signal")
+        if a.entry is None or not isinstance(sig, int) or not catches(pid, sig):
+            a.reason = NO_HANDLER
+            continue
+        a.fh_offset = _fh_size(a.entry, a.uid)
+        a.since = time.time() - 0.05
+        try:
+            os.kill(pid, sig)
+        except OSError as e:
+            a.reason = f"could not signal pid {pid}: {e.strerror}"
+    pending = [a for a in asked if a.reason is None]
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.1)
+        for a in list(pending):
+            meta = _fresh_dump(a)
+            if meta is not None:
+                _ring_of(a, meta)
+                pending.remove(a)
+                continue
+            if a.entry is not None and _fh_size(a.entry, a.uid) > a.fh_offset:
+                first = a.fh_seen = a.fh_seen or time.monotonic()
+                poll = a.entry.get("poll")
+                grace = FH_GRACE + (float(poll) if isinstance(poll, (int, float)) else 5.0)
+                if time.monotonic() - first > grace:
+                    a.reason = GIL_HELD.format(pid=a.pid)
+                    pending.remove(a)
+    for a in pending:
+        if not os.path.exists(f"/proc/{a.pid}"):
+            a.reason = "exited before it answered"
+        elif a.entry is not None and _fh_size(a.entry, a.uid) > a.fh_offset:
+            a.reason = GIL_HELD.format(pid=a.pid)
+        else:
+            a.reason = f"did not answer the signal within {timeout:g}s (raise --timeout)"
+    return asked
+
+
+def results(asked: list[Asked]) -> tuple[list[RankTrace], list[tuple[int | None, int, str]]]:
+    """The rings read, sorted by rank, and (rank, pid, why) for each rank without one: the
+    notes ``mldebug.trace.analyze.analyze`` turns into its missing ranks."""
+    traces = sorted((a.trace for a in asked if a.trace is not None),
+                    key=lambda t: (t.rank is None, t.rank or 0, t.host, t.pid))
+    notes = [(a.rank, a.pid, a.reason or "no ring") for a in asked if a.trace is None]
+    return traces, notes
