@@ -142,10 +142,13 @@ def job_targets(pid: int | None, job: str | None) -> list[dict[str, Any]]:
     import os
 
     from mldebug.errors import MldebugError
+    from mldebug.nodekit import short_hostname
     from mldebug.ranks import find_ranks, list_processes
 
     uid = None if os.geteuid() == 0 else os.geteuid()
-    targets, errors = find_ranks(list_processes(), pid=pid, uid=uid)
+    # the host as 'mldebug hang' passes it: a loopback MASTER_ADDR key names it
+    # (master:HOST/127.0.0.1:PORT), so --job takes the key hang prints
+    targets, errors = find_ranks(list_processes(), pid=pid, uid=uid, host=short_hostname())
     if job is not None:
         targets = [t for t in targets if (t.get("job") or {}).get("key") == job]
     if not targets and (pid is not None or job is not None):
