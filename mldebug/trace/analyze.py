@@ -148,8 +148,9 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
     for d in divs[:MAX_FINDINGS]:
         who = _ranks_text(d.labels, d.ranks)
         after = f" after {d.branch.describe()}" if d.branch else ""
-        others = (f"rank{'s' if len(d.others) > 1 else ''} {fold_ints(d.others)} never "
-                  "reached it in their recorded events"
+        others = (f"rank {fold_ints(d.others)} never reached it in its recorded events"
+                  if len(d.others) == 1 else
+                  f"ranks {fold_ints(d.others)} never reached it in their recorded events"
                   if d.others else "the other ranks did not reach it in their recorded events")
         out.append(Finding(
             Severity.WARNING,

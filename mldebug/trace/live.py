@@ -12,6 +12,7 @@ enabled, GIL held, no answer in time, exited. The job is never stopped or killed
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ NO_RING = ("answered the signal (its stacks are in {dumps}) but has no ring: "
 RING_FAILED = "answered the signal but could not write its ring (see the rank's stderr)"
 GIL_HELD = ("holds the GIL: only faulthandler's C-level stack came, no Python ran to write "
             "the ring ('mldebug hang --signal --pid {pid}' shows that stack)")
+USER_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # what a dump handler listens to
+REGISTRY_WAIT = 6.0  # a handler's longest poll (5 s) and a margin
 FH_GRACE = 3.0  # after faulthandler's text, how long the handler's thread may still take
 
 
@@ -111,6 +114,15 @@ def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
     host = short_hostname()
     uids = {int(t.get("uid", os.geteuid())) for t in targets}
     entries = registry_entries(uids, host)
+    # a handler re-registers at its next poll when its entry was removed (a prune racing
+    # with it): a rank that catches a user signal but has no entry yet gets that long
+    waiting = [int(t["pid"]) for t in targets if int(t["pid"]) not in entries
+               and any(catches(int(t["pid"]), s) for s in USER_SIGNALS)]
+    until = time.monotonic() + REGISTRY_WAIT
+    while waiting and time.monotonic() < until:
+        time.sleep(0.25)
+        entries = registry_entries(uids, host)
+        waiting = [p for p in waiting if p not in entries]
     asked: list[Asked] = []
     for t in targets:
         pid = int(t["pid"])
