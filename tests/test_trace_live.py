@@ -108,6 +108,13 @@ def test_live_show_names_the_odd_rank_and_the_silent_ones(tmp_path):
         assert miss["rank"] == 2 and "no dump handler" in miss["reason"], miss
         assert "trace-rank-missing" in [f["code"] for f in doc["findings"]]
         assert all(p.poll() is None for p in procs)
+        # --pid of one rank: that rank only; the others are 'not selected', not 'elsewhere'
+        r = show("--pid", str(procs[0].pid), "--json", "--timeout", "20")
+        one = json.loads(r.stdout)
+        assert [x["rank"] for x in one["ranks"]] == [0] and one["job"] == key, one
+        assert [m["rank"] for m in one["missing"]] == [1, 2]
+        assert all(m["reason"].startswith("not selected: --pid named one rank")
+                   and key in m["reason"] for m in one["missing"]), one["missing"]
         text = show("--job", key, "--timeout", "20")
         assert text.returncode == 0, text.stderr
         assert f"job {key}" in text.stdout

@@ -27,14 +27,20 @@ the reason. With neither, the one job of yours on this host is asked (several: p
   mldebug trace run --lines -- python train.py --steps 10
   torchrun --nproc_per_node 4 -m mldebug.trace run train.py   # same, through torchrun
 
-Exit codes: 0 report produced, 1 nothing readable, 2 usage error."""
+Exit codes: 0 report produced, 1 no ring read (or no rank selected), 2 usage error."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="trace_action", metavar="{show,run}", required=True)
-    s = sub.add_parser("show", help="compare the ranks' ring files in a directory",
+    s = sub.add_parser("show", help="compare the ranks' rings: saved in a directory, or "
+                                    "asked now from a live job here (--pid/--job)",
                        description="Group the ranks by where their recorded path ends and "
-                                   "name the first event where a rank left the others' path.")
+                                   "name the first event where a rank left the others' path. "
+                                   "Without DIR: the ranks of one live job on this host "
+                                   "(--pid/--job, as for 'mldebug hang' and 'mldebug fr "
+                                   "trigger') write their rings now, on the signal their dump "
+                                   "handler listens to; ranks that wrote none are named with "
+                                   "the reason. The job keeps running.")
     s.add_argument("paths", nargs="*", metavar="DIR|FILE",
                    help="the watchdog's directory (its trace/ folder is used) or ring files; "
                         "none: ask a live job's ranks on this host (--pid/--job)")
@@ -168,4 +174,9 @@ def _live(pid: int | None, job: str | None, timeout: float) -> Any:
                 "Add `import mldebug.trace; mldebug.trace.enable(events=\"lines\")` at the "
                 "start of the training script and restart the job; the stacks they just wrote: "
                 f"mldebug hang analyze {' '.join(dumps)}")
-    return analyze(traces, [], notes, job=label, live=True)
+    one_rank = pid is not None and job is None and [int(t["pid"]) for t in ranks] == [pid] \
+        and (ranks[0].get("identity") or {}).get("rank") is not None
+    return analyze(traces, [], notes, job=label, live=True,
+                   unnoted=("not selected: --pid named one rank; pass the launcher's pid or "
+                            f"--job {key} for every rank of the job here") if one_rank and key
+                   else None)

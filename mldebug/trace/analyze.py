@@ -186,12 +186,15 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
 
 def analyze(traces: list[RankTrace], errors: list[str] | None = None,
             notes: list[tuple[int | None, int, str]] | None = None, *,
-            job: str | None = None, live: bool = False) -> TraceReport:
+            job: str | None = None, live: bool = False,
+            unnoted: str | None = None) -> TraceReport:
     """``notes``: (rank, pid, why) of the ranks without a ring: dump+abort's notes, or with
-    ``live`` the ranks a live ``trace show --pid/--job`` asked (``job``: that job's key)."""
+    ``live`` the ranks a live ``trace show --pid/--job`` asked (``job``: that job's key);
+    ``unnoted``: why a rank of the world size that no note names has no ring."""
     groups = group(traces)
     divs = divergences(traces)
-    world, miss = missing(traces, list(notes or ()), NOT_HERE if live else NO_RING)
+    world, miss = missing(traces, list(notes or ()),
+                          unnoted or (NOT_HERE if live else NO_RING))
     return TraceReport(traces=traces, groups=groups, divergences=divs,
                        findings=findings(traces, groups, divs, miss, world, live),
                        errors=list(errors or ()), missing=miss, world_size=world, job=job,
