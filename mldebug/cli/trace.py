@@ -131,7 +131,7 @@ def _live(pid: int | None, job: str | None, timeout: float) -> Any:
     from mldebug.cli._common import job_targets
     from mldebug.errors import MldebugError
     from mldebug.trace.analyze import analyze
-    from mldebug.trace.live import NO_HANDLER, ask, results
+    from mldebug.trace.live import ask, results
 
     targets = job_targets(pid, job)
     if not targets:
@@ -155,9 +155,9 @@ def _live(pid: int | None, job: str | None, timeout: float) -> Any:
     asked = ask(ranks, timeout)
     traces, notes = results(asked)
     if not traces:
-        reasons = [a.reason or "" for a in asked]
+        kinds = {a.kind for a in asked}
         n = f"{len(asked)} rank process{'es' if len(asked) != 1 else ''}"
-        if all(r == NO_HANDLER for r in reasons):
+        if kinds == {"no-handler"}:
             raise MldebugError(
                 f"job {label}: none of its {n} on this host has a dump handler, so nothing "
                 "can ask for its ring without stopping it (no rank was signalled).",
@@ -165,8 +165,7 @@ def _live(pid: int | None, job: str | None, timeout: float) -> Any:
                 "mldebug.watchdog()) to the training script and restart it; meanwhile "
                 f"'mldebug hang --pid {pid if pid is not None else ranks[0]['pid']}' shows "
                 "the stacks (py-spy).")
-        if all(r.startswith("answered the signal (") and r.endswith(
-                "mldebug.trace.enable() was not called in it") for r in reasons):
+        if kinds == {"no-ring"}:
             dumps = sorted({str((a.entry or {}).get("dir")) for a in asked})
             raise MldebugError(
                 f"job {label}: its {n} on this host answered the dump signal, but the "

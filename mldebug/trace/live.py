@@ -47,9 +47,15 @@ class Asked:
     entry: dict[str, Any] | None
     trace: RankTrace | None = None
     reason: str | None = None  # why no ring, when none
+    kind: str | None = None  # that reason's kind: no-handler, no-ring, ring-failed, refused,
+    #                          gil-held, no-answer, exited, unreadable
     since: float = 0.0
     fh_offset: int = -1
     fh_seen: float | None = None
+
+
+def _why(a: Asked, kind: str, reason: str) -> None:
+    a.kind, a.reason = kind, reason
 
 
 def _fh_size(entry: dict[str, Any], uid: int) -> int:
@@ -87,23 +93,23 @@ def _ring_of(a: Asked, meta: dict[str, Any]) -> None:
     entry = a.entry or {}
     d = str(entry.get("dir", ""))
     if "trace" not in meta:
-        a.reason = NO_RING.format(dumps=str(Path(d) / "dumps"))
+        _why(a, "no-ring", NO_RING.format(dumps=str(Path(d) / "dumps")))
         return
     path = meta.get("trace")
     if not isinstance(path, str) or not path:
-        a.reason = RING_FAILED
+        _why(a, "ring-failed", RING_FAILED)
         return
     if not inside(path, str(Path(d) / "trace")):
-        a.reason = f"its dump names a ring outside its directory ({path}); not read"
+        _why(a, "refused", f"its dump names a ring outside its directory ({path}); not read")
         return
     try:
         check_dir(Path(path).parent, a.uid)
     except Exception as e:  # noqa: BLE001
-        a.reason = f"its ring's directory is not private ({e}); not read"
+        _why(a, "refused", f"its ring's directory is not private ({e}); not read")
         return
     got = read_ring(Path(path), owner=a.uid)
     if isinstance(got, str):
-        a.reason = got
+        _why(a, "unreadable", got)
     else:
         a.trace = got
 
@@ -132,14 +138,14 @@ def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
         asked.append(a)
         sig = (a.entry or {}).get("signal")
         if a.entry is None or not isinstance(sig, int) or not catches(pid, sig):
-            a.reason = NO_HANDLER
+            _why(a, "no-handler", NO_HANDLER)
             continue
         a.fh_offset = _fh_size(a.entry, a.uid)
         a.since = time.time() - 0.05
         try:
             os.kill(pid, sig)
         except OSError as e:
-            a.reason = f"could not signal pid {pid}: {e.strerror}"
+            _why(a, "refused", f"could not signal pid {pid}: {e.strerror}")
     pending = [a for a in asked if a.reason is None]
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
@@ -155,15 +161,15 @@ def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
                 poll = a.entry.get("poll")
                 grace = FH_GRACE + (float(poll) if isinstance(poll, (int, float)) else 5.0)
                 if time.monotonic() - first > grace:
-                    a.reason = GIL_HELD.format(pid=a.pid)
+                    _why(a, "gil-held", GIL_HELD.format(pid=a.pid))
                     pending.remove(a)
     for a in pending:
         if not os.path.exists(f"/proc/{a.pid}"):
-            a.reason = "exited before it answered"
+            _why(a, "exited", "exited before it answered")
         elif a.entry is not None and _fh_size(a.entry, a.uid) > a.fh_offset:
-            a.reason = GIL_HELD.format(pid=a.pid)
+            _why(a, "gil-held", GIL_HELD.format(pid=a.pid))
         else:
-            a.reason = f"did not answer the signal within {timeout:g}s (raise --timeout)"
+            _why(a, "no-answer", f"did not answer the signal within {timeout:g}s (raise --timeout)")
     return asked
 
 
