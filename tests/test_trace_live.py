@@ -212,3 +212,20 @@ def test_two_torchrun_jobs_only_the_selected_one_is_signalled_and_shown(tmp_path
     finally:
         a.stop()
         b.stop()
+
+
+def test_hang_signal_keeps_two_jobs_without_a_run_id_apart(tmp_path):
+    """The targeting rule behind --pid/--job on the signal route of `hang`: two srun-style
+    jobs (no run id; MASTER_ADDR:PORT tells them apart) asked by signal are two jobs, each
+    with its own verdict, never one job whose 'suspect' is the other job's rank."""
+    a = start_ranks(tmp_path, "ja", 2, {"RING": "1", "HANDLER": "1", "ODD_RANK": "1"})
+    b = start_ranks(tmp_path, "jb", 2, {"RING": "1", "HANDLER": "1"})
+    try:
+        r = run_cli("hang", "--signal", "--pattern", str(tmp_path), "--timeout", "20", "--json",
+                    timeout=120)
+        doc = json.loads(r.stdout)
+        keys = sorted(j["key"] for j in doc["jobs"])
+        assert len(keys) == 2 and all(k.startswith("master:") for k in keys), keys
+        assert sorted(j["ranks"] for j in doc["jobs"]) == [2, 2], doc["jobs"]
+    finally:
+        kill_tree(*a, *b)

@@ -242,7 +242,8 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
     for t in targets:
         doc["processes"].append({
             "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
-            "identity": t["identity"], "dump": t.get("dump"), "dump_later": t.get("dump_later"),
+            "identity": t["identity"], "job": t.get("job"),  # the job key, as hang's node
+            "dump": t.get("dump"), "dump_later": t.get("dump_later"),
             "error": t.get("error"), "route": t.get("route"),
         })
     doc["seconds"] = round(time.monotonic() - start, 3)
