@@ -639,7 +639,8 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
     node's worker servers, ask each for its rank's stacks. Targets it answers get ``dump``,
     ``route`` = "debug-server", ``route_detail`` (the handler) and lose their py-spy error
     (kept as ``pyspy_error``); ranks found only this way are returned as new targets.
-    Store and server failures are one line each in ``errors`` (or on the rank's error)."""
+    Store and server failures are one line each in ``errors``, or ``route_error`` on a
+    target whose server failed (the caller adds it to that rank's error)."""
     pending = [t for t in targets if t.get("dump") is None]
     hidden = hidden_processes(procs, targets, uid, opts)
     explicit = getattr(opts, "store", None)
@@ -748,7 +749,7 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
             failed = by_pid.get(pid) if pid is not None else None
             msg = f"rank {j['rank']}'s debug server {j['url']}: {j['error']}"
             if failed is not None:
-                failed["error"] = f"{failed.get('error') or 'no stacks'}; {msg}"[:600]
+                failed["route_error"] = msg[:400]
             else:
                 errors.append({"pid": pid, "error": f"debug-server route: {msg}"[:600]})
             continue
@@ -800,6 +801,13 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
         t["dump"], t["route"], t["route_detail"] = j["threads"], ROUTE, j["handler"]
         t["debug_server"] = {"url": j["url"], "connect": j["connect"], "port": j["port"]}
     del registered_any
+    if new and getattr(opts, "pid", None) is not None:
+        # --pid named the launcher of ranks found only here: its ranks are the targets (as
+        # mldebug.ranks.find_ranks does for ranks it can see)
+        launchers_of_new = {hidden[t["pid"]]["launcher"][0] for t in new}
+        targets[:] = [t for t in targets if not (
+            t["pid"] == opts.pid and t["pid"] in launchers_of_new
+            and t["identity"].get("rank") is None)]
     return new
 
 
