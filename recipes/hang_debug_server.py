@@ -11,7 +11,8 @@ with ptrace forbidden (NO_PTRACE=1 makes every rank non-dumpable, and mldebug ru
 CAP_SYS_PTRACE) every rank's route is "debug-server".
 
 Knobs (environment): HANG_RANK (2), NO_PTRACE=1, DEBUG_PORT (the frontend's port on rank 0,
-default 25999). Rank 0's HTTP frontend needs jinja2 and tabulate; without them torch raises
+default 25999), STALL_TIMEOUT (also run mldebug.watchdog(); its stall line says the debug
+server is up, with MLDEBUG_DIR for its dumps). Rank 0's HTTP frontend needs jinja2 and tabulate; without them torch raises
 ImportError after the worker server is up and registered - the recipe says so and goes on,
 as mldebug needs only the worker servers.
 """
@@ -45,6 +46,10 @@ def main() -> None:
     if os.environ.get("NO_PTRACE") == "1":
         if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    if os.environ.get("STALL_TIMEOUT"):  # mldebug's watchdog too: its stall line names the server
+        import mldebug
+
+        mldebug.watchdog(timeout=float(os.environ["STALL_TIMEOUT"]))
     dist.barrier()  # every rank registered before anyone reports ready
     os.write(1, f"rank {rank} pid {os.getpid()} ready\n".encode())
     hang_rank = int(os.environ.get("HANG_RANK", "2"))

@@ -42,7 +42,8 @@ def test_hang_without_ptrace_asks_the_debug_server(tmp_path):
     venv_bin = str(Path(sys.executable).parent)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                            if p and p != venv_bin and not Path(p, "py-spy").exists())
-    env = dict(os.environ, NO_PTRACE="1", DEBUG_PORT=str(free_port()), PATH=path)
+    env = dict(os.environ, NO_PTRACE="1", DEBUG_PORT=str(free_port()), PATH=path,
+               STALL_TIMEOUT="3", MLDEBUG_DIR=str(tmp_path / "cap"))
     job = torchrun(RECIPE, 4, tmp_path / "log", env=env)
     try:
         pids = job.wait_ready()
@@ -69,5 +70,9 @@ def test_hang_without_ptrace_asks_the_debug_server(tmp_path):
         assert all(os.path.exists(f"/proc/{pid}") for pid in pids.values())
         again = report("hang", "--pattern", RECIPE)
         assert [s["rank"] for s in again["suspects"]] == [2]
+        # mldebug's watchdog in the same ranks says the debug server is there
+        assert "torch's debug server is up here (worker port" in job.text(), job.text()[-3000:]
+        dumps = [json.loads(f.read_text()) for f in (tmp_path / "cap" / "dumps").glob("*.json")]
+        assert dumps and all(isinstance(d["capture"].get("debug_server"), int) for d in dumps)
     finally:
         job.stop()
