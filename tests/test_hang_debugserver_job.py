@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,19 @@ def test_hang_without_ptrace_asks_the_debug_server(tmp_path):
         assert {p["route_detail"] for p in procs} == {"dump_traceback"}
         assert rep["errors"] == []
         assert "route-debug-server" in [f["code"] for f in rep["findings"]]
+        # a --store that refuses and one that accepts and never answers: one line each, and
+        # the ranks' own store still answers within the time
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(4)
+            for bad, why in ((f"127.0.0.1:{free_port()}", "refused the connection"),
+                             (f"127.0.0.1:{silent.getsockname()[1]}", "did not")):
+                start = time.monotonic()
+                r = report("hang", "--pattern", RECIPE, "--store", bad, "--timeout", "8")
+                assert time.monotonic() - start < 60
+                assert [s["rank"] for s in r["suspects"]] == [2], r["verdict"]
+                errs = [e["error"] for e in r["errors"]]
+                assert len(errs) == 1 and why in errs[0] and "(--store)" in errs[0], errs
         # the text report says which route answered
         text = without_ptrace("hang", "--pattern", RECIPE)
         assert "answered through torch's debug server (dump_traceback)" in text.stdout, \

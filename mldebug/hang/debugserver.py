@@ -684,27 +684,39 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
     addrs = local_addresses()
     urls: dict[tuple[int, tuple[str, int]], tuple[str, int, str]] = {}  # (rank, store) -> url
     registered_any = False
-    for (sh, sp), src in list(stores.items())[:MAX_STORES]:
-        left = deadline - time.monotonic()
-        if left <= 0.2:
-            errors.append({"pid": None, "error": f"debug-server route: no time left to ask the "
-                                                 f"TCPStore at {_hp(sh, sp)} ({src})"})
-            continue
-        mine = [t["identity"].get("rank") for t in pending if tied.get(t["pid"]) == (sh, sp)]
+    # every store at once, in half the route's time: the servers get the rest
+    store_deadline = time.monotonic() + timeout / 2
+    answers: dict[tuple[str, int], Any] = {}
 
-        def ask(sh: str = sh, sp: int = sp, mine: list[Any] = mine,
-                left: float = left) -> dict[int, str]:
-            with StoreClient(sh, sp, timeout=min(timeout, left), deadline=deadline) as c:
+    def ask_store(sh: str, sp: int) -> None:
+        mine = [t["identity"].get("rank") for t in pending if tied.get(t["pid"]) == (sh, sp)]
+        left = store_deadline - time.monotonic()
+
+        def ask() -> dict[int, str]:
+            with StoreClient(sh, sp, timeout=left, deadline=store_deadline) as c:
                 wanted = None if scan or any(r is None for r in mine) else mine
                 return registrations(c, wanted, world)
 
         try:
-            regs = bounded(ask, left, f"the job's TCPStore at {_hp(sh, sp)}")
+            answers[(sh, sp)] = bounded(ask, left, f"the job's TCPStore at {_hp(sh, sp)}")
         except RouteError as e:
+            answers[(sh, sp)] = e
+
+    askers = [threading.Thread(target=ask_store, args=key, daemon=True)
+              for key in list(stores)[:MAX_STORES]]
+    for a in askers:
+        a.start()
+    for a in askers:
+        a.join(timeout / 2 + 1.0)
+    for (sh, sp), src in list(stores.items())[:MAX_STORES]:
+        regs = answers.get((sh, sp))
+        if regs is None:
+            regs = RouteError(f"the job's TCPStore at {_hp(sh, sp)} did not answer in time")
+        if isinstance(regs, RouteError):
             # a launcher's other listening ports are not stores: only a named store's failure
             # is worth a line
             if not src.startswith("a port "):
-                errors.append({"pid": None, "error": f"debug-server route: {e} ({src})"})
+                errors.append({"pid": None, "error": f"debug-server route: {regs} ({src})"})
             continue
         registered_any = registered_any or bool(regs)
         for rank, value in regs.items():
