@@ -497,7 +497,7 @@ def dump(host: str, port: int, *, timeout: float, native: bool = False,
             why = "pyspy_dump answered no thread"
         else:
             last = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["no message"]
-            why = f"pyspy_dump failed (HTTP {status}: {last[0][:160]})"
+            why = f"pyspy_dump failed (HTTP {status}: {last[0][:160]!r})"
     except RouteError as e:
         why = str(e)
         if "refused" in why:
@@ -862,9 +862,16 @@ def _run_dumps(jobs: list[dict[str, Any]], opts: Any, deadline: float) -> None:
                 j["error"] = "no time left to ask it"
                 continue
             def ask(j: dict[str, Any] = j, left: float = left) -> Any:
-                return dump(j["connect"], j["port"], timeout=left,
-                            native=bool(getattr(opts, "native", False)),
-                            nonblocking=bool(getattr(opts, "nonblocking", False)))
+                kw = {"native": bool(getattr(opts, "native", False)),
+                      "nonblocking": bool(getattr(opts, "nonblocking", False))}
+                try:
+                    return dump(j["connect"], j["port"], timeout=left, **kw)
+                except RouteError as e:
+                    # a server bound to IPv6 only (bindv6only=1): its loopback is ::1
+                    if j["connect"] != "127.0.0.1" or "refused" not in str(e):
+                        raise
+                    j["connect"] = "::1"
+                    return dump("::1", j["port"], timeout=deadline - time.monotonic(), **kw)
 
             try:
                 j["said_pid"], j["threads"], j["handler"] = bounded(
