@@ -71,6 +71,10 @@ def test_hang_without_ptrace_asks_the_debug_server(tmp_path):
                 assert [s["rank"] for s in r["suspects"]] == [2], r["verdict"]
                 errs = [e["error"] for e in r["errors"]]
                 assert len(errs) == 1 and why in errs[0] and "(--store)" in errs[0], errs
+        # --watch asks the servers a second time: every group stuck
+        watch = report("hang", "--pattern", RECIPE, "--watch", "1")
+        assert all("threads_later" in p for p in watch["processes"]), watch["processes"]
+        assert {g["state"] for g in watch["groups"]} == {"stuck"}, watch["groups"]
         # the text report says which route answered
         text = without_ptrace("hang", "--pattern", RECIPE)
         assert "answered through torch's debug server (dump_traceback)" in text.stdout, \
