@@ -83,6 +83,10 @@ class Process:
     # /proc samples: before and after the dumps, and after the second round with --watch
     samples: list[ProcSample] = field(default_factory=list)
     clk_tck: int = 100
+    # how its stacks were read: "py-spy", "debug-server" (torch's per-rank debug server),
+    # "python" / "faulthandler" (--signal); None for saved dumps of older versions
+    route: str | None = None
+    route_detail: str | None = None  # the debug server's handler: pyspy_dump, dump_traceback
 
     @property
     def label(self) -> str:
@@ -398,9 +402,11 @@ def thread_to_dict(t: Thread, stacks: StackTable) -> dict[str, Any]:
 def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
     d: dict[str, Any] = {
         "host": p.host, "pid": p.pid, **{k: getattr(p, k) for k in IDENTITY_FIELDS},
-        "job": p.job_key, "cmdline": p.cmdline,
+        "job": p.job_key, "cmdline": p.cmdline, "route": p.route,
         "threads": [thread_to_dict(t, stacks) for t in p.threads],
     }
+    if p.route_detail:
+        d["route_detail"] = p.route_detail
     if p.threads_later is not None:
         d["threads_later"] = [thread_to_dict(t, stacks) for t in p.threads_later]
     if p.workers:
