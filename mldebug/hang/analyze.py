@@ -408,8 +408,8 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             Severity.WARNING, f"{len(jobs)} jobs found: {keys}. Each is analysed alone.",
             "Ranks of different jobs are never grouped together; each job has its own verdict.",
             "Narrow to one job with --job KEY (or --pid LAUNCHER_PID).", "jobs"))
-    for j in jobs:
-        findings.extend(j.findings)
+    for j in jobs:  # in the report's own list a verdict names its job too (--json readers)
+        findings.extend(j.findings if len(jobs) == 1 else [j.named_verdict(), *j.findings[1:]])
     from mldebug.nodetrust import duplicate_rank_finding, duplicate_ranks
 
     dup = duplicate_rank_finding(duplicate_ranks(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
@@ -265,6 +266,11 @@ class Job:
     @property
     def hosts(self) -> list[str]:
         return sorted({p.host for p in self.processes})
+
+    def named_verdict(self) -> Finding:
+        """The verdict as a report of several jobs lists it: titled with this job's key."""
+        return dataclasses.replace(self.verdict,
+                                   title=f"Job {self.key or '(unnamed)'}: {self.verdict.title}")
 
 
 @dataclass
