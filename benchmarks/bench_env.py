@@ -25,6 +25,9 @@ def wall(argv: list[str]) -> float:
 
 
 def main() -> None:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
     repeat = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     cases = {
         "mldebug env": [PY, "-m", "mldebug", "env"],

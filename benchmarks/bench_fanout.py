@@ -338,6 +338,9 @@ def bench_ssh(node_counts: list[int], rounds: int, fanout: int,
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "ssh":
         import argparse
 
@@ -356,8 +359,12 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "memory":
         bench_memory(int(sys.argv[2]) if len(sys.argv) > 2 else 1000)
         return
-    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 512
-    repeat = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    try:
+        nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 512
+        repeat = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    except ValueError:
+        raise SystemExit(f"usage: bench_fanout.py [NODES] [REPEAT] | ssh ... | memory [NODES]"
+                         f" (got {' '.join(sys.argv[1:])!r}; --help explains each)") from None
     logging.basicConfig(level=logging.WARNING)  # an application that configured logging
     cases = {
         "sh, defaults": lambda: cpu(via_sh, nodes, False),

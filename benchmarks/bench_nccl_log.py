@@ -146,6 +146,9 @@ def baseline(ref: str, rounds: int) -> None:
 
 
 def main() -> None:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--baseline":
         baseline(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)
         return

@@ -29,6 +29,9 @@ MATRIX = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2"
 
 
 def main() -> None:
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_tiny("llama", root / "warmup", ShrinkSpec())  # imports, tokenizer training code

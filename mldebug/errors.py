@@ -22,8 +22,9 @@ class UsageError(MldebugError):
     """Bad command-line input; the CLI exits with code 2."""
 
 
-NO_PTRACE_ROUTE = ("Without ptrace: mldebug hang --signal, with mldebug.watchdog() or "
-                   "mldebug.install_dump_handler() in the ranks.")
+NO_PTRACE_ROUTE = ("Without ptrace: torch.distributed.debug.start_debug_server() in the ranks "
+                   "(PyTorch 2.13+; mldebug hang then asks it), or mldebug hang --signal, with "
+                   "mldebug.watchdog() or mldebug.install_dump_handler() in the ranks.")
 PTRACE_FIX = (
     "Run as root, or allow ptrace: sudo sysctl -w kernel.yama.ptrace_scope=0 "
     "(containers: --cap-add=SYS_PTRACE). " + NO_PTRACE_ROUTE

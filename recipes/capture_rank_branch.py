@@ -12,7 +12,8 @@ all_reduce of that step. After STALL_TIMEOUT seconds without a beat each rank wr
 stacks and ring into $MLDEBUG_DIR. Knobs (environment): STALL_TIMEOUT (5), ON_STALL (dump),
 HANG_RANK (2), HANG_STEP (3), BLOCK=gil (block in a C call that holds the GIL for
 GIL_SECONDS, 8), NO_PTRACE=1 (forbid ptrace on this process: prctl(PR_SET_DUMPABLE, 0)),
-NO_HANDLER_RANK (this rank installs nothing), MLDEBUG_FR=1 (also the flight recorder),
+NO_HANDLER_RANK (this rank installs nothing), NO_RING=1 (the watchdog without the ring: its
+stacks but no ring), MLDEBUG_FR=1 (also the flight recorder),
 HANG_RANK_TIMEOUT (the hanging rank's own watchdog timeout: larger than STALL_TIMEOUT, the
 culprit dumps last - under dump+abort the others wait for its dump before they exit, see
 mldebug/capture/evidence.py).
@@ -56,7 +57,8 @@ def main() -> None:
 
         enable_flight_recorder()
     if os.environ.get("NO_HANDLER_RANK") != str(rank):
-        mldebug.trace.enable(events="lines", ring=256)
+        if os.environ.get("NO_RING") != "1":
+            mldebug.trace.enable(events="lines", ring=256)
         stall = os.environ.get("STALL_TIMEOUT", "5")
         if str(rank) == os.environ.get("HANG_RANK", "2"):  # the culprit may dump last
             stall = os.environ.get("HANG_RANK_TIMEOUT", stall)

@@ -38,6 +38,11 @@ def test_fr_trigger_and_watch_with_pid_or_job_dump_only_that_job(tmp_path):
         # without a selection both jobs dump (what the flags prevent)
         rc, doc = trigger("--dir", str(frdir), "--out", str(tmp_path / "t-all"))
         assert rc == 0 and len(doc["files"]) == 4, doc
+        # ... and an analysis of both says it mixes jobs, naming them and the fix
+        r = run_cli("fr", "trigger", "--dir", str(frdir), "--out", str(tmp_path / "t-mix"),
+                    "--analyze", "--timeout", "90", timeout=300)
+        assert "mldebug fr: note: rank processes of" in r.stderr, r.stderr
+        assert "jobs run on this host" in r.stderr and "--job KEY" in r.stderr
         # fr watch takes the same selection
         r = run_cli("fr", "watch", "--dir", str(frdir), "--out", str(tmp_path / "w"),
                     "--interval", "0.5", "--pid", str(b.pid), "--timeout", "90", "--json",

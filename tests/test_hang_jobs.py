@@ -57,6 +57,10 @@ def test_two_jobs_on_one_node_get_one_verdict_each_never_mixed():
     assert any(f.title.startswith("Job run:eval: Every rank waits in the same collective")
                for f in hints)
     assert "Job run:eval: Every rank waits" in text
+    # the report's own findings list (what --json readers take) names each verdict's job
+    tops = [f for f in report.findings[1:] if f.code in ("suspects", "same-place")]
+    assert [f.title.split(": ")[0] for f in tops] == ["Job run:train", "Job run:eval"], tops
+    assert text.count(e.verdict.title) == 1  # shown once, as the job's verdict line
 
 
 def test_lone_process_with_rank_but_no_job_is_listed_apart():

@@ -344,6 +344,7 @@ NUMBER_OPTIONS = [
     ["mem", "top", "--watch={}"],
     ["fr", "watch", "--interval={}"],
     ["dist-test", "--timeout={}"],
+    ["trace", "show", "--pid", "1", "--timeout={}"],
 ]
 
 

@@ -275,3 +275,33 @@ def test_missing_ranks_are_bounded_and_absent_when_all_rings_are_there():
     assert world == 4 and [(m.rank, m.pid) for m in miss] == [(10**12, 5), (None, 77)]
     huge = [RankTrace("h", 1, 0, "calls", "x", [], world_size=10**12)]
     assert missing(huge, []) == (None, [])
+
+
+def test_live_report_names_its_job_and_each_silent_rank_with_its_reason():
+    """A live `trace show --pid/--job`: the job in the header and --json, the asked ranks'
+    reasons, a rank of the world not on this host said so; never 'the same path'."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from mldebug.trace.analyze import NOT_HERE
+    from mldebug.trace.report import render
+
+    a = Loc("t.py", 1, "f", "a()")
+    t = [RankTrace("h", 10 + r, r, "lines", "signal", [a], world_size=4) for r in (0, 1)]
+    rep = analyze(t, [], [(2, 12, "no dump handler, ...")], job="run:abc", live=True)
+    doc = rep.to_dict()
+    assert doc["job"] == "run:abc" and doc["live"] is True
+    assert [(m["rank"], m["reason"]) for m in doc["missing"]] == [
+        (2, "no dump handler, ..."), (3, NOT_HERE)]
+    [f] = rep.findings
+    assert f.code == "trace-rank-missing" and "dump handler" in f.fix and "DIR" not in f.fix
+    buf = StringIO()
+    render(rep, Console(file=buf, width=200, color_system=None))
+    text = buf.getvalue()
+    assert text.startswith("mldebug trace: 2 of 4 ranks on 1 host, lines events - job run:abc")
+    assert "Missing (2): no ring from the signal" in text
+    assert "rank 2 (pid 12): no dump handler" in text and "All ranks followed" not in text
+    # a saved directory's report keeps its own wording and fix
+    saved = analyze(t[:1])
+    assert saved.job is None and "mldebug hang analyze DIR" in saved.findings[0].fix

@@ -249,7 +249,22 @@ class DumpHandler:
         if ring is not None and ring.active() is not None:
             tr = ring.write(private_dir(self.dir / "trace"), reason=reason)
             out["trace"] = str(tr) if tr else None
+        port = debug_server_port()
+        if port is not None:
+            out["debug_server"] = port
         return out
+
+
+def debug_server_port() -> int | None:
+    """The port of torch's debug worker server in this process when the job called
+    ``torch.distributed.debug.start_debug_server()`` (PyTorch 2.13+): read from that module's
+    ``_WORKER_SERVER`` global, a private name, only if the module is already imported."""
+    mod = sys.modules.get("torch.distributed.debug")
+    server = getattr(mod, "_WORKER_SERVER", None) if mod is not None else None
+    try:
+        return int(server.port) if server is not None else None
+    except Exception:  # noqa: BLE001 - a changed private API: just not said
+        return None
 
 
 def _prune(reg: Path, host: str) -> None:

@@ -132,9 +132,14 @@ class Watchdog(DumpHandler):
                          timeout=self.timeout, stalled_for=round(stalled, 1),
                          beats=self.beats)
         self._stalls += 1
+        from mldebug.capture.handler import debug_server_port
+
+        port = debug_server_port()
         _log(f"no beat for {stalled:.0f}s (timeout {self.timeout:g}s): stacks in {path}"
              + (f"; next dump at {self.timeout * 2 ** self._stalls:g}s"
-                if self._stalls < self.max_dumps else ""))
+                if self._stalls < self.max_dumps else "")
+             + (f"; torch's debug server is up here (worker port {port}): a live "
+                "'mldebug hang' asks it where py-spy cannot attach" if port else ""))
         self._after_stall()
 
     def _after_stall(self) -> None:

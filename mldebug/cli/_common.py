@@ -132,3 +132,31 @@ def print_report(report: Any, as_json: bool, render: Callable[[Any], None], *,
         print_json(doc if show_secrets else redact_doc(doc))
     else:
         render(report)
+
+
+def job_targets(pid: int | None, job: str | None) -> list[dict[str, Any]]:
+    """The rank processes on this host that --pid / --job select (``mldebug.ranks.find_ranks``'
+    dicts; the caller's own processes only, every user's as root). Neither given: every rank.
+    A selection that finds no rank is an error with the fix, never 'every job' (the rule
+    'fr trigger', 'fr watch' and 'trace show' share with 'hang')."""
+    import os
+
+    from mldebug.errors import MldebugError
+    from mldebug.nodekit import short_hostname
+    from mldebug.ranks import find_ranks, list_processes
+
+    uid = None if os.geteuid() == 0 else os.geteuid()
+    # the host as 'mldebug hang' passes it: a loopback MASTER_ADDR key names it
+    # (master:HOST/127.0.0.1:PORT), so --job takes the key hang prints
+    targets, errors = find_ranks(list_processes(), pid=pid, uid=uid, host=short_hostname())
+    if job is not None:
+        targets = [t for t in targets if (t.get("job") or {}).get("key") == job]
+    if not targets and (pid is not None or job is not None):
+        why = "; ".join(str(e.get("error")) for e in errors[:3])
+        what = " and ".join(w for w in (f"pid {pid}" if pid is not None else "",
+                                        f"job {job!r}" if job is not None else "") if w)
+        raise MldebugError(f"no rank process of {what} on this host" + (f" ({why})" if why
+                                                                         else "") + ".",
+                           "'mldebug hang' lists the jobs and their keys; pass the launcher's "
+                           "pid (torchrun) or a key it prints.")
+    return targets

@@ -113,23 +113,28 @@ def job_pids(args: argparse.Namespace, local: bool) -> set[int] | None:
                          "--slurm-job each node has its own pids.",
                          "Run on the job's node, or drop --pid/--job (every registered rank "
                          "of your user dumps).")
-    import os
+    from mldebug.cli._common import job_targets
 
-    from mldebug.ranks import find_ranks, list_processes
-
-    uid = None if os.geteuid() == 0 else os.geteuid()
-    targets, errors = find_ranks(list_processes(), pid=args.pid, uid=uid)
-    if args.job is not None:
-        targets = [t for t in targets if (t.get("job") or {}).get("key") == args.job]
-    if not targets:
-        why = "; ".join(str(e.get("error")) for e in errors[:3])
-        what = f"pid {args.pid}" if args.pid is not None else ""
-        what += (" and " if what else "") + (f"job {args.job!r}" if args.job else "")
-        raise MldebugError(f"no rank process of {what} on this host" + (f" ({why})" if why
-                                                                         else "") + ".",
-                           "'mldebug hang' lists the jobs and their keys; pass the launcher's "
-                           "pid (torchrun) or a key it prints.")
+    targets = job_targets(args.pid, args.job)
     return {int(t["pid"]) for t in targets} | ({args.pid} if args.pid is not None else set())
+
+
+def several_jobs_note(args: argparse.Namespace, local: bool) -> str | None:
+    """Without --pid/--job on this host: a note when rank processes of several jobs run
+    here, since fr's cross-rank analysis has no notion of jobs (two jobs' rank 0 are one rank
+    to it). None when one job (or none) is here, or a selection was given."""
+    if args.pid is not None or args.job is not None or not local:
+        return None
+    from mldebug.cli._common import job_targets
+
+    keys = sorted({str((t.get("job") or {}).get("key") or f"pid {t['pid']}")
+                   for t in job_targets(None, None)})
+    if len(keys) < 2:
+        return None
+    return (f"mldebug fr: note: rank processes of {len(keys)} jobs run on this host "
+            f"({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}); the analysis mixes "
+            "every job whose ranks dumped into --dir. Narrow it to one: --job KEY or --pid "
+            "<its launcher's pid>.")
 
 
 def _add_dir_out(p: argparse.ArgumentParser, what: str) -> None:
@@ -216,6 +221,11 @@ def _trigger(args: argparse.Namespace) -> int:
         from mldebug.fr.loader import load_files
 
         analysis = analyze(load_files(result.files), frames=args.frames)
+        note = several_jobs_note(args, target.is_local)
+        if note:
+            import sys
+
+            print(note, file=sys.stderr)
     if args.json:
         doc = result.to_dict()
         if analysis is not None:
@@ -269,6 +279,11 @@ def _watch(args: argparse.Namespace) -> int:
                            "here; 'mldebug fr trigger' shows each rank's reason.")
     ds = load_files(files)
     analysis = analyze(ds, since=result.since)
+    note = several_jobs_note(args, target.is_local)
+    if note:
+        import sys
+
+        print(note, file=sys.stderr)
     if args.json:
         doc = result.to_dict()
         doc["analysis"] = analysis.to_dict()

@@ -66,6 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_view_arguments(d, force=False, what=" of the ranks' state at both dumps (with --watch;"
                        " --force replaces a file mldebug wrote)")
+    d.add_argument("--store", metavar="HOST:PORT",
+                   help="the job's TCPStore (its MASTER_ADDR:MASTER_PORT), where the ranks' "
+                        "torch debug servers are registered; default: from the ranks' or their "
+                        "launcher's environment and command line (docs/hang.md)")
     d.add_argument("--signal", nargs="?", const="SIGUSR1", metavar="SIG",
                    help="no ptrace: send SIG (default SIGUSR1) to the ranks and collect the dumps "
                         "their mldebug.watchdog()/install_dump_handler() writes (docs/capture.md)")

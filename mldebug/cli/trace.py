@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 HELP = "show the ranks' execution rings side by side, or run a script with a full trace"
 DESCRIPTION = """\
@@ -12,21 +13,48 @@ In the job: mldebug.trace.enable(events="calls"|"lines", ring=N) keeps the last 
 the user's code per thread; they are written at a watchdog stall, on the dump signal, on an
 unhandled exception, or with mldebug.trace.dump().
 
+Live (no DIR): 'trace show --pid PID' (the launcher's or a rank's pid) or '--job KEY' selects
+one job's ranks on this host - as 'mldebug hang' and 'mldebug fr trigger' do - and sends each
+rank the signal its dump handler listens to (mldebug.install_dump_handler() or
+mldebug.watchdog() in the job; a rank without one is never signalled, only named). The ranks
+keep running; each writes its ring beside its stacks, and ranks that wrote none are named with
+the reason. With neither, the one job of yours on this host is asked (several: pick one).
+
   mldebug trace show DIR                  # ranks side by side, where a rank's path left
   mldebug trace show DIR --json
+  mldebug trace show --pid 4123           # a live job here: its ranks write their rings now
+  mldebug trace show --job run:abc123     # ... the job with this key ('mldebug hang' lists them)
   mldebug trace run --lines -- python train.py --steps 10
   torchrun --nproc_per_node 4 -m mldebug.trace run train.py   # same, through torchrun
 
-Exit codes: 0 report produced, 1 nothing readable, 2 usage error."""
+Exit codes: 0 report produced, 1 no ring read (or no rank selected), 2 usage error."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="trace_action", metavar="{show,run}", required=True)
-    s = sub.add_parser("show", help="compare the ranks' ring files in a directory",
+    s = sub.add_parser("show", help="compare the ranks' rings: saved in a directory, or "
+                                    "asked now from a live job here (--pid/--job)",
                        description="Group the ranks by where their recorded path ends and "
-                                   "name the first event where a rank left the others' path.")
-    s.add_argument("paths", nargs="+", metavar="DIR|FILE",
-                   help="the watchdog's directory (its trace/ folder is used) or ring files")
+                                   "name the first event where a rank left the others' path. "
+                                   "Without DIR: the ranks of one live job on this host "
+                                   "(--pid/--job, as for 'mldebug hang' and 'mldebug fr "
+                                   "trigger') write their rings now, on the signal their dump "
+                                   "handler listens to; ranks that wrote none are named with "
+                                   "the reason. The job keeps running.")
+    s.add_argument("paths", nargs="*", metavar="DIR|FILE",
+                   help="the watchdog's directory (its trace/ folder is used) or ring files; "
+                        "none: ask a live job's ranks on this host (--pid/--job)")
+    live = s.add_argument_group("a live job on this host (instead of DIR)")
+    live.add_argument("--pid", type=int, metavar="PID",
+                      help="only this job: its launcher's (or one rank's) pid on this host")
+    live.add_argument("--job", metavar="KEY",
+                      help="only the job with this key (as 'mldebug hang' names jobs) on this "
+                           "host")
+    from mldebug.cli._common import finite_float
+
+    live.add_argument("--timeout", type=finite_float, default=30.0, metavar="S",
+                      help="seconds each rank may take to write its ring (default: 30; a "
+                           "watchdog's handler looks every min(5, timeout/4) s)")
     s.add_argument("--json", action="store_true", help="the report as JSON")
     from mldebug.htmlview import add_view_arguments
 
@@ -44,14 +72,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.trace_action == "show":
-        from mldebug.cli._common import print_report
+        from mldebug.cli._common import check_seconds, print_report
         from mldebug.htmlview import check_view_targets, write_views
         from mldebug.trace.analyze import analyze
         from mldebug.trace.collect import abort_notes, load
 
         check_view_targets(args)
-        traces, errors = load(args.paths)
-        report = analyze(traces, errors, abort_notes(args.paths))
+        if args.paths and (args.pid is not None or args.job is not None):
+            from mldebug.errors import UsageError
+
+            raise UsageError("pass saved rings (DIR|FILE) or a live job (--pid/--job), not both.",
+                             "e.g. mldebug trace show capture/, or mldebug trace show --pid "
+                             "<torchrun's pid>.")
+        if args.paths:
+            traces, errors = load(args.paths)
+            report = analyze(traces, errors, abort_notes(args.paths))
+        else:
+            check_seconds("--timeout", args.timeout)
+            report = _live(args.pid, args.job, args.timeout)
+            traces = report.traces
 
         def _render(rep: object) -> None:
             from mldebug.render import console
@@ -67,9 +106,76 @@ def run(args: argparse.Namespace) -> int:
         elif args.html or args.trace_event:
             from mldebug.errors import MldebugError
 
-            raise MldebugError("no ring file could be read, so there is nothing to draw.",
-                               "Pass the watchdog's directory (its trace/ folder) or ring files.")
+            raise MldebugError("no ring could be read, so there is nothing to draw.",
+                               "See the reasons above; pass the watchdog's directory (its "
+                               "trace/ folder) or ring files, or a live job with --pid/--job.")
         return 0 if traces else 1
     from mldebug.trace.launch import trace_command
 
     return trace_command(args.command, args.out, args.lines, os.environ, sys.executable)
+
+
+def _job_label(key: str | None, ranks: list[dict[str, Any]]) -> str:
+    rs = sorted(r for t in ranks if isinstance(r := (t.get("identity") or {}).get("rank"), int))
+    from mldebug.render import fold_ints
+
+    who = f"rank{'s' if len(rs) > 1 else ''} {fold_ints(rs)}, " if rs else ""
+    pids = ", ".join(str(t["pid"]) for t in ranks[:4]) + (", ..." if len(ranks) > 4 else "")
+    return f"{key or '(no job key)'} ({who}pid{'s' if len(ranks) > 1 else ''} {pids})"
+
+
+def _live(pid: int | None, job: str | None, timeout: float) -> Any:
+    """Ask the selected job's ranks on this host for their rings; the report, or an error
+    with the fix when there is nothing to compare (no rank, several jobs, no handler, no
+    ring anywhere)."""
+    from mldebug.cli._common import job_targets
+    from mldebug.errors import MldebugError
+    from mldebug.trace.analyze import analyze
+    from mldebug.trace.live import ask, results
+
+    targets = job_targets(pid, job)
+    if not targets:
+        raise MldebugError("no rank process of yours on this host, and no saved rings given.",
+                           "Run it on a node of the job, or pass a saved directory: "
+                           "mldebug trace show DIR.")
+    jobs: dict[str | None, list[dict[str, Any]]] = {}
+    for t in targets:
+        jobs.setdefault((t.get("job") or {}).get("key"), []).append(t)
+    if len(jobs) > 1:
+        listed = "; ".join(_job_label(k, v) for k, v in list(jobs.items())[:6])
+        first = next((k for k in jobs if k), None)
+        raise MldebugError(
+            f"{len(jobs)} jobs have rank processes here: {listed}"
+            + (f" and {len(jobs) - 6} more" if len(jobs) > 6 else "")
+            + "; trace show compares the ranks of one job.",
+            "Pick one: --job KEY" + (f" (e.g. --job {first})" if first else "")
+            + " or --pid <its launcher's pid>.")
+    [(key, ranks)] = jobs.items()
+    label = key or f"pid {ranks[0]['pid']}"
+    asked = ask(ranks, timeout)
+    traces, notes = results(asked)
+    if not traces:
+        kinds = {a.kind for a in asked}
+        n = f"{len(asked)} rank process{'es' if len(asked) != 1 else ''}"
+        if kinds == {"no-handler"}:
+            raise MldebugError(
+                f"job {label}: none of its {n} on this host has a dump handler, so nothing "
+                "can ask for its ring without stopping it (no rank was signalled).",
+                "Add mldebug.trace.enable() and mldebug.install_dump_handler() (or "
+                "mldebug.watchdog()) to the training script and restart it; meanwhile "
+                f"'mldebug hang --pid {pid if pid is not None else ranks[0]['pid']}' shows "
+                "the stacks (py-spy).")
+        if kinds == {"no-ring"}:
+            dumps = sorted({str((a.entry or {}).get("dir")) for a in asked})
+            raise MldebugError(
+                f"job {label}: its {n} on this host answered the dump signal, but the "
+                "execution ring is not enabled in the job (no mldebug.trace.enable()).",
+                "Add `import mldebug.trace; mldebug.trace.enable(events=\"lines\")` at the "
+                "start of the training script and restart the job; the stacks they just wrote: "
+                f"mldebug hang analyze {' '.join(dumps)}")
+    one_rank = pid is not None and job is None and [int(t["pid"]) for t in ranks] == [pid] \
+        and (ranks[0].get("identity") or {}).get("rank") is not None
+    return analyze(traces, [], notes, job=label, live=True,
+                   unnoted=("not selected: --pid named one rank; pass the launcher's pid or "
+                            f"--job {key} for every rank of the job here") if one_rank and key
+                   else None)

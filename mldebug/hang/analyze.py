@@ -409,8 +409,8 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             Severity.WARNING, f"{len(jobs)} jobs found: {keys}. Each is analysed alone.",
             "Ranks of different jobs are never grouped together; each job has its own verdict.",
             "Narrow to one job with --job KEY (or --pid LAUNCHER_PID).", "jobs"))
-    for j in jobs:
-        findings.extend(j.findings)
+    for j in jobs:  # in the report's own list a verdict names its job too (--json readers)
+        findings.extend(j.findings if len(jobs) == 1 else [j.named_verdict(), *j.findings[1:]])
     from mldebug.nodetrust import duplicate_rank_finding, duplicate_ranks
 
     dup = duplicate_rank_finding(duplicate_ranks(
@@ -430,8 +430,38 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             f"{collapse(dead)}.", "Their ranks, if any, are not in this report.",
             "See the errors below for why; retry those nodes with --nodes.",
             "dead-nodes", (collapse(dead),)))
+    route = route_finding([p for j in jobs for p in j.processes])
+    if route is not None:
+        findings.append(route)
     return Report(jobs=jobs, errors=errors, lone=sorted(lone, key=_order), findings=findings,
                   watch=collection.watch, dead_hosts=dead, gpu=collection.gpu)
+
+
+def route_finding(processes: Sequence[Process]) -> Finding | None:
+    """Which ranks answered through torch's debug server rather than py-spy: said, so a reader
+    knows the stacks came from the ranks themselves (and, for dump_traceback, without native
+    frames, thread names or the pid's own py-spy)."""
+    served = [p for p in processes if p.route == "debug-server"]
+    if not served:
+        return None
+    from mldebug.hang import rules
+    from mldebug.hang.model import fold_ranks, join_labels
+
+    ranks = [p.rank for p in served if p.rank is not None]
+    who = (f"rank{'s' if len(ranks) != 1 else ''} {fold_ranks(ranks)}" if ranks
+           else join_labels(proc_label(p.host, p.pid) for p in served))
+    handlers = sorted({p.route_detail or "?" for p in served})
+    others = sorted({p.route or "saved" for p in processes if p.route != "debug-server"})
+    return Finding(
+        Severity.INFO, f"Route: {who} answered through torch's debug server "
+        f"({', '.join(handlers)}), not py-spy",
+        "py-spy could not read these ranks (ptrace denied, py-spy missing, or their "
+        "environment hidden), so each rank's own torch.distributed.debug worker server, "
+        "found through the job's TCPStore, was asked"
+        + (f"; the other ranks: {', '.join(others)}." if others else "."),
+        "Nothing to do: the verdict uses these stacks. For py-spy's route (native frames with "
+        "--native, every process): run as root or allow ptrace.", "route-debug-server",
+        rules._hosts({p.host for p in served}))
 
 
 def s_label(s: Suspect) -> str:

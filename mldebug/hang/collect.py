@@ -20,7 +20,8 @@ from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
-                "mldebug.hang.gpu", "mldebug.hang.node")
+                "mldebug.stacks", "mldebug.hang.gpu", "mldebug.hang.debugserver",
+                "mldebug.hang.node")
 NODE_SCHEMA = {"host": str, "processes": list}
 __all__ = ["CollectOptions", "options_from_args"]  # re-exported from mldebug.hang.options
 DUMP_FORMAT = "mldebug.hang.dump/1"
@@ -37,8 +38,9 @@ def node_docs(opts: CollectOptions, target: FanoutOptions, on_result: OnResult,
         doc = node.collect(node.parser().parse_args(opts.node_args()))
         on_result(NodeResult(doc["host"], data=doc))
         return [NodeResult(doc["host"])]
-    # The node budget: two rounds of dumps (with --watch) plus the pause between them.
-    node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
+    # The node budget: two rounds of dumps (with --watch) plus the pause between them, and
+    # as much again for the debug-server route (ranks py-spy could not read).
+    node_timeout = opts.timeout * (4 if opts.watch else 2) + opts.watch + 5
     return run(NodeJob(NODE_MODULES, opts, NODE_SCHEMA),
                dataclasses.replace(target, timeout=node_timeout), on_result, progress=progress)
 
@@ -105,6 +107,10 @@ def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Proce
         if isinstance(w, dict) and w.get("dump") is not None:
             proc.workers.append(process_from_node(host, w, clk_tck))
     proc.samples = samples_from_node(p.get("samples"))
+    route = p.get("route")
+    proc.route = route if isinstance(route, str) and len(route) <= 32 else None
+    detail = p.get("route_detail")
+    proc.route_detail = detail if isinstance(detail, str) and len(detail) <= 64 else None
     proc.clk_tck = clk_tck
     return proc
 

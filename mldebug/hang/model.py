@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
@@ -83,6 +84,10 @@ class Process:
     # /proc samples: before and after the dumps, and after the second round with --watch
     samples: list[ProcSample] = field(default_factory=list)
     clk_tck: int = 100
+    # how its stacks were read: "py-spy", "debug-server" (torch's per-rank debug server),
+    # "python" / "faulthandler" (--signal); None for saved dumps of older versions
+    route: str | None = None
+    route_detail: str | None = None  # the debug server's handler: pyspy_dump, dump_traceback
 
     @property
     def label(self) -> str:
@@ -262,6 +267,11 @@ class Job:
     def hosts(self) -> list[str]:
         return sorted({p.host for p in self.processes})
 
+    def named_verdict(self) -> Finding:
+        """The verdict as a report of several jobs lists it: titled with this job's key."""
+        return dataclasses.replace(self.verdict,
+                                   title=f"Job {self.key or '(unnamed)'}: {self.verdict.title}")
+
 
 @dataclass
 class Report:
@@ -398,9 +408,11 @@ def thread_to_dict(t: Thread, stacks: StackTable) -> dict[str, Any]:
 def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
     d: dict[str, Any] = {
         "host": p.host, "pid": p.pid, **{k: getattr(p, k) for k in IDENTITY_FIELDS},
-        "job": p.job_key, "cmdline": p.cmdline,
+        "job": p.job_key, "cmdline": p.cmdline, "route": p.route,
         "threads": [thread_to_dict(t, stacks) for t in p.threads],
     }
+    if p.route_detail:
+        d["route_detail"] = p.route_detail
     if p.threads_later is not None:
         d["threads_later"] = [thread_to_dict(t, stacks) for t in p.threads_later]
     if p.workers:

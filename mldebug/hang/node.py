@@ -298,9 +298,30 @@ def select_targets(opts: argparse.Namespace, host: str) -> tuple[
     return procs, targets, errors, uid
 
 
+def debug_server_route(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]],
+                       opts: argparse.Namespace, host: str, uid: int | None,
+                       errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The second route (``mldebug.hang.debugserver``): torch's debug server answers for the
+    ranks py-spy could not read, and for ranks whose environment cannot be read at all. The
+    targets it answered are marked; the ranks found only through it are returned."""
+    from mldebug.hang import debugserver
+
+    try:
+        found = debugserver.answer(targets, procs, opts, host, uid, errors)
+    except debugserver.RouteError as e:  # anything the route's steps did not catch
+        errors.append({"pid": None, "error": f"debug-server route: {e}"})
+        return []
+    for t in targets:
+        if t.get("dump") is None and t.get("route_error"):
+            t["error"] = (f"{t['error']} " if t.get("error") else "") + \
+                f"Debug-server route: {t.pop('route_error')}"[:800]
+    return found
+
+
 def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             ) -> dict[str, Any]:
-    """Find and dump the ranks on this node; the JSON document the caller receives.
+    """Find and dump the ranks on this node; the JSON document the caller receives. The
+    routes, per rank: py-spy; where it cannot read a rank, torch's debug server.
     ``dumping`` is called when the ranks are found and their dumps about to start (a local
     ``mldebug hang`` then loads the analysis while py-spy runs, not while /proc is read)."""
     start = time.monotonic()
@@ -308,47 +329,68 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
                            "errors": [], "python": sys.executable,
                            "clk_tck": os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100}
-    procs, targets, errors, _ = select_targets(opts, host)
+    procs, targets, errors, uid = select_targets(opts, host)
     doc["errors"].extend(errors)
     if targets is None:
         doc["seconds"] = round(time.monotonic() - start, 3)
         return doc
     py_spy = find_py_spy(opts.py_spy)
     doc["py_spy"] = py_spy
-    if targets and py_spy is None:
-        doc["errors"].append({"pid": None, "error": (
-            f"py-spy was not found on {host} (looked beside {sys.executable} and on PATH). "
-            "Install it next to the job's Python (pip install py-spy) or pass --py-spy PATH.")})
-    elif targets:
-        assert py_spy is not None
-        # CPU time and state before and after the dumps (spinning or blocked), and after the
-        # second round with --watch (progress): free but for a floor on the first interval
-        sample_all(targets)
-        first = time.monotonic()
+    if py_spy is None:
+        found = debug_server_route(targets, procs, opts, host, uid, doc["errors"])
+        targets.extend(found)
+        if any(t.get("dump") is None for t in targets):
+            doc["errors"].append({"pid": None, "error": (
+                f"py-spy was not found on {host} (looked beside {sys.executable} and on PATH). "
+                "Install it next to the job's Python (pip install py-spy) or pass --py-spy "
+                "PATH.")})
+        if opts.watch and any(t.get("route") == "debug-server" for t in targets):
+            from mldebug.hang import debugserver
+
+            time.sleep(opts.watch)
+            debugserver.again(targets, opts, "dump_later")
+    else:
         gpu_polls: list[dict[str, Any]] = []
-        gpu_thread = _gpu_poll_async(opts, gpu_polls)  # the first poll while the dumps run
-        if dumping is not None:
-            dumping()
-        dump_all(targets, py_spy, opts, "dump")
-        time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
-        sample_all(targets)
+        gpu_thread = None
+        if targets:
+            # CPU time and state before and after the dumps (spinning or blocked), and after
+            # the second round with --watch (progress): free but for a floor on the first
+            # interval
+            sample_all(targets)
+            first = time.monotonic()
+            gpu_thread = _gpu_poll_async(opts, gpu_polls)  # the first poll while dumps run
+            if dumping is not None:
+                dumping()
+            dump_all(targets, py_spy, opts, "dump")
+            time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
+            sample_all(targets)
+            for t in targets:
+                if t.get("dump") is not None:
+                    t["route"] = "py-spy"
+        # the ranks py-spy could not read, and those whose environment hides them
+        found = debug_server_route(targets, procs, opts, host, uid, doc["errors"])
+        targets.extend(found)
         if gpu_thread is not None:
             gpu_thread.join()
             from mldebug.hang import gpu
 
             gpu_polls.append(gpu.poll(opts.gpu_timeout, opts.nvidia_smi, opts.ncclras))
             doc["gpu"] = gpu_polls
-        if opts.watch:
+        if opts.watch and targets:
             time.sleep(opts.watch)
-            alive = [t for t in targets if t.get("dump") is not None]
+            alive = [t for t in targets if t.get("route") == "py-spy"]
             dump_all(alive, py_spy, opts, "dump_later")
             sample_all(alive)
+            from mldebug.hang import debugserver
+
+            debugserver.again(targets, opts, "dump_later")
     for t in targets:
         doc["processes"].append({
             "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
             "identity": t["identity"], "job": t.get("job"), "dump": t.get("dump"),
             "dump_later": t.get("dump_later"), "error": t.get("error"),
-            "samples": t.get("samples", []),
+            "samples": t.get("samples", []), "route": t.get("route"),
+            "route_detail": t.get("route_detail"), "pyspy_error": t.get("pyspy_error"),
             "workers": [{"pid": w["pid"], "ppid": w["ppid"], "cmdline": w["cmdline"],
                          "identity": w["identity"], "dump": w.get("dump"),
                          "samples": w.get("samples", []),
@@ -379,6 +421,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ncclras", help="ncclras binary (default: on PATH, if any)")
     p.add_argument("--gpu-timeout", type=float, default=5.0,
                    help="seconds each nvidia-smi / ncclras run may take")
+    p.add_argument("--store", help="the job's TCPStore as HOST:PORT, for the debug-server route "
+                                   "(default: the ranks' MASTER_ADDR/PORT, or their launcher's)")
     p.add_argument("--pretty", action="store_true", help="indented JSON without the marker")
     return p
 

@@ -31,6 +31,7 @@ class CollectOptions:
     timeout: float = 20.0
     watch: float = 0.0
     jobs: int = 0  # dumps at once on a node; 0: that node's CPU count (node.dump_jobs)
+    store: str | None = None  # the job's TCPStore HOST:PORT for the debug-server route
 
     def node_args(self) -> list[str]:
         return to_argv(self)
@@ -49,12 +50,23 @@ def options_from_args(args: argparse.Namespace) -> CollectOptions:
         raise UsageError(f"--user {args.user!r} is not a user name or uid.", "e.g. --user alice")
     if args.watch is not None and args.watch <= 0:
         raise UsageError("--watch must be a positive number of seconds.", "e.g. --watch 5")
+    store = getattr(args, "store", None)
+    if store is not None:
+        from mldebug.hang.debugserver import parse_store
+
+        try:
+            parse_store(store)
+        except ValueError:
+            raise UsageError(f"--store {store!r} is not HOST:PORT.",
+                             "e.g. --store 10.0.0.1:29500 (the job's MASTER_ADDR:MASTER_PORT)"
+                             ) from None
     return CollectOptions(
         pid=args.pid, pattern=args.pattern, all_users=args.all_users, user=args.user,
         slurm_job=args.slurm_job,
         native=args.native, nonblocking=args.nonblocking, locals=args.locals,
         py_spy=args.py_spy, timeout=args.timeout, watch=args.watch or 0.0,
         jobs=0,  # each node sizes its dump concurrency from its own CPUs (node.dump_jobs)
+        store=store,
     )
 
 

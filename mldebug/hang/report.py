@@ -238,7 +238,8 @@ def report_lines(report: Report, *, show_all: bool = False) -> list[Line]:
 
 def _hint_findings(report: Report) -> list[Finding]:
     """The findings not already shown as a job's verdict line."""
-    skip = {j.verdict for j in report.jobs} | ({report.findings[0]} if not report.jobs else set())
+    skip = ({j.verdict for j in report.jobs} | {j.named_verdict() for j in report.jobs}
+            | ({report.findings[0]} if not report.jobs else set()))
     return [f for f in report.findings if f not in skip]
 
 

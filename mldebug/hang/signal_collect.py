@@ -36,6 +36,6 @@ def signal_docs(opts: CollectOptions, target: FanoutOptions, on_result: OnResult
         doc = node.collect(node.parser().parse_args(args.node_args()))
         on_result(NodeResult(doc["host"], data=doc))
         return [NodeResult(doc["host"])]
-    node_timeout = opts.timeout * (2 if opts.watch else 1) + opts.watch + 5
+    node_timeout = opts.timeout * (4 if opts.watch else 2) + opts.watch + 5  # + debug server
     return run(NodeJob(node.MODULES, args, NODE_SCHEMA),
                dataclasses.replace(target, timeout=node_timeout), on_result, progress=progress)

@@ -30,7 +30,8 @@ from mldebug.stacks import parse_faulthandler
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
 MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
-           "mldebug.hang.node", "mldebug.privdir", "mldebug.stacks", "mldebug.hang.signal_node")
+           "mldebug.stacks", "mldebug.hang.debugserver", "mldebug.hang.node", "mldebug.privdir",
+           "mldebug.hang.signal_node")
 MAX_ENTRY = 1 << 20
 FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread should have
                     # woken (its poll), how long the Python route may still take
@@ -235,15 +236,29 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
         # not found by its environment (unreadable without ptrace rights): the registry says
         by_pid[pid] = dict(info, identity=ident, entry=entry)
     targets = [by_pid[p] for p in sorted(by_pid)]
-    ask(targets, signum, opts.timeout, "dump")
+    # torch's debug server first: it answers without a signal (mldebug.hang.debugserver)
+    from mldebug.hang import debugserver
+    from mldebug.hang.node import debug_server_route
+
+    targets += debug_server_route(targets, procs, opts, host, uid, doc["errors"])
+    signalled = [t for t in targets if t.get("route") != debugserver.ROUTE]
+    ask(signalled, signum, opts.timeout, "dump")
+    for t in signalled:
+        if t.get("dump") is None and t.get("route_error"):
+            t["error"] = (f"{t['error']}. " if t.get("error") else "") + \
+                f"Debug-server route: {t.pop('route_error')}"[:800]
     if opts.watch:
         time.sleep(opts.watch)
-        ask([t for t in targets if t.get("dump") is not None], signum, opts.timeout, "dump_later")
+        ask([t for t in signalled if t.get("dump") is not None], signum, opts.timeout,
+            "dump_later")
+        debugserver.again(targets, opts, "dump_later")
     for t in targets:
         doc["processes"].append({
             "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
-            "identity": t["identity"], "dump": t.get("dump"), "dump_later": t.get("dump_later"),
+            "identity": t["identity"], "job": t.get("job"),  # the job key, as hang's node
+            "dump": t.get("dump"), "dump_later": t.get("dump_later"),
             "error": t.get("error"), "route": t.get("route"),
+            "route_detail": t.get("route_detail"),
         })
     doc["seconds"] = round(time.monotonic() - start, 3)
     return doc

@@ -4,7 +4,8 @@
 the user's code per thread in memory; they are written, one file per rank, at a watchdog
 stall, on the dump signal, on an unhandled exception, or with ``mldebug.trace.dump()``.
 ``mldebug trace show DIR`` puts the ranks side by side and names where one rank's path left
-the others'. ``python -m mldebug.trace run train.py`` writes a full per-rank trace.
+the others'; ``mldebug trace show --pid PID`` / ``--job KEY`` asks a live job's ranks on this
+host for their rings first (``mldebug.trace.live``). ``python -m mldebug.trace run train.py`` writes a full per-rank trace.
 """
 
 from __future__ import annotations

@@ -82,8 +82,12 @@ NO_RING = ("no ring file here, and no dump+abort note says why (the ring not ena
            "that rank, the rank killed before it wrote, or its file on another node)")
 
 
-def missing(traces: list[RankTrace],
-            notes: list[tuple[int | None, int, str]]) -> tuple[int | None, list[MissingRank]]:
+NOT_HERE = ("not among the job's rank processes on this host (on another node, or already "
+            "gone): a live 'trace show' asks this host's ranks only")
+
+
+def missing(traces: list[RankTrace], notes: list[tuple[int | None, int, str]],
+            unnoted: str = NO_RING) -> tuple[int | None, list[MissingRank]]:
     """The expected world size (the largest the rings recorded, or one past the highest rank
     the notes name) and the ranks with no ring: the notes' reason where they give one."""
     have_ranks = {t.rank for t in traces if t.rank is not None}
@@ -92,7 +96,7 @@ def missing(traces: list[RankTrace],
     noted = [r for r, _, _ in notes if r is not None and 0 <= r < MAX_WORLD]
     world = max(sizes + [r + 1 for r in noted], default=None)
     why = {r: (pid, reason) for r, pid, reason in notes if r is not None}
-    out = [MissingRank(r, why[r][0] if r in why else None, why[r][1] if r in why else NO_RING)
+    out = [MissingRank(r, why[r][0] if r in why else None, why[r][1] if r in why else unnoted)
            for r in range(world or 0) if r not in have_ranks]
     out += [MissingRank(r, pid, reason) for r, pid, reason in notes
             if r is not None and not 0 <= r < MAX_WORLD and r not in have_ranks]
@@ -101,7 +105,16 @@ def missing(traces: list[RankTrace],
     return world, out
 
 
-def _missing_finding(world: int | None, miss: list[MissingRank], n: int) -> Finding:
+MISSING_FIX = ("Run `mldebug hang analyze DIR` for the missing ranks' dumps; if dump+abort's wait "
+               "ended first, raise MLDEBUG_ABORT_WAIT; enable the ring on every rank "
+               "(mldebug.trace.enable()) and pass every node's directory.")
+LIVE_MISSING_FIX = ("Act on each rank's reason: every rank needs mldebug.trace.enable() and a "
+                    "dump handler (mldebug.install_dump_handler() or mldebug.watchdog()); "
+                    "'mldebug hang --pid PID' shows a silent rank's stack (py-spy).")
+
+
+def _missing_finding(world: int | None, miss: list[MissingRank], n: int,
+                     fix: str = MISSING_FIX) -> Finding:
     by_reason: dict[str, list[MissingRank]] = defaultdict(list)
     for m in miss:
         by_reason[m.reason].append(m)
@@ -122,22 +135,22 @@ def _missing_finding(world: int | None, miss: list[MissingRank], n: int) -> Find
         Severity.WARNING, f"{who} missing: {n}{of} ranks' rings here",
         detail="; ".join(parts) + ". The comparison below is of the ranks that wrote a ring: "
                "a missing rank is often the one that hung.",
-        fix="Run `mldebug hang analyze DIR` for the missing ranks' dumps; if dump+abort's wait "
-            "ended first, raise MLDEBUG_ABORT_WAIT; enable the ring on every rank "
-            "(mldebug.trace.enable()) and pass every node's directory.",
-        code="trace-rank-missing")
+        fix=fix, code="trace-rank-missing")
 
 
 def findings(traces: list[RankTrace], groups: list[TraceGroup],
              divs: list[Divergence], miss: list[MissingRank] | None = None,
-             world: int | None = None) -> list[Finding]:
+             world: int | None = None, live: bool = False) -> list[Finding]:
     out: list[Finding] = []
     if miss:
-        out.append(_missing_finding(world, miss, len(traces)))
+        out.append(_missing_finding(world, miss, len(traces),
+                                    LIVE_MISSING_FIX if live else MISSING_FIX))
     for d in divs[:MAX_FINDINGS]:
         who = _ranks_text(d.labels, d.ranks)
         after = f" after {d.branch.describe()}" if d.branch else ""
-        others = (f"ranks {fold_ints(d.others)} never reached it in their recorded events"
+        others = (f"rank {fold_ints(d.others)} never reached it in its recorded events"
+                  if len(d.others) == 1 else
+                  f"ranks {fold_ints(d.others)} never reached it in their recorded events"
                   if d.others else "the other ranks did not reach it in their recorded events")
         out.append(Finding(
             Severity.WARNING,
@@ -165,17 +178,24 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
             code="trace-different-places"))
     if not traces:
         out.append(Finding(Severity.ERROR, "no ring files could be read",
-                           fix="Check the errors below; pass the watchdog's directory.",
+                           fix=("See each rank's reason above." if live else
+                                "Check the errors below; pass the watchdog's directory."),
                            code="trace-nothing-read"))
     return out
 
 
 def analyze(traces: list[RankTrace], errors: list[str] | None = None,
-            notes: list[tuple[int | None, int, str]] | None = None) -> TraceReport:
-    """``notes``: (rank, pid, why) of the ranks dump+abort's notes name as without a dump."""
+            notes: list[tuple[int | None, int, str]] | None = None, *,
+            job: str | None = None, live: bool = False,
+            unnoted: str | None = None) -> TraceReport:
+    """``notes``: (rank, pid, why) of the ranks without a ring: dump+abort's notes, or with
+    ``live`` the ranks a live ``trace show --pid/--job`` asked (``job``: that job's key);
+    ``unnoted``: why a rank of the world size that no note names has no ring."""
     groups = group(traces)
     divs = divergences(traces)
-    world, miss = missing(traces, list(notes or ()))
+    world, miss = missing(traces, list(notes or ()),
+                          unnoted or (NOT_HERE if live else NO_RING))
     return TraceReport(traces=traces, groups=groups, divergences=divs,
-                       findings=findings(traces, groups, divs, miss, world),
-                       errors=list(errors or ()), missing=miss, world_size=world)
+                       findings=findings(traces, groups, divs, miss, world, live),
+                       errors=list(errors or ()), missing=miss, world_size=world, job=job,
+                       live=live)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,33 @@ def rank_from_doc(doc: dict[str, Any], source: str) -> RankTrace:
                      world_size=ws if isinstance(ws, int) and 0 < ws <= MAX_WORLD else None)
 
 
+def read_ring(f: Path, owner: int | None = None) -> RankTrace | str:
+    """One ring file, read without following links and bounded (and, with ``owner``, only
+    when that user owns it); the rank's trace, or why not as one line."""
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return f"{f.name}: not a regular file, skipped"
+            if owner is not None and st.st_uid != owner:
+                return f"{f.name}: owned by uid {st.st_uid}, not the rank's user {owner}; skipped"
+            raw = os.read(fd, MAX_FILE + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > MAX_FILE:
+            return f"{f.name}: larger than {MAX_FILE >> 20} MiB, skipped"
+        doc = json.loads(raw)
+    except (OSError, ValueError, RecursionError) as e:
+        return f"{f.name}: unreadable ({e})"
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        return f"{f.name}: not an mldebug.trace ring file"
+    try:
+        return rank_from_doc(doc, f.name)
+    except (TypeError, ValueError) as e:
+        return f"{f.name}: malformed ({e})"
+
+
 def load(paths: list[str]) -> tuple[list[RankTrace], list[str]]:
     """The rank traces in the given files or directories, and one error per bad file."""
     traces: list[RankTrace] = []
@@ -59,26 +87,11 @@ def load(paths: list[str]) -> tuple[list[RankTrace], list[str]]:
                          "Enable the ring in the job (mldebug.trace.enable()) and pass the "
                          "watchdog's directory, or DIR/trace.")
     for f in files:
-        try:
-            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                raw = os.read(fd, MAX_FILE + 1)
-            finally:
-                os.close(fd)
-            if len(raw) > MAX_FILE:
-                errors.append(f"{f.name}: larger than {MAX_FILE >> 20} MiB, skipped")
-                continue
-            doc = json.loads(raw)
-        except (OSError, ValueError, RecursionError) as e:
-            errors.append(f"{f.name}: unreadable ({e})")
-            continue
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            errors.append(f"{f.name}: not an mldebug.trace ring file")
-            continue
-        try:
-            traces.append(rank_from_doc(doc, f.name))
-        except (TypeError, ValueError) as e:
-            errors.append(f"{f.name}: malformed ({e})")
+        got = read_ring(f)
+        if isinstance(got, str):
+            errors.append(got)
+        else:
+            traces.append(got)
     traces.sort(key=lambda t: (t.rank is None, t.rank if t.rank is not None else 0, t.host, t.pid))
     return traces, errors
 

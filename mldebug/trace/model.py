@@ -85,9 +85,13 @@ class TraceReport:
     errors: list[str] = field(default_factory=list)
     missing: list[MissingRank] = field(default_factory=list)
     world_size: int | None = None  # expected ranks, when the rings or the notes tell
+    job: str | None = None  # live: the job's key (as 'mldebug hang' names jobs)
+    live: bool = False  # the rings were asked for now (trace show --pid/--job), not read from DIR
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "job": self.job,
+            "live": self.live,
             "ranks": [{"host": t.host, "pid": t.pid, "rank": t.rank, "events": t.kind,
                        "reason": t.reason, "recorded": len(t.events), "threads": t.threads,
                        "last": asdict(t.events[-1]) if t.events else None}

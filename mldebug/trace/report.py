@@ -19,14 +19,16 @@ def render(report: TraceReport, console: Console) -> None:
     kinds = sorted({t.kind for t in report.traces})
     hosts = sorted({t.host for t in report.traces})
     of = f" of {report.world_size}" if report.world_size and report.missing else ""
+    job = f" - job {report.job}" if report.job else ""
     console.print(Text(f"mldebug trace: {n}{of} rank{'s' if n != 1 else ''} on {len(hosts)} "
                        f"host{'s' if len(hosts) != 1 else ''}, {'/'.join(kinds) or 'no'} "
-                       "events", style="bold"))
+                       f"events{job}", style="bold"))
     console.print()
     render_findings(report.findings, console, empty="All ranks followed the same path.")
     if report.missing:
         console.print()
-        console.print(Text(f"Missing ({len(report.missing)}): no ring file", style="bold"))
+        console.print(Text(f"Missing ({len(report.missing)}): no ring "
+                           + ("from the signal" if report.live else "file"), style="bold"))
         for m in report.missing[:20]:
             who = f"rank {m.rank}" if m.rank is not None else f"pid {m.pid}"
             pid = f" (pid {m.pid})" if m.rank is not None and m.pid else ""
