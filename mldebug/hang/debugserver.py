@@ -21,7 +21,6 @@ only to worker URLs whose host is this node.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import socket
@@ -359,6 +358,10 @@ def post(host: str, port: int, handler: str, query: str = "", *, timeout: float,
          limit: int = MAX_BODY) -> tuple[int, bytes]:
     """``POST /handler/<handler>`` on a worker server: (status, body). Bounded: ``timeout`` for
     everything (connect, headers, body), ``limit`` bytes of body; RouteError otherwise."""
+    # here, not at the top: every local `mldebug hang` imports this module after its dumps,
+    # and http.client (with the email parser) was 15 ms of it
+    import http.client
+
     where = f"the debug server at {_hp(host, port)}"
     start = time.monotonic()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)

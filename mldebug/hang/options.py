@@ -104,6 +104,7 @@ def start_local(opts: CollectOptions) -> DocsFn:
         if thread.is_alive():  # what the analysis and the report load lazily, while py-spy runs
             import hostlist  # noqa: F401  (mldebug.hosts.collapse)
 
+            import mldebug.hang.debugserver  # the node's second route, after the dumps
             import mldebug.hang.rules
             import mldebug.redact  # noqa: F401  (the output's redaction)
         thread.join()
