@@ -121,9 +121,11 @@ def test_a_node_whose_server_does_not_answer_is_one_line(dbg_job):
 def test_a_lone_node_never_reports_the_other_nodes_ranks(dbg_job):
     """Asked alone, node2 asks only its own ranks' servers, though node1's are reachable from
     it on 127.0.0.1 (one network namespace). With --store it reads every rank's registration
-    (a scan): node1's are dropped by host name, not asked, and no line is said about them."""
+    (a scan): node1's are dropped by host name, not asked, and no line is said about them;
+    the store named another way than the ranks' MASTER_ADDR (127.0.0.1, not 127.0.1.1) is
+    the same store: each rank is still asked once."""
     cluster, pids, python, port = dbg_job
-    for extra in ((), ("--store", f"127.0.1.1:{port}")):
+    for extra in ((), ("--store", f"127.0.1.1:{port}"), ("--store", f"127.0.0.1:{port}")):
         r = run_cli("hang", "--nodes", "node2", "--remote-python", python, "--json", *extra,
                     env=cluster.env())
         rep = json.loads(r.stdout)

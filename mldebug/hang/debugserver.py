@@ -727,11 +727,18 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
                 continue
             if is_local(uh, addrs):
                 urls[(rank, (sh, sp))] = (uh, up, value)
+    by_rank_store = {(t["identity"].get("rank"), tied.get(t["pid"])): t for t in pending}
+    # one store named two ways (--store 127.0.0.1:P, the ranks' MASTER_ADDR 10.0.0.1:P) holds
+    # the same registrations: ask each rank's server once, through the store its environment
+    # names where one does
+    once: dict[tuple[int, str, int], tuple[int, tuple[str, int]]] = {}
+    for rank, store in sorted(urls, key=lambda k: (k[0], (k[0], k[1]) not in by_rank_store)):
+        once.setdefault((rank, *urls[(rank, store)][:2]), (rank, store))
+    urls = {k: urls[k] for k in once.values()}
     if not urls:
         return []
     # which process each local registration is
     allowed = {t["pid"] for t in pending} | set(hidden)
-    by_rank_store = {(t["identity"].get("rank"), tied.get(t["pid"])): t for t in pending}
     by_pid = {t["pid"]: t for t in pending}
     jobs: list[dict[str, Any]] = []
     for (rank, store), (uh, up, value) in sorted(urls.items()):
