@@ -18,13 +18,10 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, cluster_unavailable, run_cli
 from jobs import RECIPES, free_port
 
-pytestmark = [
-    pytest.mark.cluster, pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("capsh") is None, reason="needs capsh to drop ptrace"),
-]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 RECIPE = "hang_debug_server.py"
 NODES = ("node1", "node2")
@@ -34,6 +31,8 @@ LAYOUT = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 @pytest.fixture(scope="module")
 def dbg_job(cluster, tmp_path_factory):
     pytest.importorskip("torch.distributed.debug")
+    if shutil.which("capsh") is None:  # part of the cluster here: MLDEBUG_REQUIRE_CLUSTER fails
+        cluster_unavailable("capsh (to drop CAP_SYS_PTRACE on the nodes) is missing")
     work = tmp_path_factory.mktemp("dbgsrv-cluster")
     logs = {node: work / f"{node}.log" for node in NODES}
     port, debug_port = free_port(), free_port()
@@ -54,20 +53,23 @@ def dbg_job(cluster, tmp_path_factory):
                         for r, p in re.findall(r"rank (\d+) pid (\d+) ready", text)})
         return out
 
-    deadline = time.monotonic() + 120
-    while len(pids()) < 4:
-        assert time.monotonic() < deadline, "the 2-node job did not start: " + "".join(
-            log.read_text(errors="replace") for log in logs.values() if log.exists())
-        time.sleep(0.5)
-    time.sleep(2)  # every rank reaches its blocking call
-    # no ptrace for mldebug's node script either: py-spy (beside this interpreter) is denied
-    python = work / "noptrace-python"
-    python.write_text("#!/bin/sh\nexec capsh --drop=cap_sys_ptrace -- -c "
-                      f"'exec {sys.executable} \"$@\"' python \"$@\"\n")
-    python.chmod(0o755)
-    yield cluster, pids(), str(python), port
-    for node in NODES:
-        cluster.ssh(node, f"pkill -9 -f {RECIPE} || true", check=False)
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids()) < 4:
+            assert time.monotonic() < deadline, "the 2-node job did not start: " + "".join(
+                log.read_text(errors="replace") for log in logs.values() if log.exists())
+            time.sleep(0.5)
+        time.sleep(2)  # every rank reaches its blocking call
+        # no ptrace for mldebug's node script either: py-spy (beside this interpreter) is
+        # denied
+        python = work / "noptrace-python"
+        python.write_text("#!/bin/sh\nexec capsh --drop=cap_sys_ptrace -- -c "
+                          f"'exec {sys.executable} \"$@\"' python \"$@\"\n")
+        python.chmod(0o755)
+        yield cluster, pids(), str(python), port
+    finally:
+        for node in NODES:
+            cluster.ssh(node, f"pkill -9 -f {RECIPE} || true", check=False)
 
 
 def hang(cluster, python: str, *args: str) -> dict:
