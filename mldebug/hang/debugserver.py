@@ -284,9 +284,11 @@ def local_addresses() -> set:
 
 def is_local(host: str, addrs: set | None = None) -> bool:
     """Whether a registered host names this node: its host name (whole or short) or one of
-    its addresses."""
+    its addresses. Short names only between names: a node named 10.0.0.5 is not 10.0.0.6."""
     node = os.uname().nodename
-    if host in (node, "localhost") or host.split(".")[0] == node.split(".")[0]:
+    if host in (node, "localhost"):
+        return True
+    if not _is_ip(host) and not _is_ip(node) and host.split(".")[0] == node.split(".")[0]:
         return True
     try:
         packed = socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
