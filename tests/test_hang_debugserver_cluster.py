@@ -97,6 +97,11 @@ def test_each_node_answers_for_its_own_ranks_through_the_debug_server(dbg_job):
     route = [f for f in rep["findings"] if f["code"] == "route-debug-server"]
     assert [f["hosts"] for f in route] == [["node[1-2]"]], route
     assert elapsed < 30, elapsed
+    # --watch asks each node's servers a second time: every rank twice, every group stuck
+    watch = hang(cluster, python, "--watch", "1")
+    assert sorted((p["host"], p["rank"]) for p in watch["processes"]
+                  if "threads_later" in p) == sorted((n, r) for r, n in LAYOUT.items())
+    assert {g["state"] for g in watch["groups"]} == {"stuck"}, watch["groups"]
 
 
 def test_a_node_whose_server_does_not_answer_is_one_line(dbg_job):
