@@ -144,3 +144,30 @@ def test_a_lone_node_never_reports_the_other_nodes_ranks(dbg_job):
     # (non-dumpable) ranks itself - the wrapper is what forbids ptrace in the tests above
     r = run_cli("hang", "--nodes", "node2", "--json", env=cluster.env())
     assert {p["route"] for p in json.loads(r.stdout)["processes"]} == {"py-spy"}, r.stdout
+
+
+def test_a_rank_without_a_registration_is_one_line(dbg_job):
+    """Rank 3 (node2) as if it never started its server: its registration is taken out of the
+    store for the run (and put back). node2 says one line for rank 3 (py-spy denied, no
+    server registered), rank 2 beside it and node1's ranks are reported, the culprit named."""
+    import datetime
+
+    import torch.distributed as dist
+
+    cluster, pids, python, port = dbg_job
+    store = dist.PrefixStore("debug_server", dist.TCPStore(
+        "127.0.1.1", port, is_master=False, timeout=datetime.timedelta(seconds=10)))
+    url = store.get("rank3")
+    assert store.delete_key("rank3")
+    try:
+        rep = hang(cluster, python, "--timeout", "5")
+    finally:
+        store.set("rank3", url)
+    assert sorted((p["host"], p["rank"]) for p in rep["processes"]
+                  if p.get("route") == "debug-server") == [
+        ("node1", 0), ("node1", 1), ("node2", 2)], rep["processes"]
+    errs = rep["errors"]
+    assert len(errs) == 1 and errs[0]["host"] == "node2", errs
+    assert errs[0]["pid"] == pids[3][1] and "ptrace" in errs[0]["error"], errs
+    assert [(s["rank"], s["host"]) for s in rep["suspects"]][:1] == [(2, "node2")], \
+        rep["verdict"]
