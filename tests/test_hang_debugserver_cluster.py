@@ -102,6 +102,11 @@ def test_each_node_answers_for_its_own_ranks_through_the_debug_server(dbg_job):
     assert sorted((p["host"], p["rank"]) for p in watch["processes"]
                   if "threads_later" in p) == sorted((n, r) for r, n in LAYOUT.items())
     assert {g["state"] for g in watch["groups"]} == {"stuck"}, watch["groups"]
+    # --signal asks each node's servers before it would signal anything
+    sig = hang(cluster, python, "--signal", "--timeout", "10")
+    assert sorted((p["host"], p["rank"], p["route"]) for p in sig["processes"]) == sorted(
+        (n, r, "debug-server") for r, n in LAYOUT.items()), sig["processes"]
+    assert [(s["rank"], s["host"]) for s in sig["suspects"]] == [(2, "node2")], sig["verdict"]
 
 
 def test_a_node_whose_server_does_not_answer_is_one_line(dbg_job):
