@@ -43,6 +43,7 @@ from mldebug.fr.model import (
     Timeline,
 )
 from mldebug.names import trailing_number
+from mldebug.nodekit import read_fd
 from mldebug.safeload import DeepNesting, UnsafePickle, decode, on_stack, stack_needed
 
 # Bounds on outside data: a dump larger or deeper than these is refused, not analysed.
@@ -146,14 +147,22 @@ def _forget_seen() -> None:
 
 
 def _read_bounded(name: str) -> bytes:
+    """The file's bytes, at most ``MAX_FILE_BYTES``: one read of the size ``fstat`` gives
+    (a read of the limit allocates a 1 GiB buffer, and touches fresh pages, for every
+    file), then the rest if it grew."""
     # O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer
-    with os.fdopen(os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise BadDump("not a regular file")
-        if size > MAX_FILE_BYTES:
-            raise BadDump(f"{size} bytes, over the {MAX_FILE_BYTES}-byte limit for one dump")
-        data = f.read(MAX_FILE_BYTES + 1)
+        if st.st_size > MAX_FILE_BYTES:
+            raise BadDump(f"{st.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit for one dump")
+        data = os.read(fd, st.st_size + 1)
+        if data and len(data) != st.st_size:  # it grew, or a short read: read on, bounded
+            data += read_fd(fd, MAX_FILE_BYTES + 1 - len(data))
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise BadDump(f"over the {MAX_FILE_BYTES}-byte limit for one dump")
     return data
