@@ -98,9 +98,11 @@ def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpS
         if workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
+            # chunks of ~16 files a worker on 1,024 files: a chunk's results cross the pipe
+            # as one message, held whole by the main process (64-file chunks: ~10 MB each)
             with ProcessPoolExecutor(max_workers=workers, initializer=_forget_seen) as pool:
                 return _assemble(pool.map(_scan, files,
-                                          chunksize=max(1, len(files) // (workers * 8))))
+                                          chunksize=max(1, len(files) // (workers * 32))))
         _forget_seen()
         try:
             return _assemble(map(_scan, files))
