@@ -357,12 +357,13 @@ def _column_of(values: tuple[Any, ...], raw: list[dict[str, Any]], key: str,
     entry: at C speed when they are integers that ``conv`` keeps as they are, with None
     ("not recorded": not started yet, timing off) among them, else entry by entry (older
     names, bad values)."""
-    nones = values.count(None)
+    types = set(map(type, values))  # one pass: cheaper than counting None, then bools
+    nones = values.count(None) if type(None) in types else 0
     fill = conv({key: None}) if nones else 0
     if nones == len(values):
         return array("q", [fill]) * len(values)
     present = tuple(filter(partial(is_not, None), values)) if nones else values
-    if bool not in map(type, present):  # bools convert, but are not numbers here
+    if bool not in types:  # bools convert, but are not numbers here
         try:
             col = array("q", present)  # only integers convert
             if _kept(col, key, conv):
