@@ -111,7 +111,7 @@ def bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
     t.start()
     t.join(seconds + 0.5)
     if t.is_alive():
-        raise RouteError(f"{what} did not answer within {seconds:g}s")
+        raise RouteError(f"{what} did not answer within {seconds:.1f} s")
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -172,7 +172,7 @@ class StoreClient:
         if self._guard.expired:
             return RouteError(f"{self.where} did not finish answering in time")
         if isinstance(e, socket.timeout):
-            return RouteError(f"{self.where} did not answer within {self.timeout:g}s")
+            return RouteError(f"{self.where} did not answer within {self.timeout:.1f} s")
         return RouteError(f"{self.where}: {getattr(e, 'strerror', None) or e}")
 
     def _recv(self, n: int) -> bytes:
@@ -372,7 +372,7 @@ def post(host: str, port: int, handler: str, query: str = "", *, timeout: float,
             raise RouteError(f"{where} refused the connection (the rank exited, or its "
                              "server stopped)") from None
         except TimeoutError:
-            raise RouteError(f"{where} did not accept a connection within {timeout:g}s") \
+            raise RouteError(f"{where} did not accept a connection within {timeout:.1f} s") \
                 from None
         assert conn.sock is not None
         guard = _Deadline(conn.sock, timeout - (time.monotonic() - start))
@@ -397,7 +397,7 @@ def post(host: str, port: int, handler: str, query: str = "", *, timeout: float,
         raise
     except (TimeoutError, OSError, http.client.HTTPException, ValueError) as e:
         if guard is not None and guard.expired or isinstance(e, socket.timeout):
-            raise RouteError(f"{where} did not answer {handler} within {timeout:g}s") from None
+            raise RouteError(f"{where} did not answer {handler} within {timeout:.1f} s") from None
         if isinstance(e, (http.client.BadStatusLine, http.client.LineTooLong)) or \
                 isinstance(e, http.client.HTTPException) and \
                 not isinstance(e, http.client.RemoteDisconnected):
