@@ -198,6 +198,9 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
             # rank-carrying process is to select it so; that must then work)
             job["lone"] = False
         cands[p] = dict(info, identity=ident.to_dict(), has_rank=has_rank, job=job)
+        own = own_pid(p)
+        if own is not None:  # in a container / pid namespace: the pid it knows itself by
+            cands[p]["ns_pid"] = own
     # drop launchers wrapping rank-carrying workers of another kind, and inherited copies
     drop = set()
     for p, info in cands.items():
@@ -294,3 +297,98 @@ def proc_sample(pid: int, tid: int | None = None) -> dict[str, Any] | None:
         pass  # another user's process: /proc/PID/io needs ptrace read access
     return {"t": round(time.monotonic(), 4), "state": fields[0][0], "ticks": fields[0][1],
             "proc_ticks": fields[1][1], "io": io}
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: signal 0 reaches it (or is refused: another user's) and it
+    is not a zombie (a zombie has exited: nothing more will come from it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except OSError:  # a pid out of range
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read(4096).decode(errors="replace")
+        return text[text.rindex(")") + 2:].split()[0] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def ns_pids(pid: int) -> list[int]:
+    """The pid of ``pid`` in each pid namespace it is in, this /proc's first, its own last
+    (``NSpid`` of /proc/PID/status); [] when unreadable (gone, or a kernel before 4.1)."""
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("NSpid:"):
+            try:
+                return [int(x) for x in line.split()[1:]]
+            except ValueError:
+                return []
+    return []
+
+
+def own_pid(pid: int) -> int | None:
+    """The pid ``pid`` (of this /proc) has in its own pid namespace, when that differs (a rank
+    in a container or ``unshare --pid``: what it prints and writes in file names)."""
+    ns = ns_pids(pid)
+    return ns[-1] if len(ns) > 1 and ns[-1] != pid else None
+
+
+def pid_namespace() -> str | None:
+    """This process's pid namespace (``pid:[4026531836]``); None where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def nested_pids() -> dict[int, list[int]]:
+    """Own pid -> pids in this /proc of every process in a nested pid namespace (containers,
+    ``unshare --pid``): one pass over /proc for ``host_pid`` to look up many registrations."""
+    table: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if entry.isdecimal():
+            ns = ns_pids(int(entry))
+            if len(ns) > 1 and ns[-1] != ns[0]:
+                table.setdefault(ns[-1], []).append(ns[0])
+    return table
+
+
+INIT_PID_NAMESPACE = "pid:[4026531836]"  # the kernel's initial pid namespace (PROC_PID_INIT_INO)
+
+
+def ns_tag() -> str:
+    """``""`` in the initial pid namespace, ``-ns<inode>`` inside a nested one: a file name
+    part that keeps pid 5 of one container apart from pid 5 of another sharing a directory."""
+    ns = pid_namespace()
+    if ns is None or ns == INIT_PID_NAMESPACE:
+        return ""
+    inode = "".join(ch for ch in ns if ch.isdecimal())
+    return f"-ns{inode}" if inode else ""
+
+
+def host_pid(pid: int, start: int | None = None,
+             table: dict[int, list[int]] | None = None) -> int | None:
+    """The pid in this /proc of the process that calls itself ``pid`` (its ``os.getpid()``,
+    written into a registration) and started at ``start`` (clock ticks, ``start_time``).
+
+    The same process when this namespace shows ``pid`` with that start time; otherwise a
+    process of a nested pid namespace (a container, ``unshare --pid``) whose own pid is
+    ``pid`` and whose start time matches (``table``: ``nested_pids()``, computed here when
+    not given). Without ``start`` only an unambiguous match is taken. None: no such process
+    runs here (gone, or its pid reused)."""
+    if start is None:
+        if alive(pid) and own_pid(pid) is None:
+            return pid
+    elif start_time(pid) == start and alive(pid):
+        return pid
+    found = [h for h in (nested_pids() if table is None else table).get(pid, ())
+             if h != pid and alive(h) and (start is None or start_time(h) == start)]
+    return found[0] if len(found) == 1 else None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.fanout import FanoutOptions
+from mldebug.findings import Finding
 from mldebug.fr import node as node_script
 
 
@@ -30,10 +31,12 @@ class NodeOutcome:
     errors: list[str] = field(default_factory=list)  # "rank 3 (pid 123): why"
     notes: list[str] = field(default_factory=list)
     dirs: list[tuple[str, int | None]] = field(default_factory=list)  # (dump dir, rank) answered
+    # live ranks that did not answer the trigger (stopped, frozen): {"rank", "pid", "why"}
+    silent: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "files": [str(f) for f in self.files],
-                "errors": self.errors, "notes": self.notes}
+                "errors": self.errors, "notes": self.notes, "silent": self.silent}
 
 
 @dataclass
@@ -141,9 +144,15 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path,
         rank, pid = item.get("rank"), item.get("pid")
         rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-        who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+        own = item.get("ns_pid")
+        own = own if isinstance(own, int) and not isinstance(own, bool) and own != pid else None
+        who = f"rank {rank}" + (f" (pid {pid}" + (f", {own} in its pid namespace" if own else "")
+                                + ")" if pid else "")
         if item.get("error"):
             outcome.errors.append(f"{who}: {str(item['error'])[:2000]}")
+            if item.get("silent") is True:
+                outcome.silent.append({"rank": rank, "pid": pid,
+                                       "why": str(item["error"])[:2000]})
         data = item.get("data")
         if not data or not isinstance(data, str):
             continue
@@ -165,6 +174,35 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path,
         suffix = f"rank{rank}" if rank is not None else f"pid{pid if pid else 'x'}"
         outcome.files.append(_write_new(out_dir / f"fr-{host}-{suffix}", raw, mode))
     return outcome
+
+
+def silent_finding(result: TriggerResult) -> Finding | None:
+    """The ranks that are alive but did not answer the trigger, as the finding they are: a
+    healthy rank's recorder dumps within a second, so a silent one is stopped or frozen, and
+    the ranks that did answer are not suspects for it (whatever their dumps lack)."""
+    from mldebug.findings import Finding, Severity
+    from mldebug.render import fold_ints
+
+    silent = [(n.host, s) for n in result.nodes for s in n.silent]
+    if not silent:
+        return None
+    ranks = sorted({s["rank"] for _, s in silent if s["rank"] is not None})
+    who = f"rank(s) {fold_ints(ranks)}" if ranks else f"{len(silent)} process(es)"
+    answered = len(result.files)
+    detail = "\n".join(f"rank {s['rank']} ({h}, pid {s['pid']}): {s['why']}"
+                        for h, s in silent[:32])
+    return Finding(
+        Severity.ERROR,
+        f"{who} alive but did not answer the trigger: stopped or frozen"
+        + (f" ({answered} other rank(s) answered and are not suspects for this)"
+           if answered else ""),
+        "A rank whose recorder thread can run writes its dump within a second; these could "
+        "not, so they are what holds the job up (their collectives cannot progress either). "
+        "Their flight-recorder entries are missing, so any culprit the dumps alone suggest "
+        "is limited to what the answering ranks saw.\n" + detail,
+        "Look at the silent ranks: resume a stopped one (kill -CONT PID); read a frozen one "
+        "with 'mldebug hang --native --pid PID' (py-spy reads a process that holds the GIL).",
+        code="fr-silent-ranks", hosts=tuple(sorted({h for h, _ in silent})))
 
 
 def trigger_local(out_dir: str | Path, timeout: float = 30.0,
@@ -251,7 +289,8 @@ class NodeArgs:
     pids: str | None = None  # comma-separated
 
 
-NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.fr.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.dist",
+                "mldebug.ranks", "mldebug.fr.node")
 NODE_SCHEMA = {"host": str, "ranks": list}
 
 

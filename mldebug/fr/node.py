@@ -40,6 +40,7 @@ from mldebug.nodekit import ArgumentParser, emit, read_fd, short_hostname
 from mldebug.privdir import UnsafeDir, check_stat, owner_name
 from mldebug.privdir import check_dir as _check_dir
 from mldebug.privdir import private_dir as _private_dir
+from mldebug.ranks import alive, host_pid, nested_pids, proc_status, read_text
 
 REGISTRY_PREFIX = ".mldebug-fr-"
 
@@ -108,14 +109,39 @@ def read_in(dir_fd: int, name: str, owner: int, limit: int) -> tuple[bytes, int]
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+NOT_LISTENING = "not listening on its trigger FIFO"
+
+
+def _stopped(pid: int) -> str | None:
+    """A stopped process (SIGSTOP, job control, a debugger's stop) cannot read its FIFO: said
+    at once instead of after the poke's wait."""
+    state = proc_status(pid).get("State", "")
+    return "stopped" if state.startswith(("T", "t")) else None
+
+
+def silent_reason(pid: int, timeout: float | None = None) -> str:
+    """Why a live rank did not answer the trigger, from /proc/PID/status (no ptrace): the
+    rank is the finding - alive but stopped or frozen - never a slow recorder to wait for."""
+    st = proc_status(pid)
+    state = st.get("State", "?")
+    tracer = st.get("TracerPid", "0")
+    traced = ""
+    if tracer not in ("", "0"):
+        comm = (read_text(f"/proc/{tracer}/comm") or "?").strip()
+        traced = f"; traced by pid {tracer} ({comm})"
+    if state.startswith(("T", "t")):
+        return (f"alive but stopped (State {state}{traced}): SIGSTOP, a job-control stop or a "
+                f"debugger; it cannot dump until it runs again (kill -CONT {pid}, or detach "
+                "the debugger). A stopped rank holds up every collective it is part of.")
+    if state.startswith("D"):
+        return (f"alive but in uninterruptible sleep (State {state}{traced}): stuck in a "
+                "driver or file-system call; see its kernel stack in "
+                f"/proc/{pid}/stack (root) and mldebug hang --native --pid {pid}.")
+    slow = (f" Only a recorder with a very large buffer (TORCH_FR_BUFFER_SIZE) takes longer "
+            f"than {timeout:g}s." if timeout is not None else "")
+    return (f"alive (State {state}{traced}) but its recorder thread never ran: the process is "
+            "frozen - a C call holding the GIL, or a deadlock - so it is a prime suspect. "
+            f"mldebug hang --native --pid {pid} reads it with py-spy." + slow)
 
 
 def _poke(dir_fd: int, name: str, owner: int, token: str, deadline: float) -> str | None:
@@ -131,7 +157,7 @@ def _poke(dir_fd: int, name: str, owner: int, token: str, deadline: float) -> st
                 time.sleep(0.05)  # the listener is between two reads (or busy dumping)
                 continue
             if e.errno == errno.ENXIO:
-                return "not listening on its trigger FIFO (process stuck before enable()?)"
+                return NOT_LISTENING + " (process stuck before enable()?)"
             if e.errno == errno.ELOOP:
                 return "trigger FIFO refused: it is a symlink"
             return f"cannot open trigger FIFO: {e.strerror}"
@@ -233,21 +259,34 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
     token = f"{time.time_ns()}-{os.getpid()}-{os.urandom(4).hex()}"
     waiting: list[dict[str, Any]] = []
     stale = 0
+    table: dict[int, list[int]] | None = None  # pid namespaces nested in this one, once
     for name in sorted(os.listdir(dir_fd)):
         if not (name.startswith(REGISTRY_PREFIX + host + "-") and name.endswith(".json")):
             continue
+        doc = _read_json(dir_fd, name, owner)
         try:
-            pid, _, rank = registration(_read_json(dir_fd, name, owner), name)
+            own, _, rank = registration(doc, name)
         except ValueError as e:
             out["ranks"].append({"rank": None, "pid": None,
                                  "error": f"malformed registration {name}: {e}; ignored"})
             continue
+        start = (doc or {}).get("start_time")
+        start = start if isinstance(start, int) and not isinstance(start, bool) else None
+        # the registration names the pid the rank has in its own namespace (a container's
+        # rank 0 is pid 5 there, 4769 here): found by its start time, never by the number alone
+        pid = host_pid(own, start, {})
+        if pid is None:
+            table = nested_pids() if table is None else table
+            pid = host_pid(own, start, table)
+        if pid is None:
+            if pids is None or own in pids:
+                stale += 1
+            continue
         if pids is not None and pid not in pids:
             continue  # another job's rank
-        if not _alive(pid):
-            stale += 1
-            continue
         item: dict[str, Any] = {"pid": pid, "rank": rank}
+        if pid != own:
+            item["ns_pid"] = own
         try:
             pid_uid = os.stat(f"/proc/{pid}").st_uid
         except OSError:
@@ -258,13 +297,18 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
                              "ignored")
             out["ranks"].append(item)
             continue
-        err = _poke(dir_fd, f"{REGISTRY_PREFIX}{host}-{pid}.trigger", owner, token,
-                    min(deadline, time.monotonic() + 5))
-        if err:
+        stopped = _stopped(pid)
+        err = stopped or _poke(dir_fd, f"{REGISTRY_PREFIX}{host}-{own}.trigger", owner, token,
+                               min(deadline, time.monotonic() + 5))
+        if stopped or (err and err.startswith(NOT_LISTENING) and alive(pid)):
+            item["error"] = "did not answer the trigger: " + silent_reason(pid)
+            item["silent"] = True
+            out["ranks"].append(item)
+        elif err:
             item["error"] = err
             out["ranks"].append(item)
         else:
-            item["_done"] = f"{REGISTRY_PREFIX}{host}-{pid}.done"
+            item["_done"] = f"{REGISTRY_PREFIX}{host}-{own}.done"
             waiting.append(item)
     if stale:
         out["notes"].append(f"{stale} registration(s) of processes that no longer run were ignored")
@@ -301,9 +345,20 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             time.sleep(0.05)
     for item in waiting:
         del item["_done"]
-        item["error"] = (f"did not dump within {timeout:g}s (the recorder is slow with large "
-                         "buffers or the process is frozen); raise --timeout")
+        if alive(item["pid"]):
+            item["error"] = (f"did not answer the trigger within {timeout:g}s: "
+                             + silent_reason(item["pid"], timeout))
+            item["silent"] = True
+        else:
+            item["error"] = f"process {item['pid']} exited before it answered the trigger"
         out["ranks"].append(item)
+    silent = [i for i in out["ranks"] if i.get("silent")]
+    answered = [i for i in out["ranks"] if "file" in i and not i.get("error")]
+    if silent and answered:
+        out["notes"].append(
+            f"{len(silent)} live rank(s) did not answer while {len(answered)} did: a rank "
+            "whose recorder thread can run dumps within a second, so the silent ranks are "
+            "the finding (stopped or frozen), not the ranks that answered")
     if not out["ranks"]:
         out["notes"].append(f"no rank on {host} is registered in {dump_dir}: call "
                             "mldebug.fr.enable() in the training script (or pass --dir)")

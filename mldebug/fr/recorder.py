@@ -32,6 +32,7 @@ from typing import Any
 
 from mldebug.dist import identity
 from mldebug.fr.node import _TOKEN, TRIGGERED, UnsafeDir, private_dir
+from mldebug.ranks import start_time
 
 PREFIX = "fr_rank"
 NATIVE_SUBDIR = "nccl"
@@ -180,6 +181,8 @@ class Recorder:
             return
         _atomic_write(self.registry, json.dumps(
             {"pid": self.pid, "host": self.host, "rank": self.rank,
+             # the pid is this namespace's; its start time finds it from the node's (fr/node)
+             "start_time": start_time(self.pid),
              "fifo": str(self.fifo), "done": str(self.done),
              "dump_dir": str(self.dump_dir)}).encode())
         threading.Thread(target=self._serve, name="mldebug-fr-trigger", daemon=True).start()

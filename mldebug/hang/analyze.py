@@ -308,7 +308,7 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
         for host, pid in g.pids:
             p = by_key[(host, pid)]
             act = acts.get((host, pid)) if not g.collective else None
-            suspects.append(Suspect(rank=p.rank, host=host, pid=pid,
+            suspects.append(Suspect(rank=p.rank, host=host, pid=pid, ns_pid=p.ns_pid,
                                     reason=reason + (f"; {ACTIVITY_WORDS[act[0]]}" if act
                                                      else ""),
                                     call_site=call_site(g.frames), job=key,
@@ -434,6 +434,8 @@ def analyze(collection: Collection, *, all_threads: bool = False,
 
 
 def s_label(s: Suspect) -> str:
+    own = f", {s.ns_pid} in its pid namespace" if s.ns_pid is not None else ""
     if s.rank is not None:
-        return f"rank {s.rank} ({s.host}, pid {s.pid})" if s.host else f"rank {s.rank} (pid {s.pid})"
-    return proc_label(s.host, s.pid)
+        return (f"rank {s.rank} ({s.host}, pid {s.pid}{own})" if s.host
+                else f"rank {s.rank} (pid {s.pid}{own})")
+    return proc_label(s.host, s.pid) + (f" ({s.ns_pid} in its pid namespace)" if own else "")

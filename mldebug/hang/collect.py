@@ -91,7 +91,9 @@ def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Proce
     job = p.get("job") or {}
     if not isinstance(job, dict):
         raise ValueError("'job' is not an object")
+    ns_pid = _opt_int(p.get("ns_pid"))
     proc = Process(host=host, pid=pid, cmdline=[str(c) for c in cmdline], **known,
+                   ns_pid=ns_pid if ns_pid != pid else None,
                    job=_opt_str(job.get("key")), job_launcher=_opt_str(job.get("launcher")),
                    lone=bool(job.get("lone")))
     for key, attr in (("dump", "threads"), ("dump_later", "threads_later")):

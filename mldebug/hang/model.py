@@ -83,6 +83,9 @@ class Process:
     # /proc samples: before and after the dumps, and after the second round with --watch
     samples: list[ProcSample] = field(default_factory=list)
     clk_tck: int = 100
+    # the pid the process has in its own pid namespace (a container, unshare --pid) when it
+    # differs from ``pid`` (this node's): what the rank prints and names its files with
+    ns_pid: int | None = None
 
     @property
     def label(self) -> str:
@@ -239,6 +242,7 @@ class Suspect:
     call_site: str | None = None
     job: str = ""
     activity: str | None = None  # "spinning" / "blocked", from the /proc samples
+    ns_pid: int | None = None  # its pid inside its own pid namespace, when that differs
 
 
 @dataclass
@@ -407,6 +411,8 @@ def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
         d["workers"] = [process_to_dict(w, stacks) for w in p.workers]
     if p.samples:
         d["samples"] = [asdict(x) for x in p.samples]
+    if p.ns_pid is not None:
+        d["ns_pid"] = p.ns_pid
     return d
 
 
