@@ -58,13 +58,14 @@ class TriggerResult:
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
+def prepare_out(out: str | Path | None, create: bool = True) -> tuple[Path, bool]:
     """The directory to gather dumps into, and whether it was created here.
 
     Default: a new private directory ``$TMPDIR/mldebug-fr-dumps-<time>-XXXX`` (mode 0700) -
     never the current directory, where a forgotten folder of dumps ends up in a repository.
     A given ``--out`` must not exist (it is created 0700) or be an empty directory: earlier
-    dumps are never overwritten nor mixed into a new analysis.
+    dumps are never overwritten nor mixed into a new analysis. ``create=False``: a given
+    ``--out`` is only checked (``trigger`` builds it aside and renames it into place).
     """
     import tempfile
 
@@ -88,6 +89,8 @@ def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
         if any(p.iterdir()):
             raise UsageError(f"--out {p} already holds files; dumps of two triggers would be "
                              "mixed (or overwritten).", "Pass a new or empty directory.")
+        return p, False
+    if not create:
         return p, False
     try:
         p.mkdir(parents=True, mode=0o700)
@@ -245,37 +248,66 @@ def trigger(target: FanoutOptions, out_dir: str | Path | None,
     directories (``mldebug hang --fr`` passes the job's ranks).
     An output directory created here is removed again when no dump came back.
     """
-    out, created = prepare_out(out_dir)
+    from mldebug import paths
+    from mldebug.lifetime import sigterm_unwinds
+
+    out, created = prepare_out(out_dir, create=False)
+    existed = out.exists()
     timeout = target.timeout if timeout is None else timeout
+    result = TriggerResult(out, [])
+    swapped = False
+    # built in a private directory beside --out and renamed into place at the end (SIGINT and
+    # SIGTERM held for the rename): an interrupted trigger leaves the finished output or nothing
+    with sigterm_unwinds():
+        try:
+            with paths.staged(out, command="mldebug fr trigger", private=True) as st:
+                result.nodes = _trigger_into(target, st.path, dump_dir, timeout, max_bytes,
+                                             progress, discover, pids)
+                if not result.files:
+                    raise _NoDumps
+            swapped = True
+        except _NoDumps:
+            pass
+        finally:
+            if created and not swapped:
+                try:
+                    out.rmdir()  # the empty temporary directory made here: nothing left behind
+                except OSError:
+                    pass
+    for n in result.nodes:  # the files as they are now, after the rename
+        n.files = [out / f.name for f in n.files]
+    result.removed = not swapped and (created or not existed)
+    return result
+
+
+class _NoDumps(Exception):
+    """No dump came back: the staged output is dropped, nothing is renamed into place."""
+
+
+def _trigger_into(target: FanoutOptions, out: Path, dump_dir: str | Path | None,
+                  timeout: float, max_bytes: Any, progress: Any, discover: Any,
+                  pids: Any) -> list[NodeOutcome]:
     if target.is_local:
         only = {int(p) for p in pids} if pids is not None else None
-        nodes = [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
-                                      only)]
-    else:
-        nodes = []
+        return [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
+                                     only)]
+    nodes: list[NodeOutcome] = []
 
-        def on_doc(host: str, doc: dict[str, Any] | None, error: str) -> None:
-            if doc is None:
-                nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
-                return
-            try:
-                nodes.append(save_node_doc(host, doc, out, int(max_bytes)))
-            except (AttributeError, KeyError, TypeError, ValueError) as e:
-                nodes.append(NodeOutcome(host, errors=[
-                    f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
-
-        order = _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover), bool(progress),
-                         pids, on_doc)
-        rank = {h: i for i, h in enumerate(order)}
-        nodes.sort(key=lambda n: rank.get(n.host, len(rank)))
-    result = TriggerResult(out, nodes)
-    if created and not result.files:
+    def on_doc(host: str, doc: dict[str, Any] | None, error: str) -> None:
+        if doc is None:
+            nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
+            return
         try:
-            out.rmdir()  # empty, and made here: nothing left behind
-            result.removed = True
-        except OSError:
-            pass
-    return result
+            nodes.append(save_node_doc(host, doc, out, int(max_bytes)))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            nodes.append(NodeOutcome(host, errors=[
+                f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
+
+    order = _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover), bool(progress),
+                     pids, on_doc)
+    rank = {h: i for i, h in enumerate(order)}
+    nodes.sort(key=lambda n: rank.get(n.host, len(rank)))
+    return nodes
 
 
 @dataclass

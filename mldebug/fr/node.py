@@ -119,7 +119,28 @@ def _stopped(pid: int) -> str | None:
     return "stopped" if state.startswith(("T", "t")) else None
 
 
-def silent_reason(pid: int, timeout: float | None = None) -> str:
+def _unread(dir_fd: int, name: str, owner: int) -> int | None:
+    """Bytes of the trigger still unread in a rank's FIFO (FIONREAD; never blocks): a rank
+    whose threads run reads its token at once and closes the FIFO to dump (0: no reader left),
+    a frozen one leaves it there. None when that cannot be told."""
+    import fcntl
+    import termios
+
+    try:
+        fd = open_in(dir_fd, name, owner, "fifo", os.O_WRONLY | os.O_NONBLOCK)
+    except (OSError, ValueError) as e:
+        return 0 if getattr(e, "errno", None) == errno.ENXIO else None
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+        return int.from_bytes(buf, sys.byteorder)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def silent_reason(pid: int) -> str:
     """Why a live rank did not answer the trigger, from /proc/PID/status (no ptrace): the
     rank is the finding - alive but stopped or frozen - never a slow recorder to wait for."""
     st = proc_status(pid)
@@ -137,11 +158,9 @@ def silent_reason(pid: int, timeout: float | None = None) -> str:
         return (f"alive but in uninterruptible sleep (State {state}{traced}): stuck in a "
                 "driver or file-system call; see its kernel stack in "
                 f"/proc/{pid}/stack (root) and mldebug hang --native --pid {pid}.")
-    slow = (f" Only a recorder with a very large buffer (TORCH_FR_BUFFER_SIZE) takes longer "
-            f"than {timeout:g}s." if timeout is not None else "")
-    return (f"alive (State {state}{traced}) but its recorder thread never ran: the process is "
-            "frozen - a C call holding the GIL, or a deadlock - so it is a prime suspect. "
-            f"mldebug hang --native --pid {pid} reads it with py-spy." + slow)
+    return (f"alive (State {state}{traced}) but it never read its trigger: no Python thread of "
+            "it runs - frozen in a C call holding the GIL, or a deadlock - so it is a prime "
+            f"suspect. mldebug hang --native --pid {pid} reads it with py-spy.")
 
 
 def _poke(dir_fd: int, name: str, owner: int, token: str, deadline: float) -> str | None:
@@ -309,6 +328,7 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             out["ranks"].append(item)
         else:
             item["_done"] = f"{REGISTRY_PREFIX}{host}-{own}.done"
+            item["_fifo"] = f"{REGISTRY_PREFIX}{host}-{own}.trigger"
             waiting.append(item)
     if stale:
         out["notes"].append(f"{stale} registration(s) of processes that no longer run were ignored")
@@ -320,7 +340,7 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             if not done or done.get("token") != token:
                 continue
             waiting.remove(item)
-            del item["_done"]
+            del item["_done"], item["_fifo"]
             r = done.get("rank", item["rank"])
             item["rank"] = r if isinstance(r, int) and not isinstance(r, bool) else item["rank"]
             if not done.get("file"):
@@ -345,9 +365,14 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             time.sleep(0.05)
     for item in waiting:
         del item["_done"]
-        if alive(item["pid"]):
+        unread = _unread(dir_fd, item.pop("_fifo"), owner)
+        if alive(item["pid"]) and unread == 0:
+            item["error"] = (f"took the trigger but did not finish its dump within {timeout:g}s "
+                             "(a loaded machine, or a large TORCH_FR_BUFFER_SIZE); raise "
+                             "--timeout")
+        elif alive(item["pid"]):
             item["error"] = (f"did not answer the trigger within {timeout:g}s: "
-                             + silent_reason(item["pid"], timeout))
+                             + silent_reason(item["pid"]))
             item["silent"] = True
         else:
             item["error"] = f"process {item['pid']} exited before it answered the trigger"
