@@ -7,7 +7,8 @@ After one all_reduce every rank but rank 0 freezes in a C call that holds the GI
 extension that never releases it: no Python thread of the process runs, so its recorder
 thread cannot dump), while rank 0 waits healthily in the next all_reduce. Its recorder answers
 the trigger; the others cannot. The one rank that answered is not a suspect. ``--freeze
-SECONDS`` bounds the freeze (default 600); ``--timeout`` is the collective timeout.
+SECONDS`` bounds the freeze (default 600); ``--timeout`` is the collective timeout;
+MLDEBUG_SIGNAL=1 also installs the dump handler ``mldebug hang --signal`` uses.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def main() -> None:
         import mldebug.fr
 
         mldebug.fr.enable()
+    if os.environ.get("MLDEBUG_SIGNAL"):  # what `mldebug hang --signal` asks (no ptrace)
+        import mldebug
+
+        mldebug.install_dump_handler()
     rank = dist.get_rank()
     t = torch.ones(4)
     dist.all_reduce(t)  # collective #1: every rank

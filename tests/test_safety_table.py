@@ -513,3 +513,217 @@ def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
     finally:
         p.kill()
         p.wait()
+
+
+# -- class: wrong verdicts (a real gloo job in its own pid namespace, 3 of 4 ranks frozen) --
+# One torchrun job serves the rows below: it runs inside `unshare --pid --fork --mount-proc`
+# (what a container does to pids: its rank 0 is pid 5 there, a five-digit pid here), its
+# ranks 1-3 freeze holding the GIL in C (recipes/fr_frozen_ranks.py) while rank 0 waits
+# healthily in the next all_reduce. Every rank has the flight recorder and the dump handler.
+# mldebug runs from the host's namespace, as root on a node runs it beside a container.
+FROZEN = (1, 2, 3)
+VERDICT_COMMANDS: dict[str, Callable[[dict], list[str]]] = {
+    "hang": lambda j: ["hang", "--pid", str(j["launcher"]), "--json"],
+    "hang --signal": lambda j: ["hang", "--signal", "--pid", str(j["launcher"]), "--timeout",
+                                "20", "--json"],
+    "fr trigger": lambda j: ["fr", "trigger", "--dir", str(j["frdir"]), "--pid",
+                             str(j["launcher"]), "--timeout", "15", "--analyze", "--json"],
+}
+
+
+@pytest.fixture(scope="module")
+def ns_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("torch")
+    from jobs import kill_tree
+
+    from mldebug.ranks import ns_pids
+
+    base = tmp_path_factory.mktemp("nsjob")
+    frdir = base / "fr"
+    frdir.mkdir(mode=0o700)
+    log = base / "job.log"
+    env = dict(os.environ, MLDEBUG_FR="1", MLDEBUG_FR_DIR=str(frdir), MLDEBUG_SIGNAL="1",
+               MLDEBUG_DIR=str(base / "capture"), TORCH_FR_BUFFER_SIZE="2000",
+               OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'recipes'}")
+    with open(log, "wb") as out:
+        p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                              sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node=4", str(REPO / "recipes" / "fr_frozen_ranks.py"),
+                              "--timeout", "1800", "--freeze", "1800"],
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        import re
+
+        while len(re.findall(r"rank \d+ pid \d+ ready", log.read_text(errors="replace"))) < 4:
+            if p.poll() is not None or time.monotonic() > deadline:
+                if "unshare failed" in log.read_text(errors="replace"):
+                    pytest.skip(f"no pid namespaces here: {log.read_text()[-300:]}")
+                pytest.fail(f"the namespaced job did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        own = {int(r): int(q) for r, q in
+               re.findall(r"rank (\d+) pid (\d+) ready", log.read_text(errors="replace"))}
+        ranks = {}
+        for c in psutil.Process(p.pid).children(recursive=True):
+            ns = ns_pids(c.pid)
+            if len(ns) > 1 and ns[-1] in own.values() and "fr_frozen" in " ".join(c.cmdline()):
+                ranks[next(r for r, q in own.items() if q == ns[-1])] = c.pid
+        assert sorted(ranks) == [0, 1, 2, 3] and all(ranks[r] != own[r] for r in ranks), (
+            ranks, own)
+        time.sleep(2.0)  # rank 0 into its all_reduce, ranks 1-3 into hold_gil
+        yield {"launcher": p.pid, "frdir": frdir, "ranks": ranks, "own": own, "log": log}
+    finally:
+        kill_tree(p)
+
+
+def _run(argv: list[str], timeout: float = 120) -> tuple[int, dict, str]:
+    from conftest import run_cli
+
+    r = run_cli(*argv, timeout=timeout)
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
+
+
+def _hang_check(doc: dict, job: dict, cmd: str) -> None:
+    procs = {p["pid"]: p for p in doc["processes"]}
+    assert sorted(procs) == sorted(job["ranks"].values()), (cmd, sorted(procs), doc["errors"])
+    for rank, pid in job["ranks"].items():  # host pids, and the pid the rank knows itself by
+        assert procs[pid]["rank"] == rank and procs[pid]["ns_pid"] == job["own"][rank], cmd
+    assert len({p["job"] for p in procs.values()}) == 1, cmd  # one job, not four
+    text = json.dumps(doc["errors"]) + json.dumps(doc["findings"])
+    assert "exited" not in text and "is gone" not in text and "no handler" not in text, (cmd,
+                                                                                         text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cmd", sorted(VERDICT_COMMANDS))
+def test_verdict_ranks_in_another_pid_namespace(cmd, ns_job):
+    """row: verdicts-pid-namespace - ranks whose pids differ in their own namespace are found,
+    read and named by the host's pid (with their own beside it); the fr registrations they
+    wrote with their own pids are matched by start time, never by the number alone (which
+    named a kernel thread here, or 'no longer runs'); --signal finds their handlers."""
+    rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
+    frozen = sorted(ns_job["ranks"][r] for r in FROZEN)
+    if cmd.startswith("hang"):
+        _hang_check(doc, ns_job, cmd)
+        if cmd == "hang":
+            assert sorted(s["pid"] for s in doc["suspects"]) == frozen, doc["suspects"]
+            assert all(s["ns_pid"] == ns_job["own"][s["rank"]] for s in doc["suspects"])
+        else:  # every rank answered the signal: rank 0 in Python, the frozen ones in C
+            assert all(p["threads"] for p in doc["processes"]), doc["errors"]
+        return
+    node = doc["nodes"][0]
+    assert rc == 0 and [Path(f).name for f in doc["files"]] == ["fr-" + node["host"] + "-rank0"]
+    for r in FROZEN:  # host pid and own pid both named, alive and silent - never 'gone'
+        assert any(f"rank {r} (pid {ns_job['ranks'][r]}, {ns_job['own'][r]} in its pid "
+                   "namespace): did not answer" in e for e in node["errors"]), node["errors"]
+    assert sorted(s["pid"] for s in node["silent"]) == frozen
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_verdict_three_frozen_ranks_never_blame_the_one_that_answered(ns_job, tmp_path):
+    """row: verdicts-three-frozen - 3 of 4 ranks frozen (GIL held in C), one healthy: the
+    silent ranks are the finding (alive, never read their trigger) and the rank that answered
+    is no culprit, in the trigger's own finding and in the analysis of its one dump."""
+    rc, doc, err = _run(["fr", "trigger", "--dir", str(ns_job["frdir"]), "--timeout", "15",
+                         "--analyze", "--json", "--out", str(tmp_path / "o")])
+    assert rc == 0, err
+    (silent,) = [f for f in doc["findings"] if f["code"] == "fr-silent-ranks"]
+    assert "rank(s) 1-3 alive but did not answer" in silent["title"], silent
+    assert "never read its trigger" in silent["detail"] and "GIL" in silent["detail"]
+    culprits = doc["analysis"]["culprit_ranks"]
+    assert 0 not in culprits and set(culprits) <= set(FROZEN), doc["analysis"]
+    assert doc["analysis"]["findings"][0]["code"] == "fr-silent-ranks"
+    assert not any("rank(s) 0 " in f["title"] and f["severity"] == "error"
+                   for f in doc["analysis"]["findings"])
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".mldebug-output",
+                                                                   f"fr-{doc['nodes'][0]['host']}-rank0"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cmd", sorted(VERDICT_COMMANDS))
+@pytest.mark.parametrize("how", ["sigstop", "strace"])
+def test_verdict_a_stopped_or_traced_rank_is_alive_never_gone(how, cmd, ns_job):
+    """rows: verdicts-sigstop, verdicts-ptrace - the healthy rank 0, SIGSTOPped or held by
+    `strace -p`, is alive but could not be read (with the reason and how to resume it), never
+    'exited' or 'process is gone'; a command it can still answer (strace passes signals and
+    lets the recorder run) reads it."""
+    import shutil
+
+    pid = ns_job["ranks"][0]
+    tracer = None
+    if how == "sigstop":
+        os.kill(pid, signal.SIGSTOP)
+    else:
+        if shutil.which("strace") is None:
+            pytest.skip("no strace here")
+        tracer = subprocess.Popen(["strace", "-qq", "-o", "/dev/null", "-p", str(pid)],
+                                  stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while _status(pid).get("TracerPid", "0") == "0":
+            assert time.monotonic() < deadline and tracer.poll() is None, "strace did not attach"
+            time.sleep(0.1)
+    try:
+        rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
+    finally:
+        if tracer is not None:
+            tracer.send_signal(signal.SIGINT)  # strace detaches on SIGINT
+            tracer.wait(30)
+        os.kill(pid, signal.SIGCONT)
+    text = json.dumps(doc)
+    assert "exited" not in text and "is gone" not in text and "rank-exited" not in text, text
+    if cmd == "fr trigger":
+        node = doc["nodes"][0]
+        if how == "sigstop":
+            assert any(s["pid"] == pid and "alive but stopped" in s["why"]
+                       and f"kill -CONT {pid}" in s["why"] for s in node["silent"]), node
+        else:
+            assert any(f.endswith("-rank0") for f in doc["files"]), node
+        return
+    rank0 = [p for p in doc["processes"] if p["pid"] == pid]
+    errors = [e["error"] for e in doc["errors"] if e.get("pid") == pid]
+    if cmd == "hang --signal" and how == "strace":
+        assert rank0 and rank0[0]["threads"], errors  # the signal passes through strace
+        return
+    assert errors, doc["errors"]
+    word = "stopped" if how == "sigstop" else "traced by pid"
+    assert any(word in e for e in errors), errors
+    hints = {f["code"]: f for f in doc["findings"]}
+    assert "rank-unreadable" in hints and "Rank 0" in hints["rank-unreadable"]["title"], hints
+
+
+def _status(pid: int) -> dict[str, str]:
+    from mldebug.ranks import proc_status
+
+    return proc_status(pid)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_during_fr_trigger_out_leave_nothing(sig, ns_job, tmp_path):
+    """row: signals-fr-trigger-out - SIGTERM/SIGINT while `fr trigger --out` waits for the
+    ranks (here the frozen ones keep it waiting): exit 143/130 and no --out, no staging
+    directory beside it (it once left a half-filled --out); a finished run leaves the whole
+    output (verdicts-three-frozen)."""
+    p = subprocess.Popen([sys.executable, "-m", "mldebug", "fr", "trigger", "--dir",
+                          str(ns_job["frdir"]), "--timeout", "60", "--out", str(tmp_path / "o")],
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(x.name.startswith(".o.tmp-") for x in tmp_path.iterdir()):
+            assert time.monotonic() < deadline and p.poll() is None, p.stderr
+            time.sleep(0.1)
+        time.sleep(1.5)  # rank 0's dump is in; the frozen ranks are being waited for
+        p.send_signal(sig)
+        rc = p.wait(30)
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 128 + sig and list(tmp_path.iterdir()) == [], (rc, list(tmp_path.iterdir()))

@@ -25,7 +25,7 @@ from typing import Any
 from mldebug.hang.node import NODE_VERSION, select_targets
 from mldebug.nodekit import emit, short_hostname, signal_in_mask
 from mldebug.privdir import check_dir, read_bounded, registry_dir
-from mldebug.ranks import host_pid, nested_pids
+from mldebug.ranks import host_pid, nested_pids, proc_status
 from mldebug.stacks import parse_faulthandler
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
@@ -206,6 +206,11 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
             t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
         elif not os.path.exists(f"/proc/{pid}"):
             t.setdefault("error", f"process {pid} exited before it answered")
+        elif proc_status(pid).get("State", "").startswith(("T", "t")):
+            t.setdefault("error", (
+                f"pid {pid} is alive but stopped (State {proc_status(pid).get('State')}): the "
+                f"signal waits until it runs again; resume it with kill -CONT {pid} (or detach "
+                "the debugger) and run again"))
         else:
             t.setdefault("error", f"pid {pid} did not answer the signal within {timeout:g}s")
 
