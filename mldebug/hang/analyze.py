@@ -41,7 +41,6 @@ from mldebug.hang.model import (
     proc_label,
 )
 from mldebug.hosts import collapse
-from mldebug.nodetrust import CLAIM
 
 
 def frame_key(f: StackFrame) -> tuple[str, str, int]:
@@ -377,8 +376,7 @@ def analyze(collection: Collection, *, all_threads: bool = False,
     answered = frozenset(p.host for p in collection.processes)
     asked = set(collection.hosts)
     errors = list(collection.errors)
-    # a node that answered under another name (an alias, an IP) did answer: not dead
-    no_answer = {e.host for e in errors if e.pid is None and not e.error.startswith(CLAIM)}
+    no_answer = {e.host for e in errors if e.pid is None}
     dead = sorted(h for h in asked if h in no_answer and h not in answered)
     jobs = [analyze_job(k, v, all_threads=all_threads, watch=collection.watch,
                         answered=answered | (asked - no_answer), gpu=collection.gpu,
@@ -430,7 +428,8 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             "See the errors below for why; retry those nodes with --nodes.",
             "dead-nodes", (collapse(dead),)))
     return Report(jobs=jobs, errors=errors, lone=sorted(lone, key=_order), findings=findings,
-                  watch=collection.watch, dead_hosts=dead, gpu=collection.gpu)
+                  watch=collection.watch, dead_hosts=dead, gpu=collection.gpu,
+                  notes=list(collection.notes))
 
 
 def s_label(s: Suspect) -> str:

@@ -149,8 +149,8 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
     tck = doc.get("clk_tck")
     tck = tck if isinstance(tck, int) and 1 <= tck <= 10000 else 100
     claim = check_host(r.host, doc)
-    if claim:
-        errors.append(CollectError(host, None, claim))
+    if claim:  # a note, not an error: the node did answer
+        coll.notes.append(CollectError(host, None, claim))
     try:
         for e in doc.get("errors") or ():
             errors.append(CollectError(host, _opt_int(e.get("pid")), str(e.get("error"))))

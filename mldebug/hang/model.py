@@ -158,6 +158,9 @@ class Collection:
     # (job key, rank) -> why a live rank has no stacks (stopped, traced, py-spy failed): such a
     # rank is alive, never "exited"
     undumped: dict[tuple[str, int], str] = field(default_factory=dict)
+    # what a node's answer says about the node without being an error: it answered under
+    # another name (an IP, an ssh alias; ``nodetrust.check_host``) - it did answer
+    notes: list[CollectError] = field(default_factory=list)
 
 
 class VerdictKind(str, enum.Enum):
@@ -276,6 +279,7 @@ class Report:
     watch: float | None = None
     dead_hosts: list[str] = field(default_factory=list)  # asked, never answered
     gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> GPU polls
+    notes: list[CollectError] = field(default_factory=list)  # Collection.notes
 
     # The single-job view most callers (and the first schema) use; with several jobs the
     # first job's verdict leads and processes/suspects are every job's.
@@ -357,6 +361,7 @@ class Report:
             "dead_hosts": self.dead_hosts,
             "gpu": self.gpu,
             "errors": [asdict(e) for e in self.errors],
+            "notes": [asdict(e) for e in self.notes],
             "stacks": stacks.rows,
         }
 
