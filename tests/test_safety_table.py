@@ -495,7 +495,8 @@ def test_node_another_users_process_never_joins_the_callers_job(tmp_path, capsys
 # -- class: verdicts -------------------------------------------------------------------------
 def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
     """row: verdicts-lone-rank - the report says to select a lone RANK process with --pid or
-    --pattern; doing so analyses it (it was still left out as lone)."""
+    --pattern and names the command; running that command as printed analyses it (it was
+    still left out as lone)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
     code = "import time; time.sleep(120)  # mldebug-safety-table-lone"
@@ -505,8 +506,14 @@ def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
         rc, out, err = _cli(["hang", "--json"], capsys)
         lone = json.loads(out)
         assert p.pid not in [x["pid"] for x in lone["processes"]]
-        assert any(f["code"] == "lone-processes" and "--pid" in f["fix"]
-                   for f in lone["findings"]), lone["findings"]
+        (fix,) = [f["fix"] for f in lone["findings"] if f["code"] == "lone-processes"]
+        import re
+        import shlex
+
+        advised = re.search(r"mldebug (hang --pid \d+)", fix)
+        assert advised and advised.group(1) == f"hang --pid {p.pid}", fix
+        rc, out, err = _cli([*shlex.split(advised.group(1)), "--json"], capsys)  # as printed
+        assert rc == 0 and [x["pid"] for x in json.loads(out)["processes"]] == [p.pid], fix
         for argv in (["--pid", str(p.pid)], ["--pattern", "mldebug-safety-table-lone"]):
             rc, out, err = _cli(["hang", *argv, "--json"], capsys)
             assert rc == 0 and [x["pid"] for x in json.loads(out)["processes"]] == [p.pid], argv

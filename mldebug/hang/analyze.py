@@ -419,7 +419,11 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             Severity.INFO, f"{len(lone)} process{'es' if len(lone) != 1 else ''} carry a rank "
             "variable but belong to no job; not analysed as ranks.",
             ", ".join(p.label + f" ({proc_label(p.host, p.pid)})" for p in lone[:6]),
-            "If they are ranks, select them with --pid or --pattern.", "lone-processes",
+            "If they are ranks, select them with --pid or --pattern: "
+            f"mldebug hang --pid {lone[0].pid}"
+            + (f" --nodes {lone[0].host}" if len({p.host for p in lone}) > 1 else "")
+            + " (that process and its children), or mldebug hang --pattern REGEX (on their "
+            "command lines).", "lone-processes",
             rules._hosts({p.host for p in lone})))
     if dead:
         findings.append(Finding(
