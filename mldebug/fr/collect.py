@@ -265,6 +265,7 @@ def trigger(target: FanoutOptions, out_dir: str | Path | None,
                                              progress, discover, pids)
                 if not result.files:
                     raise _NoDumps
+                os.unlink(paths.MARKER, dir_fd=st.fd)  # fr never replaces an output: no marker
             swapped = True
         except _NoDumps:
             pass
