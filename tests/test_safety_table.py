@@ -632,6 +632,7 @@ def test_verdict_ranks_in_another_pid_namespace(cmd, ns_job):
     named a kernel thread here, or 'no longer runs'); --signal finds their handlers."""
     _need_registrations(ns_job, cmd)
     rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
+    _need_registrations(ns_job, cmd)  # still there: what the command saw
     frozen = sorted(ns_job["ranks"][r] for r in FROZEN)
     if cmd.startswith("hang"):
         _hang_check(doc, ns_job, cmd)
@@ -702,6 +703,7 @@ def test_verdict_a_stopped_or_traced_rank_is_alive_never_gone(how, cmd, ns_job):
             tracer.send_signal(signal.SIGINT)  # strace detaches on SIGINT
             tracer.wait(30)
         os.kill(pid, signal.SIGCONT)
+    _need_registrations(ns_job, cmd)  # still there: what the command saw
     text = json.dumps(doc)
     assert "exited" not in text and "is gone" not in text and "rank-exited" not in text, text
     if cmd == "fr trigger":
