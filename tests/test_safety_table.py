@@ -698,12 +698,12 @@ def test_verdict_a_stopped_or_traced_rank_is_alive_never_gone(how, cmd, ns_job):
             time.sleep(0.1)
     try:
         rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
+        _need_registrations(ns_job, cmd)  # still there (before rank 0 may write its again)
     finally:
         if tracer is not None:
             tracer.send_signal(signal.SIGINT)  # strace detaches on SIGINT
             tracer.wait(30)
         os.kill(pid, signal.SIGCONT)
-    _need_registrations(ns_job, cmd)  # still there: what the command saw
     text = json.dumps(doc)
     assert "exited" not in text and "is gone" not in text and "rank-exited" not in text, text
     if cmd == "fr trigger":
