@@ -129,6 +129,16 @@ def job_of(env: dict[str, str], host: str, launcher: tuple[int, str] | None) -> 
     return {"key": key, "launcher": name, "lone": False}
 
 
+def _net_tag(pid: int) -> str:
+    """``""`` when ``pid`` shares this process's network namespace, else ``@net<inode>``: two
+    containers on one host may each run a job on 127.0.0.1:29500, which are two jobs."""
+    try:
+        theirs, ours = os.readlink(f"/proc/{pid}/ns/net"), os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+    return "" if theirs == ours else "@net" + "".join(ch for ch in theirs if ch.isdecimal())
+
+
 def _ancestors(pid: int, procs: dict[int, dict[str, Any]]) -> list[int]:
     out = []
     seen = set()
@@ -193,6 +203,8 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         launcher = next(((a, name) for a in _ancestors(p, procs)
                          if a in procs and (name := launcher_of(procs[a]))), None)
         job = job_of(env, host or "", launcher)
+        if job["key"] and job["key"].startswith("master:") and "/" in job["key"]:
+            job["key"] += _net_tag(p)  # loopback: one job per network namespace (containers)
         if not has_rank or pid is not None or rx is not None:
             # chosen by --pid/--pattern: analysed as the user asked (the advice for a lone
             # rank-carrying process is to select it so; that must then work)

@@ -756,3 +756,31 @@ def test_signals_during_fr_trigger_out_leave_nothing(sig, ns_job, tmp_path):
         p.kill()
         p.wait()
     assert rc == 128 + sig and list(tmp_path.iterdir()) == [], (rc, list(tmp_path.iterdir()))
+
+
+def test_verdict_two_containers_on_one_loopback_port_are_two_jobs(capsys):
+    """row: verdicts-container-loopback - two containers (own pid and network namespaces) on
+    one host each run a job on 127.0.0.1:29500: two jobs, never one job whose ranks 0 and 1
+    came from different containers (the loopback key is per network namespace)."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
+    base.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    code = "import time; time.sleep(120)  # mldebug-safety-table-containers"
+    procs = [subprocess.Popen(["unshare", "--net", "--pid", "--fork", "--mount-proc",
+                               "--kill-child", sys.executable, "-c", code],
+                              env=dict(base, RANK=str(r)), start_new_session=True)
+             for r in (0, 1)]
+    try:
+        time.sleep(1.5)
+        if any(p.poll() is not None for p in procs):
+            pytest.skip("unshare --net --pid is not allowed here")
+        rc, out, err = _cli(["hang", "--pattern", "mldebug-safety-table-containers", "--json"],
+                            capsys)
+        doc = json.loads(out)
+        ranks = {p["rank"]: p for p in doc["processes"]}
+        assert sorted(ranks) == [0, 1] and all(p.get("ns_pid") == 1 for p in ranks.values())
+        assert ranks[0]["job"] != ranks[1]["job"], [p["job"] for p in ranks.values()]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
