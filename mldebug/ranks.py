@@ -387,20 +387,31 @@ def ns_tag() -> str:
 
 
 def host_pid(pid: int, start: int | None = None,
-             table: dict[int, list[int]] | None = None) -> int | None:
+             table: dict[int, list[int]] | None = None, pidns: str | None = None) -> int | None:
     """The pid in this /proc of the process that calls itself ``pid`` (its ``os.getpid()``,
     written into a registration) and started at ``start`` (clock ticks, ``start_time``).
 
     The same process when this namespace shows ``pid`` with that start time; otherwise a
     process of a nested pid namespace (a container, ``unshare --pid``) whose own pid is
     ``pid`` and whose start time matches (``table``: ``nested_pids()``, computed here when
-    not given). Without ``start`` only an unambiguous match is taken. None: no such process
-    runs here (gone, or its pid reused)."""
-    if start is None:
+    not given) and, with ``pidns`` (the rank's ``pid_namespace()``), whose namespace is that
+    one: two containers' pid 1 started in the same clock tick are still told apart. Only an
+    unambiguous match is taken. None: no such process runs here (gone, or its pid reused)."""
+    if pidns is not None and _pidns_of(pid) not in (pidns, None):
+        pass  # this namespace's process with that number is another one
+    elif start is None:
         if alive(pid) and own_pid(pid) is None:
             return pid
     elif start_time(pid) == start and alive(pid):
         return pid
     found = [h for h in (nested_pids() if table is None else table).get(pid, ())
-             if h != pid and alive(h) and (start is None or start_time(h) == start)]
+             if h != pid and alive(h) and (start is None or start_time(h) == start)
+             and (pidns is None or _pidns_of(h) in (pidns, None))]
     return found[0] if len(found) == 1 else None
+
+
+def _pidns_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None

@@ -784,3 +784,35 @@ def test_verdict_two_containers_on_one_loopback_port_are_two_jobs(capsys):
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_verdict_two_pid_namespaces_sharing_one_fr_directory(tmp_path, capsys):
+    """row: verdicts-fr-shared-dir - two containers' ranks, both pid 1 in their own pid
+    namespace, register in one dump directory: each keeps its own registration (the name
+    carries the namespace; the second once took the first's FIFO and file) and both dump."""
+    pytest.importorskip("torch")
+    d = tmp_path / "fr"
+    d.mkdir(mode=0o700)
+    code = ("import mldebug.fr, time; mldebug.fr.enable(); print('ok', flush=True); "
+            "time.sleep(120)  # mldebug-safety-table-frdir")
+    env = dict(os.environ, MLDEBUG_FR_DIR=str(d), PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                               sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ok":
+                pytest.skip("unshare --pid is not allowed here")
+        assert len(list(d.glob(".mldebug-fr-*-1-ns*.json"))) == 2, sorted(os.listdir(d))
+        rc, out, err = _cli(["fr", "trigger", "--dir", str(d), "--timeout", "60", "--json",
+                             "--out", str(tmp_path / "o")], capsys)
+        doc = json.loads(out)
+        assert rc == 0 and len(doc["files"]) == 2, doc
+        assert doc["nodes"][0]["errors"] == [] and doc["nodes"][0]["silent"] == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

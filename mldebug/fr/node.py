@@ -6,7 +6,8 @@ also imported by ``mldebug.fr.collect`` for the local case.
 
 Ranks that called ``mldebug.fr.enable()`` register in the dump directory
 (``.mldebug-fr-<host>-<pid>.json`` and a FIFO ``.mldebug-fr-<host>-<pid>.trigger``; the host
-is in the name because pids repeat across nodes sharing one directory). For each registration of
+is in the name because pids repeat across nodes sharing one directory, and a rank in a nested
+pid namespace adds ``-ns<inode>`` because they repeat across containers too). For each registration of
 a live process on this host the script writes a fresh token into the FIFO (non-blocking: a
 rank that is not listening is reported, never waited on), then waits until the rank writes
 ``.mldebug-fr-<host>-<pid>.done`` naming that token and its dump file. When no rank registered but
@@ -211,7 +212,8 @@ def registration(doc: dict[str, Any] | None, name: str) -> tuple[int, str, int |
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
                              or not 0 <= rank < 1 << 24):
         raise ValueError(f"'rank' is {str(rank)[:40]!r}, not a rank")
-    if name != f"{REGISTRY_PREFIX}{host}-{pid}.json":
+    if not re.fullmatch(re.escape(f"{REGISTRY_PREFIX}{host}-{pid}") + r"(-ns[0-9]{1,20})?\.json",
+                        name):
         raise ValueError("its name does not match its host and pid")
     return pid, host, rank
 
@@ -293,10 +295,12 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
         start = start if isinstance(start, int) and not isinstance(start, bool) else None
         # the registration names the pid the rank has in its own namespace (a container's
         # rank 0 is pid 5 there, 4769 here): found by its start time, never by the number alone
-        pid = host_pid(own, start, {})
+        pidns = (doc or {}).get("pidns")
+        pidns = pidns if isinstance(pidns, str) and len(pidns) < 64 else None
+        pid = host_pid(own, start, {}, pidns)
         if pid is None:
             table = nested_pids() if table is None else table
-            pid = host_pid(own, start, table)
+            pid = host_pid(own, start, table, pidns)
         if pid is None:
             if pids is None or own in pids:
                 stale += 1
@@ -317,7 +321,8 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             out["ranks"].append(item)
             continue
         stopped = _stopped(pid)
-        err = stopped or _poke(dir_fd, f"{REGISTRY_PREFIX}{host}-{own}.trigger", owner, token,
+        stem = name[:-len(".json")]  # .mldebug-fr-<host>-<pid>[-ns<inode>]
+        err = stopped or _poke(dir_fd, stem + ".trigger", owner, token,
                                min(deadline, time.monotonic() + 5))
         if stopped or (err and err.startswith(NOT_LISTENING) and alive(pid)):
             item["error"] = "did not answer the trigger: " + silent_reason(pid)
@@ -327,8 +332,8 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             item["error"] = err
             out["ranks"].append(item)
         else:
-            item["_done"] = f"{REGISTRY_PREFIX}{host}-{own}.done"
-            item["_fifo"] = f"{REGISTRY_PREFIX}{host}-{own}.trigger"
+            item["_done"] = stem + ".done"
+            item["_fifo"] = stem + ".trigger"
             waiting.append(item)
     if stale:
         out["notes"].append(f"{stale} registration(s) of processes that no longer run were ignored")

@@ -101,10 +101,11 @@ def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
                 continue
             # the entry names the pid the rank has in its own namespace (a container's rank
             # is pid 5 there, 4769 here): found by its start time, never by the number alone
-            pid = host_pid(own, start, {})
+            pidns = entry.get("pidns") if isinstance(entry.get("pidns"), str) else None
+            pid = host_pid(own, start, {}, pidns)
             if pid is None:
                 table = nested_pids() if table is None else table
-                pid = host_pid(own, start, table)
+                pid = host_pid(own, start, table, pidns)
             if pid is None:
                 continue  # a stale entry: that process is gone (or its pid reused)
             entry = dict(entry, pid=pid, **({"ns_pid": own} if own != pid else {}))
