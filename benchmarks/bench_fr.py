@@ -4,7 +4,9 @@ Each set is an SPMD job of RANKS ranks x ENTRIES entries (all_reduce / all_gathe
 per entry, torch's format 2.10) with one rank's tensor of another size near the end. Both
 analysers run in fresh subprocesses on the same files; wall time includes loading, and the
 peak RSS is the child's own (wait4). torchfrtrace gets a time cap; where it does not finish,
-the ratio is a lower bound (">").
+the ratio is a lower bound (">"). ``--distinct`` lines also give the CPU seconds (user +
+system of the process and its loader workers, which it reaps: steadier than wall time on a
+loaded machine) and the 1-minute load average when the run ended.
 
     .venv/bin/python benchmarks/bench_fr.py                 # 1024x2000 plus smaller sets
     .venv/bin/python benchmarks/bench_fr.py --sets 64x2000 --cap 120
@@ -94,6 +96,7 @@ print("analysis_s", time.perf_counter() - t, "culprits", a.culprits, "timelines"
 
 
 TREE_PEAK = [0.0]  # MiB: the last run's peak of the summed RSS of the child and its workers
+CPU = [0.0]  # s: the last run's user + system CPU, the child's and its reaped workers'
 
 
 def _tree_rss(pid: int) -> float:
@@ -128,6 +131,7 @@ def run(argv: list[str], cap: float, repo: Path = REPO) -> tuple[float, float, b
             TREE_PEAK[0] = max(TREE_PEAK[0], _tree_rss(proc.pid))
             time.sleep(0.05)
         wall = time.perf_counter() - start
+        CPU[0] = usage.ru_utime + usage.ru_stime
         proc.returncode = 0  # reaped here; keep Popen from waiting again
         out.seek(0)
         text = out.read().decode(errors="replace")
@@ -156,7 +160,9 @@ def main() -> None:
             for label, repo in sides:  # interleaved: the machine's load hits both alike
                 s, rss, _, out = run([sys.executable, "-c", OURS, str(d)], 3600, repo)
                 answer = " ".join(x for x in out.splitlines() if x.startswith("culprits"))
-                print(f"distinct {spec} [{label} #{rnd + 1}]: {s:.2f} s wall, {rss:.0f} MiB "
+                load = os.getloadavg()[0]
+                print(f"distinct {spec} [{label} #{rnd + 1}]: {s:.2f} s wall, {CPU[0]:.2f} s CPU "
+                      f"(load {load:.1f}), {rss:.0f} MiB "
                       f"peak RSS (largest process), {TREE_PEAK[0]:.0f} MiB summed over the "
                       f"process and its workers  {answer}", flush=True)
     sizes = [int(x) for x in a.scaling.split(",") if x]

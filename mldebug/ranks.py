@@ -185,6 +185,16 @@ def job_of(env: dict[str, str], host: str, launcher: tuple[int, str] | None) -> 
     return {"key": key, "launcher": name, "lone": False}
 
 
+def _net_tag(pid: int) -> str:
+    """``""`` when ``pid`` shares this process's network namespace, else ``@net<inode>``: two
+    containers on one host may each run a job on 127.0.0.1:29500, which are two jobs."""
+    try:
+        theirs, ours = os.readlink(f"/proc/{pid}/ns/net"), os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+    return "" if theirs == ours else "@net" + "".join(ch for ch in theirs if ch.isdecimal())
+
+
 def _ancestors(pid: int, procs: dict[int, dict[str, Any]]) -> list[int]:
     out = []
     seen = set()
@@ -249,11 +259,16 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         launcher = next(((a, name) for a in _ancestors(p, procs)
                          if a in procs and (name := launcher_of(procs[a]))), None)
         job = job_of(env, host or "", launcher)
+        if job["key"] and job["key"].startswith("master:") and "/" in job["key"]:
+            job["key"] += _net_tag(p)  # loopback: one job per network namespace (containers)
         if not has_rank or pid is not None or rx is not None:
             # chosen by --pid/--pattern: analysed as the user asked (the advice for a lone
             # rank-carrying process is to select it so; that must then work)
             job["lone"] = False
         cands[p] = dict(info, identity=ident.to_dict(), has_rank=has_rank, job=job)
+        own = own_pid(p)
+        if own is not None:  # in a container / pid namespace: the pid it knows itself by
+            cands[p]["ns_pid"] = own
     # drop launchers wrapping rank-carrying workers of another kind, and inherited copies
     drop = set()
     for p, info in cands.items():
@@ -350,3 +365,109 @@ def proc_sample(pid: int, tid: int | None = None) -> dict[str, Any] | None:
         pass  # another user's process: /proc/PID/io needs ptrace read access
     return {"t": round(time.monotonic(), 4), "state": fields[0][0], "ticks": fields[0][1],
             "proc_ticks": fields[1][1], "io": io}
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: signal 0 reaches it (or is refused: another user's) and it
+    is not a zombie (a zombie has exited: nothing more will come from it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    except OSError:  # a pid out of range
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read(4096).decode(errors="replace")
+        return text[text.rindex(")") + 2:].split()[0] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def ns_pids(pid: int) -> list[int]:
+    """The pid of ``pid`` in each pid namespace it is in, this /proc's first, its own last
+    (``NSpid`` of /proc/PID/status); [] when unreadable (gone, or a kernel before 4.1)."""
+    for line in (read_text(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("NSpid:"):
+            try:
+                return [int(x) for x in line.split()[1:]]
+            except ValueError:
+                return []
+    return []
+
+
+def own_pid(pid: int) -> int | None:
+    """The pid ``pid`` (of this /proc) has in its own pid namespace, when that differs (a rank
+    in a container or ``unshare --pid``: what it prints and writes in file names)."""
+    ns = ns_pids(pid)
+    return ns[-1] if len(ns) > 1 and ns[-1] != pid else None
+
+
+def pid_namespace() -> str | None:
+    """This process's pid namespace (``pid:[4026531836]``); None where /proc does not say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def nested_pids() -> dict[int, list[int]]:
+    """Own pid -> pids in this /proc of every process in a nested pid namespace (containers,
+    ``unshare --pid``): one pass over /proc for ``host_pid`` to look up many registrations."""
+    table: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if entry.isdecimal():
+            ns = ns_pids(int(entry))
+            if len(ns) > 1 and ns[-1] != ns[0]:
+                table.setdefault(ns[-1], []).append(ns[0])
+    return table
+
+
+INIT_PID_NAMESPACE = "pid:[4026531836]"  # the kernel's initial pid namespace (PROC_PID_INIT_INO)
+
+
+def ns_tag() -> str:
+    """``""`` in the initial pid namespace, ``-ns<inode>`` inside a nested one: a file name
+    part that keeps pid 5 of one container apart from pid 5 of another sharing a directory."""
+    ns = pid_namespace()
+    if ns is None or ns == INIT_PID_NAMESPACE:
+        return ""
+    inode = "".join(ch for ch in ns if ch.isdecimal())
+    return f"-ns{inode}" if inode else ""
+
+
+def host_pid(pid: int, start: int | None = None,
+             table: dict[int, list[int]] | None = None, pidns: str | None = None) -> int | None:
+    """The pid in this /proc of the process that calls itself ``pid`` (its ``os.getpid()``,
+    written into a registration) and started at ``start`` (clock ticks, ``start_time``).
+
+    The same process when this namespace shows ``pid`` with that start time; otherwise a
+    process of a nested pid namespace (a container, ``unshare --pid``) whose own pid is
+    ``pid`` and whose start time matches (``table``: ``nested_pids()``, computed here when
+    not given) and, with ``pidns`` (the rank's ``pid_namespace()``), whose namespace is that
+    one: two containers' pid 1 started in the same clock tick are still told apart. Only an
+    unambiguous match is taken. None: no such process runs here (gone, or its pid reused)."""
+    if pidns is not None and _pidns_of(pid) not in (pidns, None):
+        pass  # this namespace's process with that number is another one
+    elif start is None:
+        if alive(pid) and own_pid(pid) is None:
+            return pid
+    elif start_time(pid) == start and alive(pid):
+        return pid
+    found = [h for h in (nested_pids() if table is None else table).get(pid, ())
+             if h != pid and alive(h) and (start is None or start_time(h) == start)
+             and (pidns is None or _pidns_of(h) in (pidns, None))]
+    return found[0] if len(found) == 1 else None
+
+
+def _pidns_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None

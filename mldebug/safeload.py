@@ -51,7 +51,9 @@ class DeepNesting(pickle.UnpicklingError):
 # Tuple-building opcodes (TUPLE, TUPLE1-3) cannot outnumber the bytes that spell them, so
 # a pickle with few such bytes cannot nest tuples deeply; ~120,000 levels overflow an 8 MiB
 # stack (CPython 3.11, x86-64: ~70 bytes a level).
-_TUPLE_OPCODES = (b"t", b"\x85", b"\x86", b"\x87")
+_TUPLE_OPCODES = b"t\x85\x86\x87"
+_OTHER_BYTES = bytes(sorted(set(range(256)) - set(_TUPLE_OPCODES)))
+_COUNT_CHUNK = 4 << 20
 _SAFE_TUPLE_BYTES = 20_000  # up to this many: decoded on the caller's stack
 _STACK_PER_LEVEL = 256
 _MAX_STACK = 1 << 30
@@ -95,7 +97,7 @@ def stack_needed(data: bytes) -> int:
     torch writes a tuple per entry): a thread with a larger stack costs them nothing."""
     if _is_json(data):
         return 0  # JSON has no tuples
-    bound = sum(map(data.count, _TUPLE_OPCODES))
+    bound = _count_tuple_opcodes(data)
     if bound <= _SAFE_TUPLE_BYTES:
         return 0
     need = bound * _STACK_PER_LEVEL + (8 << 20)
@@ -103,6 +105,17 @@ def stack_needed(data: bytes) -> int:
         raise DeepNesting(f"{bound:,} tuple-building bytes: tuples could nest that deep; "
                           "refused")
     return need
+
+
+def _count_tuple_opcodes(data: bytes) -> int:
+    """How many bytes of ``data`` are tuple-building opcodes: one pass at C speed (deleting
+    every other byte), in chunks, so a file of nothing but such bytes is never copied whole;
+    four ``count`` passes took 4x as long."""
+    if len(data) <= _COUNT_CHUNK:
+        return len(data.translate(None, _OTHER_BYTES))
+    view = memoryview(data)
+    return sum(len(bytes(view[i:i + _COUNT_CHUNK]).translate(None, _OTHER_BYTES))
+               for i in range(0, len(data), _COUNT_CHUNK))
 
 
 def on_stack(size: int, fn: Callable[[], Any]) -> Any:

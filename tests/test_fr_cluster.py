@@ -65,9 +65,10 @@ def test_trigger_over_nodes_gathers_every_rank_and_names_the_culprit(cluster, tm
         assert (m["kind"], m["seq"], m["culprit_ranks"]) == ("missing", 2, [3])
         hosts = {json.loads(p.read_text())["host"] for p in d.glob(".mldebug-fr-*.json")}
         assert hosts == {"node1", "node2"}
-        # node2's Python starts 5 s late and first lists --out: node1's files are there
+        # node2's Python starts 5 s late and first lists the output being built beside --out
+        # (renamed into place at the end): node1's files are there
         out2, seen = tmp_path / "streamed", tmp_path / "seen-by-node2"
-        python = slow_python(tmp_path, "node2", 5, then=f"ls {out2} > {seen}")
+        python = slow_python(tmp_path, "node2", 5, then=f"ls {tmp_path}/.streamed.tmp-* > {seen}")
         r = run_cli("fr", "trigger", "--nodes", "node[1-2]", "--dir", str(d), "--out",
                     str(out2), "--timeout", "30", "--remote-python", python, "--json",
                     env=cluster.env(), timeout=120)

@@ -168,6 +168,28 @@ def test_urls_and_store_options_are_checked():
     assert not ds.is_local("203.0.113.9") and not ds.is_local("no-such-node-xyz")
 
 
+def test_is_local_matches_short_names_but_never_a_part_of_an_address(monkeypatch):
+    """A registered host is this node by its name, whole or short (node1 / node1.cluster),
+    or by one of its addresses; a node whose host name is its address (10.0.0.5) must not
+    take 10.0.0.6's ranks for its own: 10 == 10 is no host name match (every node of such a
+    cluster reads the whole store and would ask its own server on another node's port)."""
+    def named(name: str) -> None:
+        monkeypatch.setattr(os, "uname", lambda: os.uname_result(
+            ("Linux", name, "6", "#1", "x86_64")))
+
+    named("node1")
+    assert ds.is_local("node1.cluster", set()) and ds.is_local("node1", set())
+    assert not ds.is_local("node2", set()) and not ds.is_local("node2.cluster", set())
+    named("node1.cluster")
+    assert ds.is_local("node1", set()) and not ds.is_local("node11", set())
+    named("10.0.0.5")
+    assert ds.is_local("10.0.0.5", set())
+    assert not ds.is_local("10.0.0.6", set()) and not ds.is_local("10.1.2.3", {"10.0.0.5"})
+    assert ds.is_local("10.0.0.6", {"10.0.0.6"})
+    named("fd00::5")
+    assert not ds.is_local("fd00::6", set())
+
+
 def _http(reply: bytes, then_sleep: float = 0.0) -> Silent:
     def answer(c: socket.socket) -> None:
         c.recv(4096)

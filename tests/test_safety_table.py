@@ -189,7 +189,7 @@ def test_node_answer_host_field_never_becomes_a_path_or_another_node(tmp_path):
     assert sorted(json.loads(p.read_text())["host"] for p in written) == ["n1", "n2", "n3"]
     coll = collection_from_results(results)
     assert sorted(p.host for p in coll.processes) == ["n1", "n2"]
-    assert any("answered as host" in e.error and e.host == "n2" for e in coll.errors)
+    assert any("answered as host" in e.error and e.host == "n2" for e in coll.notes)
     codes = [f.code for f in analyze(coll).findings]
     assert "duplicate-ranks" in codes
 
@@ -496,7 +496,8 @@ def test_node_another_users_process_never_joins_the_callers_job(tmp_path, capsys
 # -- class: verdicts -------------------------------------------------------------------------
 def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
     """row: verdicts-lone-rank - the report says to select a lone RANK process with --pid or
-    --pattern; doing so analyses it (it was still left out as lone)."""
+    --pattern and names the command; running that command as printed analyses it (it was
+    still left out as lone)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
     code = "import time; time.sleep(120)  # mldebug-safety-table-lone"
@@ -506,11 +507,313 @@ def test_verdict_a_lone_rank_selected_as_advised_is_analysed(capsys):
         rc, out, err = _cli(["hang", "--json"], capsys)
         lone = json.loads(out)
         assert p.pid not in [x["pid"] for x in lone["processes"]]
-        assert any(f["code"] == "lone-processes" and "--pid" in f["fix"]
-                   for f in lone["findings"]), lone["findings"]
+        (fix,) = [f["fix"] for f in lone["findings"] if f["code"] == "lone-processes"]
+        import re
+        import shlex
+
+        advised = re.search(r"mldebug (hang --pid \d+)", fix)
+        assert advised and advised.group(1) == f"hang --pid {p.pid}", fix
+        rc, out, err = _cli([*shlex.split(advised.group(1)), "--json"], capsys)  # as printed
+        assert rc == 0 and [x["pid"] for x in json.loads(out)["processes"]] == [p.pid], fix
         for argv in (["--pid", str(p.pid)], ["--pattern", "mldebug-safety-table-lone"]):
             rc, out, err = _cli(["hang", *argv, "--json"], capsys)
             assert rc == 0 and [x["pid"] for x in json.loads(out)["processes"]] == [p.pid], argv
     finally:
         p.kill()
         p.wait()
+
+
+# -- class: wrong verdicts (a real gloo job in its own pid namespace, 3 of 4 ranks frozen) --
+# One torchrun job serves the rows below: it runs inside `unshare --pid --fork --mount-proc`
+# (what a container does to pids: its rank 0 is pid 5 there, a five-digit pid here), its
+# ranks 1-3 freeze holding the GIL in C (recipes/fr_frozen_ranks.py) while rank 0 waits
+# healthily in the next all_reduce. Every rank has the flight recorder and the dump handler.
+# mldebug runs from the host's namespace, as root on a node runs it beside a container.
+FROZEN = (1, 2, 3)
+VERDICT_COMMANDS: dict[str, Callable[[dict], list[str]]] = {
+    "hang": lambda j: ["hang", "--pid", str(j["launcher"]), "--json"],
+    "hang --signal": lambda j: ["hang", "--signal", "--pid", str(j["launcher"]), "--timeout",
+                                "20", "--json"],
+    "fr trigger": lambda j: ["fr", "trigger", "--dir", str(j["frdir"]), "--pid",
+                             str(j["launcher"]), "--timeout", "30", "--analyze", "--json"],
+}
+
+
+@pytest.fixture(scope="module")
+def ns_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("torch")
+    from jobs import kill_tree
+
+    from mldebug.ranks import ns_pids
+
+    base = tmp_path_factory.mktemp("nsjob")
+    frdir = base / "fr"
+    frdir.mkdir(mode=0o700)
+    log = base / "job.log"
+    env = dict(os.environ, MLDEBUG_FR="1", MLDEBUG_FR_DIR=str(frdir), MLDEBUG_SIGNAL="1",
+               MLDEBUG_DIR=str(base / "capture"), TORCH_FR_BUFFER_SIZE="2000",
+               OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'recipes'}")
+    with open(log, "wb") as out:
+        p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                              sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node=4", str(REPO / "recipes" / "fr_frozen_ranks.py"),
+                              "--timeout", "1800", "--freeze", "1800"],
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        import re
+
+        while len(re.findall(r"rank \d+ pid \d+ ready", log.read_text(errors="replace"))) < 4:
+            if p.poll() is not None or time.monotonic() > deadline:
+                if "unshare failed" in log.read_text(errors="replace"):
+                    pytest.skip(f"no pid namespaces here: {log.read_text()[-300:]}")
+                pytest.fail(f"the namespaced job did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        own = {int(r): int(q) for r, q in
+               re.findall(r"rank (\d+) pid (\d+) ready", log.read_text(errors="replace"))}
+        ranks = {}
+        for c in psutil.Process(p.pid).children(recursive=True):
+            ns = ns_pids(c.pid)
+            if len(ns) > 1 and ns[-1] in own.values() and "fr_frozen" in " ".join(c.cmdline()):
+                ranks[next(r for r, q in own.items() if q == ns[-1])] = c.pid
+        assert sorted(ranks) == [0, 1, 2, 3] and all(ranks[r] != own[r] for r in ranks), (
+            ranks, own)
+        time.sleep(2.0)  # rank 0 into its all_reduce, ranks 1-3 into hold_gil
+        yield {"launcher": p.pid, "frdir": frdir, "ranks": ranks, "own": own, "log": log}
+    finally:
+        kill_tree(p)
+
+
+def _need_registrations(job: dict, cmd: str) -> None:
+    """`hang --signal` finds the ranks by their registry entries (~/.cache/mldebug/capture):
+    a frozen rank cannot write its entry again when something else removed it (an older
+    mldebug pruning from the host's namespace, where pid 6 is a kernel thread, did)."""
+    if cmd != "hang --signal":
+        return
+    import pwd
+
+    from mldebug.privdir import registry_dir
+
+    reg = registry_dir(pwd.getpwuid(os.geteuid()).pw_dir)
+    names = [p.name for p in reg.iterdir()] if reg.is_dir() else []
+    gone = [r for r, own in job["own"].items() if not any(f"-{own}-ns" in n for n in names)]
+    if gone:
+        pytest.skip(f"the registry entries of ranks {gone} were removed by another process "
+                    "(an mldebug without the pid-namespace check in its prune)")
+
+
+def _run(argv: list[str], timeout: float = 120) -> tuple[int, dict, str]:
+    from conftest import run_cli
+
+    r = run_cli(*argv, timeout=timeout)
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
+
+
+def _hang_check(doc: dict, job: dict, cmd: str) -> None:
+    procs = {p["pid"]: p for p in doc["processes"]}
+    assert sorted(procs) == sorted(job["ranks"].values()), (cmd, sorted(procs), doc["errors"])
+    for rank, pid in job["ranks"].items():  # host pids, and the pid the rank knows itself by
+        assert procs[pid]["rank"] == rank and procs[pid]["ns_pid"] == job["own"][rank], cmd
+    assert len({p["job"] for p in procs.values()}) == 1, cmd  # one job, not four
+    text = json.dumps(doc["errors"]) + json.dumps(doc["findings"])
+    assert "exited" not in text and "is gone" not in text and "no handler" not in text, (cmd,
+                                                                                         text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cmd", sorted(VERDICT_COMMANDS))
+def test_verdict_ranks_in_another_pid_namespace(cmd, ns_job):
+    """row: verdicts-pid-namespace - ranks whose pids differ in their own namespace are found,
+    read and named by the host's pid (with their own beside it); the fr registrations they
+    wrote with their own pids are matched by start time, never by the number alone (which
+    named a kernel thread here, or 'no longer runs'); --signal finds their handlers."""
+    _need_registrations(ns_job, cmd)
+    rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
+    _need_registrations(ns_job, cmd)  # still there: what the command saw
+    frozen = sorted(ns_job["ranks"][r] for r in FROZEN)
+    if cmd.startswith("hang"):
+        _hang_check(doc, ns_job, cmd)
+        if cmd == "hang":
+            assert sorted(s["pid"] for s in doc["suspects"]) == frozen, doc["suspects"]
+            assert all(s["ns_pid"] == ns_job["own"][s["rank"]] for s in doc["suspects"])
+        else:  # every rank answered the signal: rank 0 in Python, the frozen ones in C
+            assert all(p["threads"] for p in doc["processes"]), doc["errors"]
+        return
+    node = doc["nodes"][0]
+    assert rc == 0 and [Path(f).name for f in doc["files"]] == [
+        "fr-" + node["host"] + "-rank0"], (node, err)
+    for r in FROZEN:  # host pid and own pid both named, alive and silent - never 'gone'
+        assert any(f"rank {r} (pid {ns_job['ranks'][r]}, {ns_job['own'][r]} in its pid "
+                   "namespace): did not answer" in e for e in node["errors"]), node["errors"]
+    assert sorted(s["pid"] for s in node["silent"]) == frozen
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_verdict_three_frozen_ranks_never_blame_the_one_that_answered(ns_job, tmp_path):
+    """row: verdicts-three-frozen - 3 of 4 ranks frozen (GIL held in C), one healthy: the
+    silent ranks are the finding (alive, never read their trigger) and the rank that answered
+    is no culprit, in the trigger's own finding and in the analysis of its one dump."""
+    rc, doc, err = _run(["fr", "trigger", "--dir", str(ns_job["frdir"]), "--timeout", "30",
+                         "--analyze", "--json", "--out", str(tmp_path / "o")])
+    assert rc == 0, err
+    (silent,) = [f for f in doc["findings"] if f["code"] == "fr-silent-ranks"]
+    assert "rank(s) 1-3 alive but did not answer" in silent["title"], silent
+    assert "never read its trigger" in silent["detail"] and "GIL" in silent["detail"]
+    culprits = doc["analysis"]["culprit_ranks"]
+    assert 0 not in culprits and set(culprits) <= set(FROZEN), doc["analysis"]
+    assert doc["analysis"]["findings"][0]["code"] == "fr-silent-ranks"
+    assert not any("rank(s) 0 " in f["title"] and f["severity"] == "error"
+                   for f in doc["analysis"]["findings"])
+    assert [p.name for p in (tmp_path / "o").iterdir()] == [f"fr-{doc['nodes'][0]['host']}-rank0"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cmd", sorted(VERDICT_COMMANDS))
+@pytest.mark.parametrize("how", ["sigstop", "strace"])
+def test_verdict_a_stopped_or_traced_rank_is_alive_never_gone(how, cmd, ns_job):
+    """rows: verdicts-sigstop, verdicts-ptrace - the healthy rank 0, SIGSTOPped or held by
+    `strace -p`, is alive but could not be read (with the reason and how to resume it), never
+    'exited' or 'process is gone'; a command it can still answer (strace passes signals and
+    lets the recorder run) reads it."""
+    import shutil
+
+    _need_registrations(ns_job, cmd)
+    pid = ns_job["ranks"][0]
+    tracer = None
+    if how == "sigstop":
+        os.kill(pid, signal.SIGSTOP)
+    else:
+        if shutil.which("strace") is None:
+            pytest.skip("no strace here")
+        tracer = subprocess.Popen(["strace", "-qq", "-o", "/dev/null", "-p", str(pid)],
+                                  stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while _status(pid).get("TracerPid", "0") == "0":
+            assert time.monotonic() < deadline and tracer.poll() is None, "strace did not attach"
+            time.sleep(0.1)
+    try:
+        rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
+        _need_registrations(ns_job, cmd)  # still there (before rank 0 may write its again)
+    finally:
+        if tracer is not None:
+            tracer.send_signal(signal.SIGINT)  # strace detaches on SIGINT
+            tracer.wait(30)
+        os.kill(pid, signal.SIGCONT)
+    text = json.dumps(doc)
+    assert "exited" not in text and "is gone" not in text and "rank-exited" not in text, text
+    if cmd == "fr trigger":
+        node = doc["nodes"][0]
+        if how == "sigstop":
+            assert any(s["pid"] == pid and "alive but stopped" in s["why"]
+                       and f"kill -CONT {pid}" in s["why"] for s in node["silent"]), node
+        else:
+            assert any(f.endswith("-rank0") for f in doc["files"]), node
+        return
+    rank0 = [p for p in doc["processes"] if p["pid"] == pid]
+    errors = [e["error"] for e in doc["errors"] if e.get("pid") == pid]
+    if cmd == "hang --signal" and how == "strace":
+        assert rank0 and rank0[0]["threads"], errors  # the signal passes through strace
+        return
+    assert errors, doc["errors"]
+    word = "stopped" if how == "sigstop" else "traced by pid"
+    assert any(word in e for e in errors), errors
+    hints = {f["code"]: f for f in doc["findings"]}
+    assert "rank-unreadable" in hints and "Rank 0" in hints["rank-unreadable"]["title"], hints
+
+
+def _status(pid: int) -> dict[str, str]:
+    from mldebug.ranks import proc_status
+
+    return proc_status(pid)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_during_fr_trigger_out_leave_nothing(sig, ns_job, tmp_path):
+    """row: signals-fr-trigger-out - SIGTERM/SIGINT while `fr trigger --out` waits for the
+    ranks (here the frozen ones keep it waiting): exit 143/130 and no --out, no staging
+    directory beside it (it once left a half-filled --out); a finished run leaves the whole
+    output (verdicts-three-frozen)."""
+    p = subprocess.Popen([sys.executable, "-m", "mldebug", "fr", "trigger", "--dir",
+                          str(ns_job["frdir"]), "--timeout", "60", "--out", str(tmp_path / "o")],
+                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(x.name.startswith(".o.tmp-") for x in tmp_path.iterdir()):
+            assert time.monotonic() < deadline and p.poll() is None, p.stderr
+            time.sleep(0.1)
+        time.sleep(1.5)  # rank 0's dump is in; the frozen ranks are being waited for
+        p.send_signal(sig)
+        rc = p.wait(30)
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 128 + sig and list(tmp_path.iterdir()) == [], (rc, list(tmp_path.iterdir()))
+
+
+def test_verdict_two_containers_on_one_loopback_port_are_two_jobs(capsys):
+    """row: verdicts-container-loopback - two containers (own pid and network namespaces) on
+    one host each run a job on 127.0.0.1:29500: two jobs, never one job whose ranks 0 and 1
+    came from different containers (the loopback key is per network namespace)."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI"))}
+    base.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    code = "import time; time.sleep(120)  # mldebug-safety-table-containers"
+    procs = [subprocess.Popen(["unshare", "--net", "--pid", "--fork", "--mount-proc",
+                               "--kill-child", sys.executable, "-c", code],
+                              env=dict(base, RANK=str(r)), start_new_session=True)
+             for r in (0, 1)]
+    try:
+        time.sleep(1.5)
+        if any(p.poll() is not None for p in procs):
+            pytest.skip("unshare --net --pid is not allowed here")
+        rc, out, err = _cli(["hang", "--pattern", "mldebug-safety-table-containers", "--json"],
+                            capsys)
+        doc = json.loads(out)
+        ranks = {p["rank"]: p for p in doc["processes"]}
+        assert sorted(ranks) == [0, 1] and all(p.get("ns_pid") == 1 for p in ranks.values())
+        assert ranks[0]["job"] != ranks[1]["job"], [p["job"] for p in ranks.values()]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_verdict_two_pid_namespaces_sharing_one_fr_directory(tmp_path, capsys):
+    """row: verdicts-fr-shared-dir - two containers' ranks, both pid 1 in their own pid
+    namespace, register in one dump directory: each keeps its own registration (the name
+    carries the namespace; the second once took the first's FIFO and file) and both dump."""
+    pytest.importorskip("torch")
+    d = tmp_path / "fr"
+    d.mkdir(mode=0o700)
+    code = ("import mldebug.fr, time; mldebug.fr.enable(); print('ok', flush=True); "
+            "time.sleep(120)  # mldebug-safety-table-frdir")
+    env = dict(os.environ, MLDEBUG_FR_DIR=str(d), PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                               sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ok":
+                pytest.skip("unshare --pid is not allowed here")
+        assert len(list(d.glob(".mldebug-fr-*-1-ns*.json"))) == 2, sorted(os.listdir(d))
+        rc, out, err = _cli(["fr", "trigger", "--dir", str(d), "--timeout", "60", "--json",
+                             "--out", str(tmp_path / "o")], capsys)
+        doc = json.loads(out)
+        assert rc == 0 and len(doc["files"]) == 2, doc
+        assert doc["nodes"][0]["errors"] == [] and doc["nodes"][0]["silent"] == []
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

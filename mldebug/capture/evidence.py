@@ -25,6 +25,7 @@ from typing import Any
 
 from mldebug.abortnotes import NOTE_FORMAT
 from mldebug.privdir import private_dir, read_bounded, write_atomic
+from mldebug.ranks import alive
 
 DEFAULT_WAIT_S = 30.0
 MAX_MEMBERS = 4096
@@ -36,21 +37,6 @@ def wait_s() -> float:
         return max(0.0, min(600.0, float(os.environ.get("MLDEBUG_ABORT_WAIT", DEFAULT_WAIT_S))))
     except ValueError:
         return DEFAULT_WAIT_S
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited: nothing more will come from it
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read(4096).decode(errors="replace")
-        return text[text.rindex(")") + 2:].split()[0] != "Z"
-    except (OSError, ValueError, IndexError):
-        return True
 
 
 class Barrier:
@@ -106,13 +92,13 @@ class Barrier:
         end = time.monotonic() + bound
         pending: list[dict[str, Any]] = []
         while True:
-            pending = [m for m in self.members() if not self.has_dump(m) and _alive(m["pid"])]
+            pending = [m for m in self.members() if not self.has_dump(m) and alive(m["pid"])]
             if not pending or time.monotonic() >= end:
                 break
             time.sleep(0.1)
         members = self.members()
         dumped = [m for m in members if self.has_dump(m)]
-        gone = [m for m in members if not self.has_dump(m) and not _alive(m["pid"])]
+        gone = [m for m in members if not self.has_dump(m) and not alive(m["pid"])]
         note = {
             "format": NOTE_FORMAT, "stem": self.stem, "rank": self.rank, "pid": self.pid,
             "waited_s": round(bound - max(0.0, end - time.monotonic()), 2), "bound_s": bound,

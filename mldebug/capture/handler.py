@@ -30,7 +30,7 @@ from mldebug.privdir import (
     read_bounded,
     write_atomic,
 )
-from mldebug.ranks import start_time
+from mldebug.ranks import ns_tag, pid_namespace, start_time
 from mldebug.stacks import parse_faulthandler, python_threads
 
 DUMP_FORMAT = "mldebug.hang.dump/1"  # mldebug.hang.collect.DUMP_FORMAT (a test pins it)
@@ -102,7 +102,8 @@ class DumpHandler:
     # -- registry: how `mldebug hang --signal` finds us without reading our environment ------
     def _register(self) -> Path | None:
         entry = {"format": REGISTRY_FORMAT, "pid": self.pid, "host": self.host,
-                 "start_time": start_time(self.pid), "dir": str(self.dir),
+                 "start_time": start_time(self.pid), "pidns": pid_namespace(),
+                 "dir": str(self.dir),
                  "dump": str(self.dump_path), "faulthandler": str(self.fh_path),
                  "signal": self.signum, "poll": self.poll,
                  "main_ident": threading.main_thread().ident,
@@ -111,7 +112,7 @@ class DumpHandler:
         try:
             reg = own_registry_dir()
             _prune(reg, self.host)
-            path = reg / f"{self.host}-{self.pid}.json"
+            path = reg / f"{self.host}-{self.pid}{ns_tag()}.json"
             write_atomic(path, json.dumps(entry).encode())
             return path
         except Exception as e:  # noqa: BLE001 - dumps still work; only discovery suffers
@@ -269,6 +270,7 @@ def debug_server_port() -> int | None:
 
 def _prune(reg: Path, host: str) -> None:
     """Remove this host's registry entries whose process is gone (killed ranks leave them)."""
+    ours = pid_namespace()
     for name in os.listdir(reg):
         if not (name.startswith(host + "-") and name.endswith(".json")):
             continue
@@ -277,6 +279,8 @@ def _prune(reg: Path, host: str) -> None:
             entry = json.loads(read_bounded(reg / name, 1 << 20))
             if entry.get("format") != REGISTRY_FORMAT:
                 continue
+            if entry.get("pidns", ours) != ours:
+                continue  # another pid namespace's rank: its pid means nothing in this /proc
             if start_time(int(entry["pid"])) != entry.get("start_time"):
                 # a rank that reuses the pid (another node's namespace, a restarted job) may
                 # have replaced this stale file with its own entry meanwhile: only the file

@@ -204,7 +204,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def _trigger(args: argparse.Namespace) -> int:
     from mldebug.cli._common import fanout_options
-    from mldebug.fr.collect import trigger
+    from mldebug.fr.collect import silent_finding, trigger
     from mldebug.render import console, print_json
 
     target = fanout_options(args)
@@ -226,8 +226,12 @@ def _trigger(args: argparse.Namespace) -> int:
             import sys
 
             print(note, file=sys.stderr)
+    silent = silent_finding(result)
+    if silent is not None and analysis is not None:
+        analysis.findings.insert(0, silent)  # the silent ranks first: they are the finding
     if args.json:
         doc = result.to_dict()
+        doc["findings"] = [silent.to_dict()] if silent is not None else []
         if analysis is not None:
             doc["analysis"] = analysis.to_dict()
         print_json(doc)
@@ -253,6 +257,10 @@ def _trigger(args: argparse.Namespace) -> int:
             from mldebug.fr.report import render
 
             render(analysis, con)
+        elif silent is not None:
+            from mldebug.findings import render_findings
+
+            render_findings([silent], con)
     return 0 if result.files else 1
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mldebug.fanout import FanoutOptions
+from mldebug.findings import Finding
 from mldebug.fr import node as node_script
 
 
@@ -30,10 +31,12 @@ class NodeOutcome:
     errors: list[str] = field(default_factory=list)  # "rank 3 (pid 123): why"
     notes: list[str] = field(default_factory=list)
     dirs: list[tuple[str, int | None]] = field(default_factory=list)  # (dump dir, rank) answered
+    # live ranks that did not answer the trigger (stopped, frozen): {"rank", "pid", "why"}
+    silent: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "files": [str(f) for f in self.files],
-                "errors": self.errors, "notes": self.notes}
+                "errors": self.errors, "notes": self.notes, "silent": self.silent}
 
 
 @dataclass
@@ -55,13 +58,14 @@ class TriggerResult:
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
+def prepare_out(out: str | Path | None, create: bool = True) -> tuple[Path, bool]:
     """The directory to gather dumps into, and whether it was created here.
 
     Default: a new private directory ``$TMPDIR/mldebug-fr-dumps-<time>-XXXX`` (mode 0700) -
     never the current directory, where a forgotten folder of dumps ends up in a repository.
     A given ``--out`` must not exist (it is created 0700) or be an empty directory: earlier
-    dumps are never overwritten nor mixed into a new analysis.
+    dumps are never overwritten nor mixed into a new analysis. ``create=False``: a given
+    ``--out`` is only checked (``trigger`` builds it aside and renames it into place).
     """
     import tempfile
 
@@ -85,6 +89,8 @@ def prepare_out(out: str | Path | None) -> tuple[Path, bool]:
         if any(p.iterdir()):
             raise UsageError(f"--out {p} already holds files; dumps of two triggers would be "
                              "mixed (or overwritten).", "Pass a new or empty directory.")
+        return p, False
+    if not create:
         return p, False
     try:
         p.mkdir(parents=True, mode=0o700)
@@ -141,9 +147,15 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path,
         rank, pid = item.get("rank"), item.get("pid")
         rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-        who = f"rank {rank}" + (f" (pid {pid})" if pid else "")
+        own = item.get("ns_pid")
+        own = own if isinstance(own, int) and not isinstance(own, bool) and own != pid else None
+        who = f"rank {rank}" + (f" (pid {pid}" + (f", {own} in its pid namespace" if own else "")
+                                + ")" if pid else "")
         if item.get("error"):
             outcome.errors.append(f"{who}: {str(item['error'])[:2000]}")
+            if item.get("silent") is True:
+                outcome.silent.append({"rank": rank, "pid": pid,
+                                       "why": str(item["error"])[:2000]})
         data = item.get("data")
         if not data or not isinstance(data, str):
             continue
@@ -165,6 +177,35 @@ def save_node_doc(host: str, doc: dict[str, Any], out_dir: Path,
         suffix = f"rank{rank}" if rank is not None else f"pid{pid if pid else 'x'}"
         outcome.files.append(_write_new(out_dir / f"fr-{host}-{suffix}", raw, mode))
     return outcome
+
+
+def silent_finding(result: TriggerResult) -> Finding | None:
+    """The ranks that are alive but did not answer the trigger, as the finding they are: a
+    healthy rank's recorder dumps within a second, so a silent one is stopped or frozen, and
+    the ranks that did answer are not suspects for it (whatever their dumps lack)."""
+    from mldebug.findings import Finding, Severity
+    from mldebug.render import fold_ints
+
+    silent = [(n.host, s) for n in result.nodes for s in n.silent]
+    if not silent:
+        return None
+    ranks = sorted({s["rank"] for _, s in silent if s["rank"] is not None})
+    who = f"rank(s) {fold_ints(ranks)}" if ranks else f"{len(silent)} process(es)"
+    answered = len(result.files)
+    detail = "\n".join(f"rank {s['rank']} ({h}, pid {s['pid']}): {s['why']}"
+                        for h, s in silent[:32])
+    return Finding(
+        Severity.ERROR,
+        f"{who} alive but did not answer the trigger: stopped or frozen"
+        + (f" ({answered} other rank(s) answered and are not suspects for this)"
+           if answered else ""),
+        "A rank whose recorder thread can run writes its dump within a second; these could "
+        "not, so they are what holds the job up (their collectives cannot progress either). "
+        "Their flight-recorder entries are missing, so any culprit the dumps alone suggest "
+        "is limited to what the answering ranks saw.\n" + detail,
+        "Look at the silent ranks: resume a stopped one (kill -CONT PID); read a frozen one "
+        "with 'mldebug hang --native --pid PID' (py-spy reads a process that holds the GIL).",
+        code="fr-silent-ranks", hosts=tuple(sorted({h for h, _ in silent})))
 
 
 def trigger_local(out_dir: str | Path, timeout: float = 30.0,
@@ -207,37 +248,67 @@ def trigger(target: FanoutOptions, out_dir: str | Path | None,
     directories (``mldebug hang --fr`` passes the job's ranks).
     An output directory created here is removed again when no dump came back.
     """
-    out, created = prepare_out(out_dir)
+    from mldebug import paths
+    from mldebug.lifetime import sigterm_unwinds
+
+    out, created = prepare_out(out_dir, create=False)
+    existed = out.exists()
     timeout = target.timeout if timeout is None else timeout
+    result = TriggerResult(out, [])
+    swapped = False
+    # built in a private directory beside --out and renamed into place at the end (SIGINT and
+    # SIGTERM held for the rename): an interrupted trigger leaves the finished output or nothing
+    with sigterm_unwinds():
+        try:
+            with paths.staged(out, command="mldebug fr trigger", private=True) as st:
+                result.nodes = _trigger_into(target, st.path, dump_dir, timeout, max_bytes,
+                                             progress, discover, pids)
+                if not result.files:
+                    raise _NoDumps
+                os.unlink(paths.MARKER, dir_fd=st.fd)  # fr never replaces an output: no marker
+            swapped = True
+        except _NoDumps:
+            pass
+        finally:
+            if created and not swapped:
+                try:
+                    out.rmdir()  # the empty temporary directory made here: nothing left behind
+                except OSError:
+                    pass
+    for n in result.nodes:  # the files as they are now, after the rename
+        n.files = [out / f.name for f in n.files]
+    result.removed = not swapped and (created or not existed)
+    return result
+
+
+class _NoDumps(Exception):
+    """No dump came back: the staged output is dropped, nothing is renamed into place."""
+
+
+def _trigger_into(target: FanoutOptions, out: Path, dump_dir: str | Path | None,
+                  timeout: float, max_bytes: Any, progress: Any, discover: Any,
+                  pids: Any) -> list[NodeOutcome]:
     if target.is_local:
         only = {int(p) for p in pids} if pids is not None else None
-        nodes = [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
-                                      only)]
-    else:
-        nodes = []
+        return [trigger_local_report(out, timeout, dump_dir, int(max_bytes), bool(discover),
+                                     only)]
+    nodes: list[NodeOutcome] = []
 
-        def on_doc(host: str, doc: dict[str, Any] | None, error: str) -> None:
-            if doc is None:
-                nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
-                return
-            try:
-                nodes.append(save_node_doc(host, doc, out, int(max_bytes)))
-            except (AttributeError, KeyError, TypeError, ValueError) as e:
-                nodes.append(NodeOutcome(host, errors=[
-                    f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
-
-        order = _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover), bool(progress),
-                         pids, on_doc)
-        rank = {h: i for i, h in enumerate(order)}
-        nodes.sort(key=lambda n: rank.get(n.host, len(rank)))
-    result = TriggerResult(out, nodes)
-    if created and not result.files:
+    def on_doc(host: str, doc: dict[str, Any] | None, error: str) -> None:
+        if doc is None:
+            nodes.append(NodeOutcome(host, errors=[f"node: {error}"]))
+            return
         try:
-            out.rmdir()  # empty, and made here: nothing left behind
-            result.removed = True
-        except OSError:
-            pass
-    return result
+            nodes.append(save_node_doc(host, doc, out, int(max_bytes)))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            nodes.append(NodeOutcome(host, errors=[
+                f"node: answered a wrongly typed document ({type(e).__name__}: {e})"]))
+
+    order = _fan_out(target, dump_dir, timeout, int(max_bytes), bool(discover), bool(progress),
+                     pids, on_doc)
+    rank = {h: i for i, h in enumerate(order)}
+    nodes.sort(key=lambda n: rank.get(n.host, len(rank)))
+    return nodes
 
 
 @dataclass
@@ -251,7 +322,8 @@ class NodeArgs:
     pids: str | None = None  # comma-separated
 
 
-NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.fr.node")
+NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.dist",
+                "mldebug.ranks", "mldebug.fr.node")
 NODE_SCHEMA = {"host": str, "ranks": list}
 
 

@@ -43,6 +43,7 @@ from mldebug.fr.model import (
     Timeline,
 )
 from mldebug.names import trailing_number
+from mldebug.nodekit import read_fd
 from mldebug.safeload import DeepNesting, UnsafePickle, decode, on_stack, stack_needed
 
 # Bounds on outside data: a dump larger or deeper than these is refused, not analysed.
@@ -97,9 +98,11 @@ def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpS
         if workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
+            # chunks of ~16 files a worker on 1,024 files: a chunk's results cross the pipe
+            # as one message, held whole by the main process (64-file chunks: ~10 MB each)
             with ProcessPoolExecutor(max_workers=workers, initializer=_forget_seen) as pool:
                 return _assemble(pool.map(_scan, files,
-                                          chunksize=max(1, len(files) // (workers * 8))))
+                                          chunksize=max(1, len(files) // (workers * 32))))
         _forget_seen()
         try:
             return _assemble(map(_scan, files))
@@ -146,14 +149,22 @@ def _forget_seen() -> None:
 
 
 def _read_bounded(name: str) -> bytes:
+    """The file's bytes, at most ``MAX_FILE_BYTES``: one read of the size ``fstat`` gives
+    (a read of the limit allocates a 1 GiB buffer, and touches fresh pages, for every
+    file), then the rest if it grew."""
     # O_NONBLOCK: a FIFO opens at once and is refused below, instead of waiting for a writer
-    with os.fdopen(os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise BadDump("not a regular file")
-        if size > MAX_FILE_BYTES:
-            raise BadDump(f"{size} bytes, over the {MAX_FILE_BYTES}-byte limit for one dump")
-        data = f.read(MAX_FILE_BYTES + 1)
+        if st.st_size > MAX_FILE_BYTES:
+            raise BadDump(f"{st.st_size} bytes, over the {MAX_FILE_BYTES}-byte limit for one dump")
+        data = os.read(fd, st.st_size + 1)
+        if data and len(data) != st.st_size:  # it grew, or a short read: read on, bounded
+            data += read_fd(fd, MAX_FILE_BYTES + 1 - len(data))
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise BadDump(f"over the {MAX_FILE_BYTES}-byte limit for one dump")
     return data
@@ -346,22 +357,36 @@ def _column_of(values: tuple[Any, ...], raw: list[dict[str, Any]], key: str,
     entry: at C speed when they are integers that ``conv`` keeps as they are, with None
     ("not recorded": not started yet, timing off) among them, else entry by entry (older
     names, bad values)."""
-    nones = values.count(None)
+    types = set(map(type, values))  # one pass: cheaper than counting None, then bools
+    nones = values.count(None) if type(None) in types else 0
     fill = conv({key: None}) if nones else 0
     if nones == len(values):
         return array("q", [fill]) * len(values)
     present = tuple(filter(partial(is_not, None), values)) if nones else values
-    if bool not in map(type, present):  # bools convert, but are not numbers here
+    if bool not in types:  # bools convert, but are not numbers here
         try:
             col = array("q", present)  # only integers convert
-            # every conv keeps an interval of integers as they are: when it keeps the
-            # smallest and the largest, it keeps them all
-            lo, hi = min(present), max(present)
-            if conv({key: lo}) == lo and conv({key: hi}) == hi:
+            if _kept(col, key, conv):
                 return array("q", [fill if v is None else v for v in values]) if nones else col
         except (TypeError, OverflowError, ValueError):  # not integers, or out of range
             pass
     return array("q", [conv(e) for e in raw])
+
+
+_TOP_UNDER_2_62 = bytes(range(0x40))  # the high byte of an int64 in [0, 2**62)
+
+
+def _kept(col: array[int], key: str, conv: Any) -> bool:
+    """Whether ``conv`` keeps every value of ``col`` as it is. Every conv keeps an interval of
+    integers: when it keeps the smallest and the largest value, it keeps them all. Values
+    all in [0, 2**62) are seen at C speed from their high bytes: then, when conv keeps 0 and
+    2**62 - 1, no pass for the smallest and largest is needed."""
+    if (sys.byteorder == "little" and col.itemsize == 8
+            and not col.tobytes()[7::8].translate(None, _TOP_UNDER_2_62)
+            and conv({key: 0}) == 0 and conv({key: MAX_INT - 1}) == MAX_INT - 1):
+        return True
+    lo, hi = min(col), max(col)
+    return bool(conv({key: lo}) == lo and conv({key: hi}) == hi)
 
 
 def _collective_seq(e: dict[str, Any]) -> int:
@@ -501,11 +526,32 @@ def _timeline(ds: DumpSet, part: _Part, dump: RankDump, gid: dict[bytes, int],
             g = state_id[name] = len(ds.states)
             ds.states.append(name)
         strans.append(g)
-    sid = array("i", map(trans.__getitem__, part.sid))
-    state = array("i", map(strans.__getitem__, part.state))
+    sid = _translate(part.sid, trans)
+    state = _translate(part.state, strans)
     return Timeline([dump.rank], ds.statics, ds.states, sid, part.seq, part.p2p_seq,
                     part.record_id, state, part.started, part.completed, part.timeout,
                     dump.created, part.groups)
+
+
+def _translate(col: array[int], trans: list[int]) -> array[int]:
+    """``trans[v]`` for every value of ``col`` (local ids, 0 to len(trans) - 1): ``col``
+    itself when ``trans`` is the identity; at C speed when ids fit a byte (each byte of
+    the result is a ``bytes.translate`` of the local ids, interleaved by slice assignment);
+    else value by value."""
+    n = len(trans)
+    if trans == list(range(n)):
+        return col
+    if (n <= 256 and col.itemsize == 4 and sys.byteorder == "little"
+            and all(0 <= g < 1 << 31 for g in trans)):
+        local = col.tobytes()[0::4]  # the low byte holds the whole id
+        out = bytearray(4 * len(col))
+        for b in range(4):
+            table = bytes((g >> (8 * b)) & 255 for g in trans) + bytes(256 - n)
+            out[b::4] = local.translate(table)
+        got = array("i")
+        got.frombytes(out)
+        return got
+    return array("i", map(trans.__getitem__, col))
 
 
 def load(inputs: Sequence[str | Path]) -> DumpSet:

@@ -6,7 +6,8 @@ also imported by ``mldebug.fr.collect`` for the local case.
 
 Ranks that called ``mldebug.fr.enable()`` register in the dump directory
 (``.mldebug-fr-<host>-<pid>.json`` and a FIFO ``.mldebug-fr-<host>-<pid>.trigger``; the host
-is in the name because pids repeat across nodes sharing one directory). For each registration of
+is in the name because pids repeat across nodes sharing one directory, and a rank in a nested
+pid namespace adds ``-ns<inode>`` because they repeat across containers too). For each registration of
 a live process on this host the script writes a fresh token into the FIFO (non-blocking: a
 rank that is not listening is reported, never waited on), then waits until the rank writes
 ``.mldebug-fr-<host>-<pid>.done`` naming that token and its dump file. When no rank registered but
@@ -40,6 +41,7 @@ from mldebug.nodekit import ArgumentParser, emit, read_fd, short_hostname
 from mldebug.privdir import UnsafeDir, check_stat, owner_name
 from mldebug.privdir import check_dir as _check_dir
 from mldebug.privdir import private_dir as _private_dir
+from mldebug.ranks import alive, host_pid, nested_pids, proc_status, read_text
 
 REGISTRY_PREFIX = ".mldebug-fr-"
 
@@ -108,14 +110,58 @@ def read_in(dir_fd: int, name: str, owner: int, limit: int) -> tuple[bytes, int]
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+NOT_LISTENING = "not listening on its trigger FIFO"
+
+
+def _stopped(pid: int) -> str | None:
+    """A stopped process (SIGSTOP, job control, a debugger's stop) cannot read its FIFO: said
+    at once instead of after the poke's wait."""
+    state = proc_status(pid).get("State", "")
+    return "stopped" if state.startswith(("T", "t")) else None
+
+
+def _unread(dir_fd: int, name: str, owner: int) -> int | None:
+    """Bytes of the trigger still unread in a rank's FIFO (FIONREAD; never blocks): a rank
+    whose threads run reads its token at once and closes the FIFO to dump (0: no reader left),
+    a frozen one leaves it there. None when that cannot be told."""
+    import fcntl
+    import termios
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        fd = open_in(dir_fd, name, owner, "fifo", os.O_WRONLY | os.O_NONBLOCK)
+    except (OSError, ValueError) as e:
+        return 0 if getattr(e, "errno", None) == errno.ENXIO else None
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+        return int.from_bytes(buf, sys.byteorder)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def silent_reason(pid: int) -> str:
+    """Why a live rank did not answer the trigger, from /proc/PID/status (no ptrace): the
+    rank is the finding - alive but stopped or frozen - never a slow recorder to wait for."""
+    st = proc_status(pid)
+    state = st.get("State", "?")
+    tracer = st.get("TracerPid", "0")
+    traced = ""
+    if tracer not in ("", "0"):
+        comm = (read_text(f"/proc/{tracer}/comm") or "?").strip()
+        traced = f"; traced by pid {tracer} ({comm})"
+    if state.startswith(("T", "t")):
+        return (f"alive but stopped (State {state}{traced}): SIGSTOP, a job-control stop or a "
+                f"debugger; it cannot dump until it runs again (kill -CONT {pid}, or detach "
+                "the debugger). A stopped rank holds up every collective it is part of.")
+    if state.startswith("D"):
+        return (f"alive but in uninterruptible sleep (State {state}{traced}): stuck in a "
+                "driver or file-system call; see its kernel stack in "
+                f"/proc/{pid}/stack (root) and mldebug hang --native --pid {pid}.")
+    return (f"alive (State {state}{traced}) but it never read its trigger: no Python thread of "
+            "it runs - frozen in a C call holding the GIL, or a deadlock - so it is a prime "
+            f"suspect. mldebug hang --native --pid {pid} reads it with py-spy.")
 
 
 def _poke(dir_fd: int, name: str, owner: int, token: str, deadline: float) -> str | None:
@@ -131,7 +177,7 @@ def _poke(dir_fd: int, name: str, owner: int, token: str, deadline: float) -> st
                 time.sleep(0.05)  # the listener is between two reads (or busy dumping)
                 continue
             if e.errno == errno.ENXIO:
-                return "not listening on its trigger FIFO (process stuck before enable()?)"
+                return NOT_LISTENING + " (process stuck before enable()?)"
             if e.errno == errno.ELOOP:
                 return "trigger FIFO refused: it is a symlink"
             return f"cannot open trigger FIFO: {e.strerror}"
@@ -166,7 +212,8 @@ def registration(doc: dict[str, Any] | None, name: str) -> tuple[int, str, int |
     if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)
                              or not 0 <= rank < 1 << 24):
         raise ValueError(f"'rank' is {str(rank)[:40]!r}, not a rank")
-    if name != f"{REGISTRY_PREFIX}{host}-{pid}.json":
+    if not re.fullmatch(re.escape(f"{REGISTRY_PREFIX}{host}-{pid}") + r"(-ns[0-9]{1,20})?\.json",
+                        name):
         raise ValueError("its name does not match its host and pid")
     return pid, host, rank
 
@@ -233,21 +280,36 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
     token = f"{time.time_ns()}-{os.getpid()}-{os.urandom(4).hex()}"
     waiting: list[dict[str, Any]] = []
     stale = 0
+    table: dict[int, list[int]] | None = None  # pid namespaces nested in this one, once
     for name in sorted(os.listdir(dir_fd)):
         if not (name.startswith(REGISTRY_PREFIX + host + "-") and name.endswith(".json")):
             continue
+        doc = _read_json(dir_fd, name, owner)
         try:
-            pid, _, rank = registration(_read_json(dir_fd, name, owner), name)
+            own, _, rank = registration(doc, name)
         except ValueError as e:
             out["ranks"].append({"rank": None, "pid": None,
                                  "error": f"malformed registration {name}: {e}; ignored"})
             continue
+        start = (doc or {}).get("start_time")
+        start = start if isinstance(start, int) and not isinstance(start, bool) else None
+        # the registration names the pid the rank has in its own namespace (a container's
+        # rank 0 is pid 5 there, 4769 here): found by its start time, never by the number alone
+        pidns = (doc or {}).get("pidns")
+        pidns = pidns if isinstance(pidns, str) and len(pidns) < 64 else None
+        pid = host_pid(own, start, {}, pidns)
+        if pid is None:
+            table = nested_pids() if table is None else table
+            pid = host_pid(own, start, table, pidns)
+        if pid is None:
+            if pids is None or own in pids:
+                stale += 1
+            continue
         if pids is not None and pid not in pids:
             continue  # another job's rank
-        if not _alive(pid):
-            stale += 1
-            continue
         item: dict[str, Any] = {"pid": pid, "rank": rank}
+        if pid != own:
+            item["ns_pid"] = own
         try:
             pid_uid = os.stat(f"/proc/{pid}").st_uid
         except OSError:
@@ -258,13 +320,20 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
                              "ignored")
             out["ranks"].append(item)
             continue
-        err = _poke(dir_fd, f"{REGISTRY_PREFIX}{host}-{pid}.trigger", owner, token,
-                    min(deadline, time.monotonic() + 5))
-        if err:
+        stopped = _stopped(pid)
+        stem = name[:-len(".json")]  # .mldebug-fr-<host>-<pid>[-ns<inode>]
+        err = stopped or _poke(dir_fd, stem + ".trigger", owner, token,
+                               min(deadline, time.monotonic() + 5))
+        if stopped or (err and err.startswith(NOT_LISTENING) and alive(pid)):
+            item["error"] = "did not answer the trigger: " + silent_reason(pid)
+            item["silent"] = True
+            out["ranks"].append(item)
+        elif err:
             item["error"] = err
             out["ranks"].append(item)
         else:
-            item["_done"] = f"{REGISTRY_PREFIX}{host}-{pid}.done"
+            item["_done"] = stem + ".done"
+            item["_fifo"] = stem + ".trigger"
             waiting.append(item)
     if stale:
         out["notes"].append(f"{stale} registration(s) of processes that no longer run were ignored")
@@ -276,7 +345,7 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             if not done or done.get("token") != token:
                 continue
             waiting.remove(item)
-            del item["_done"]
+            del item["_done"], item["_fifo"]
             r = done.get("rank", item["rank"])
             item["rank"] = r if isinstance(r, int) and not isinstance(r, bool) else item["rank"]
             if not done.get("file"):
@@ -301,9 +370,25 @@ def _trigger_in(dir_fd: int, owner: int, dump_dir: str, host: str, timeout: floa
             time.sleep(0.05)
     for item in waiting:
         del item["_done"]
-        item["error"] = (f"did not dump within {timeout:g}s (the recorder is slow with large "
-                         "buffers or the process is frozen); raise --timeout")
+        unread = _unread(dir_fd, item.pop("_fifo"), owner)
+        if alive(item["pid"]) and unread == 0:
+            item["error"] = (f"took the trigger but did not finish its dump within {timeout:g}s "
+                             "(a loaded machine, or a large TORCH_FR_BUFFER_SIZE); raise "
+                             "--timeout")
+        elif alive(item["pid"]):
+            item["error"] = (f"did not answer the trigger within {timeout:g}s: "
+                             + silent_reason(item["pid"]))
+            item["silent"] = True
+        else:
+            item["error"] = f"process {item['pid']} exited before it answered the trigger"
         out["ranks"].append(item)
+    silent = [i for i in out["ranks"] if i.get("silent")]
+    answered = [i for i in out["ranks"] if "file" in i and not i.get("error")]
+    if silent and answered:
+        out["notes"].append(
+            f"{len(silent)} live rank(s) did not answer while {len(answered)} did: a rank "
+            "whose recorder thread can run dumps within a second, so the silent ranks are "
+            "the finding (stopped or frozen), not the ranks that answered")
     if not out["ranks"]:
         out["notes"].append(f"no rank on {host} is registered in {dump_dir}: call "
                             "mldebug.fr.enable() in the training script (or pass --dir)")

@@ -32,6 +32,7 @@ from typing import Any
 
 from mldebug.dist import identity
 from mldebug.fr.node import _TOKEN, TRIGGERED, UnsafeDir, private_dir
+from mldebug.ranks import ns_tag, pid_namespace, start_time
 
 PREFIX = "fr_rank"
 NATIVE_SUBDIR = "nccl"
@@ -78,6 +79,9 @@ class Recorder:
     rank: int | None
     host: str
     pid: int = field(default_factory=os.getpid)
+    # "-ns<inode>" in a nested pid namespace: pid 5 of one container and pid 5 of another
+    # sharing the directory never take each other's registration (mldebug.ranks.ns_tag)
+    tag: str = field(default_factory=ns_tag)
     dumps: list[Path] = field(default_factory=list)
     raw_copy: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -90,15 +94,15 @@ class Recorder:
     # -- paths ---------------------------------------------------------------------------
     @property
     def fifo(self) -> Path:
-        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.trigger"
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}{self.tag}.trigger"
 
     @property
     def registry(self) -> Path:
-        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.json"
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}{self.tag}.json"
 
     @property
     def done(self) -> Path:
-        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}.done"
+        return self.dump_dir / f"{REGISTRY_PREFIX}{self.host}-{self.pid}{self.tag}.done"
 
     def current_rank(self) -> int:
         try:
@@ -180,6 +184,8 @@ class Recorder:
             return
         _atomic_write(self.registry, json.dumps(
             {"pid": self.pid, "host": self.host, "rank": self.rank,
+             # the pid is this namespace's; its start time finds it from the node's (fr/node)
+             "start_time": start_time(self.pid), "pidns": pid_namespace(),
              "fifo": str(self.fifo), "done": str(self.done),
              "dump_dir": str(self.dump_dir)}).encode())
         threading.Thread(target=self._serve, name="mldebug-fr-trigger", daemon=True).start()

@@ -41,7 +41,6 @@ from mldebug.hang.model import (
     proc_label,
 )
 from mldebug.hosts import collapse
-from mldebug.nodetrust import CLAIM
 
 
 def frame_key(f: StackFrame) -> tuple[str, str, int]:
@@ -309,7 +308,7 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
         for host, pid in g.pids:
             p = by_key[(host, pid)]
             act = acts.get((host, pid)) if not g.collective else None
-            suspects.append(Suspect(rank=p.rank, host=host, pid=pid,
+            suspects.append(Suspect(rank=p.rank, host=host, pid=pid, ns_pid=p.ns_pid,
                                     reason=reason + (f"; {ACTIVITY_WORDS[act[0]]}" if act
                                                      else ""),
                                     call_site=call_site(g.frames), job=key,
@@ -378,8 +377,7 @@ def analyze(collection: Collection, *, all_threads: bool = False,
     answered = frozenset(p.host for p in collection.processes)
     asked = set(collection.hosts)
     errors = list(collection.errors)
-    # a node that answered under another name (an alias, an IP) did answer: not dead
-    no_answer = {e.host for e in errors if e.pid is None and not e.error.startswith(CLAIM)}
+    no_answer = {e.host for e in errors if e.pid is None}
     dead = sorted(h for h in asked if h in no_answer and h not in answered)
     jobs = [analyze_job(k, v, all_threads=all_threads, watch=collection.watch,
                         answered=answered | (asked - no_answer), gpu=collection.gpu,
@@ -422,7 +420,11 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             Severity.INFO, f"{len(lone)} process{'es' if len(lone) != 1 else ''} carry a rank "
             "variable but belong to no job; not analysed as ranks.",
             ", ".join(p.label + f" ({proc_label(p.host, p.pid)})" for p in lone[:6]),
-            "If they are ranks, select them with --pid or --pattern.", "lone-processes",
+            "If they are ranks, select them with --pid or --pattern: "
+            f"mldebug hang --pid {lone[0].pid}"
+            + (f" --nodes {lone[0].host}" if len({p.host for p in lone}) > 1 else "")
+            + " (that process and its children), or mldebug hang --pattern REGEX (on their "
+            "command lines).", "lone-processes",
             rules._hosts({p.host for p in lone})))
     if dead:
         findings.append(Finding(
@@ -434,7 +436,8 @@ def analyze(collection: Collection, *, all_threads: bool = False,
     if route is not None:
         findings.append(route)
     return Report(jobs=jobs, errors=errors, lone=sorted(lone, key=_order), findings=findings,
-                  watch=collection.watch, dead_hosts=dead, gpu=collection.gpu)
+                  watch=collection.watch, dead_hosts=dead, gpu=collection.gpu,
+                  notes=list(collection.notes))
 
 
 def route_finding(processes: Sequence[Process]) -> Finding | None:
@@ -465,6 +468,8 @@ def route_finding(processes: Sequence[Process]) -> Finding | None:
 
 
 def s_label(s: Suspect) -> str:
+    own = f", {s.ns_pid} in its pid namespace" if s.ns_pid is not None else ""
     if s.rank is not None:
-        return f"rank {s.rank} ({s.host}, pid {s.pid})" if s.host else f"rank {s.rank} (pid {s.pid})"
-    return proc_label(s.host, s.pid)
+        return (f"rank {s.rank} ({s.host}, pid {s.pid}{own})" if s.host
+                else f"rank {s.rank} (pid {s.pid}{own})")
+    return proc_label(s.host, s.pid) + (f" ({s.ns_pid} in its pid namespace)" if own else "")

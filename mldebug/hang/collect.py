@@ -93,7 +93,9 @@ def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Proce
     job = p.get("job") or {}
     if not isinstance(job, dict):
         raise ValueError("'job' is not an object")
+    ns_pid = _opt_int(p.get("ns_pid"))
     proc = Process(host=host, pid=pid, cmdline=[str(c) for c in cmdline], **known,
+                   ns_pid=ns_pid if ns_pid != pid else None,
                    job=_opt_str(job.get("key")), job_launcher=_opt_str(job.get("launcher")),
                    lone=bool(job.get("lone")))
     for key, attr in (("dump", "threads"), ("dump_later", "threads_later")):
@@ -153,8 +155,8 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
     tck = doc.get("clk_tck")
     tck = tck if isinstance(tck, int) and 1 <= tck <= 10000 else 100
     claim = check_host(r.host, doc)
-    if claim:
-        errors.append(CollectError(host, None, claim))
+    if claim:  # a note, not an error: the node did answer
+        coll.notes.append(CollectError(host, None, claim))
     try:
         for e in doc.get("errors") or ():
             errors.append(CollectError(host, _opt_int(e.get("pid")), str(e.get("error"))))

@@ -110,7 +110,7 @@ def bounded(fn: Callable[[], Any], seconds: float, what: str) -> Any:
     t.start()
     t.join(seconds + 0.5)
     if t.is_alive():
-        raise RouteError(f"{what} did not answer within {seconds:g}s")
+        raise RouteError(f"{what} did not answer within {seconds:.1f} s")
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -171,7 +171,7 @@ class StoreClient:
         if self._guard.expired:
             return RouteError(f"{self.where} did not finish answering in time")
         if isinstance(e, socket.timeout):
-            return RouteError(f"{self.where} did not answer within {self.timeout:g}s")
+            return RouteError(f"{self.where} did not answer within {self.timeout:.1f} s")
         return RouteError(f"{self.where}: {getattr(e, 'strerror', None) or e}")
 
     def _recv(self, n: int) -> bytes:
@@ -283,9 +283,11 @@ def local_addresses() -> set:
 
 def is_local(host: str, addrs: set | None = None) -> bool:
     """Whether a registered host names this node: its host name (whole or short) or one of
-    its addresses."""
+    its addresses. Short names only between names: a node named 10.0.0.5 is not 10.0.0.6."""
     node = os.uname().nodename
-    if host in (node, "localhost") or host.split(".")[0] == node.split(".")[0]:
+    if host in (node, "localhost"):
+        return True
+    if not _is_ip(host) and not _is_ip(node) and host.split(".")[0] == node.split(".")[0]:
         return True
     try:
         packed = socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
@@ -373,7 +375,7 @@ def post(host: str, port: int, handler: str, query: str = "", *, timeout: float,
             raise RouteError(f"{where} refused the connection (the rank exited, or its "
                              "server stopped)") from None
         except TimeoutError:
-            raise RouteError(f"{where} did not accept a connection within {timeout:g}s") \
+            raise RouteError(f"{where} did not accept a connection within {timeout:.1f} s") \
                 from None
         assert conn.sock is not None
         guard = _Deadline(conn.sock, timeout - (time.monotonic() - start))
@@ -398,7 +400,7 @@ def post(host: str, port: int, handler: str, query: str = "", *, timeout: float,
         raise
     except (TimeoutError, OSError, http.client.HTTPException, ValueError) as e:
         if guard is not None and guard.expired or isinstance(e, socket.timeout):
-            raise RouteError(f"{where} did not answer {handler} within {timeout:g}s") from None
+            raise RouteError(f"{where} did not answer {handler} within {timeout:.1f} s") from None
         if isinstance(e, (http.client.BadStatusLine, http.client.LineTooLong)) or \
                 isinstance(e, http.client.HTTPException) and \
                 not isinstance(e, http.client.RemoteDisconnected):
@@ -730,11 +732,18 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
                 continue
             if is_local(uh, addrs):
                 urls[(rank, (sh, sp))] = (uh, up, value)
+    by_rank_store = {(t["identity"].get("rank"), tied.get(t["pid"])): t for t in pending}
+    # one store named two ways (--store 127.0.0.1:P, the ranks' MASTER_ADDR 10.0.0.1:P) holds
+    # the same registrations: ask each rank's server once, through the store its environment
+    # names where one does
+    once: dict[tuple[int, str, int], tuple[int, tuple[str, int]]] = {}
+    for rank, store in sorted(urls, key=lambda k: (k[0], (k[0], k[1]) not in by_rank_store)):
+        once.setdefault((rank, *urls[(rank, store)][:2]), (rank, store))
+    urls = {k: urls[k] for k in once.values()}
     if not urls:
         return []
     # which process each local registration is
     allowed = {t["pid"] for t in pending} | set(hidden)
-    by_rank_store = {(t["identity"].get("rank"), tied.get(t["pid"])): t for t in pending}
     by_pid = {t["pid"]: t for t in pending}
     jobs: list[dict[str, Any]] = []
     for (rank, store), (uh, up, value) in sorted(urls.items()):

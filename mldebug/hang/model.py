@@ -88,6 +88,9 @@ class Process:
     # "python" / "faulthandler" (--signal); None for saved dumps of older versions
     route: str | None = None
     route_detail: str | None = None  # the debug server's handler: pyspy_dump, dump_traceback
+    # the pid the process has in its own pid namespace (a container, unshare --pid) when it
+    # differs from ``pid`` (this node's): what the rank prints and names its files with
+    ns_pid: int | None = None
 
     @property
     def label(self) -> str:
@@ -160,6 +163,9 @@ class Collection:
     # (job key, rank) -> why a live rank has no stacks (stopped, traced, py-spy failed): such a
     # rank is alive, never "exited"
     undumped: dict[tuple[str, int], str] = field(default_factory=dict)
+    # what a node's answer says about the node without being an error: it answered under
+    # another name (an IP, an ssh alias; ``nodetrust.check_host``) - it did answer
+    notes: list[CollectError] = field(default_factory=list)
 
 
 class VerdictKind(str, enum.Enum):
@@ -244,6 +250,7 @@ class Suspect:
     call_site: str | None = None
     job: str = ""
     activity: str | None = None  # "spinning" / "blocked", from the /proc samples
+    ns_pid: int | None = None  # its pid inside its own pid namespace, when that differs
 
 
 @dataclass
@@ -282,6 +289,7 @@ class Report:
     watch: float | None = None
     dead_hosts: list[str] = field(default_factory=list)  # asked, never answered
     gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> GPU polls
+    notes: list[CollectError] = field(default_factory=list)  # Collection.notes
 
     # The single-job view most callers (and the first schema) use; with several jobs the
     # first job's verdict leads and processes/suspects are every job's.
@@ -363,6 +371,7 @@ class Report:
             "dead_hosts": self.dead_hosts,
             "gpu": self.gpu,
             "errors": [asdict(e) for e in self.errors],
+            "notes": [asdict(e) for e in self.notes],
             "stacks": stacks.rows,
         }
 
@@ -419,6 +428,8 @@ def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
         d["workers"] = [process_to_dict(w, stacks) for w in p.workers]
     if p.samples:
         d["samples"] = [asdict(x) for x in p.samples]
+    if p.ns_pid is not None:
+        d["ns_pid"] = p.ns_pid
     return d
 
 

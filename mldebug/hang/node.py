@@ -386,7 +386,7 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             debugserver.again(targets, opts, "dump_later")
     for t in targets:
         doc["processes"].append({
-            "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
+            "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"], "ns_pid": t.get("ns_pid"),
             "identity": t["identity"], "job": t.get("job"), "dump": t.get("dump"),
             "dump_later": t.get("dump_later"), "error": t.get("error"),
             "samples": t.get("samples", []), "route": t.get("route"),

@@ -220,6 +220,10 @@ def report_lines(report: Report, *, show_all: bool = False) -> list[Line]:
         if len(report.jobs) == 1:
             lines.append([])
         lines.extend(job_lines(job, show_all=show_all, heading=len(report.jobs) > 1))
+    if report.notes:
+        lines.append([])
+        lines.append([(f"Notes ({len(report.notes)}):", "bold")])
+        lines.extend([(f"  {n.host}: {n.error}", "dim")] for n in report.notes[:MAX_ERRORS])
     if report.errors:
         lines.append([])
         lines.append([(f"Errors ({len(report.errors)}):", "bold red")])

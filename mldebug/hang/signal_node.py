@@ -25,7 +25,7 @@ from typing import Any
 from mldebug.hang.node import NODE_VERSION, select_targets
 from mldebug.nodekit import emit, short_hostname, signal_in_mask
 from mldebug.privdir import check_dir, read_bounded, registry_dir
-from mldebug.ranks import start_time
+from mldebug.ranks import host_pid, nested_pids, proc_status
 from mldebug.stacks import parse_faulthandler
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
@@ -79,6 +79,7 @@ def _read_json(path: Path, uid: int) -> dict[str, Any] | None:
 def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
     """pid -> registry entry of every live process on this host that installed a handler."""
     found: dict[int, dict[str, Any]] = {}
+    table: dict[int, list[int]] | None = None  # pid namespaces nested in this one, once
     for uid in uids:
         try:
             home = pwd.getpwuid(uid).pw_dir
@@ -96,9 +97,19 @@ def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
             entry = _read_json(reg / name, uid)
             if not entry or not isinstance(entry.get("pid"), int):
                 continue
-            pid = entry["pid"]
-            if entry.get("start_time") != start_time(pid):
+            own, start = entry["pid"], entry.get("start_time")
+            if not isinstance(start, int) or isinstance(start, bool):
+                continue
+            # the entry names the pid the rank has in its own namespace (a container's rank
+            # is pid 5 there, 4769 here): found by its start time, never by the number alone
+            pidns = entry.get("pidns") if isinstance(entry.get("pidns"), str) else None
+            pid = host_pid(own, start, {}, pidns)
+            if pid is None:
+                table = nested_pids() if table is None else table
+                pid = host_pid(own, start, table, pidns)
+            if pid is None:
                 continue  # a stale entry: that process is gone (or its pid reused)
+            entry = dict(entry, pid=pid, **({"ns_pid": own} if own != pid else {}))
             try:
                 if os.stat(f"/proc/{pid}").st_uid != uid:
                     continue
@@ -197,6 +208,11 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
             t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
         elif not os.path.exists(f"/proc/{pid}"):
             t.setdefault("error", f"process {pid} exited before it answered")
+        elif proc_status(pid).get("State", "").startswith(("T", "t")):
+            t.setdefault("error", (
+                f"pid {pid} is alive but stopped (State {proc_status(pid).get('State')}): the "
+                f"signal waits until it runs again; resume it with kill -CONT {pid} (or detach "
+                "the debugger) and run again"))
         else:
             t.setdefault("error", f"pid {pid} did not answer the signal within {timeout:g}s")
 
@@ -234,7 +250,7 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
         if opts.slurm_job and ident.get("run_id") != opts.slurm_job:
             continue
         # not found by its environment (unreadable without ptrace rights): the registry says
-        by_pid[pid] = dict(info, identity=ident, entry=entry)
+        by_pid[pid] = dict(info, identity=ident, entry=entry, ns_pid=entry.get("ns_pid"))
     targets = [by_pid[p] for p in sorted(by_pid)]
     # torch's debug server first: it answers without a signal (mldebug.hang.debugserver)
     from mldebug.hang import debugserver
@@ -254,7 +270,7 @@ def collect(opts: argparse.Namespace) -> dict[str, Any]:
         debugserver.again(targets, opts, "dump_later")
     for t in targets:
         doc["processes"].append({
-            "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"],
+            "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"], "ns_pid": t.get("ns_pid"),
             "identity": t["identity"], "job": t.get("job"),  # the job key, as hang's node
             "dump": t.get("dump"), "dump_later": t.get("dump_later"),
             "error": t.get("error"), "route": t.get("route"),
