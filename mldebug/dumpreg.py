@@ -20,7 +20,7 @@ from typing import Any
 
 from mldebug.nodekit import signal_in_mask
 from mldebug.privdir import check_dir, registry_dir
-from mldebug.ranks import start_time
+from mldebug.ranks import host_pid, nested_pids
 
 MAX_ENTRY = 1 << 20
 
@@ -50,8 +50,10 @@ def read_json_owned(path: Path, uid: int, limit: int = MAX_ENTRY) -> dict[str, A
 
 def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
     """pid -> registry entry (with ``uid`` added) of every live process of these users on
-    this host that installed a dump handler."""
+    this host that installed a dump handler. A rank in a nested pid namespace (a container,
+    ``unshare --pid``) is keyed by its pid here; the entry keeps its own as ``ns_pid``."""
     found: dict[int, dict[str, Any]] = {}
+    table: dict[int, list[int]] | None = None  # pid namespaces nested in this one, once
     for uid in uids:
         try:
             home = pwd.getpwuid(uid).pw_dir
@@ -69,9 +71,19 @@ def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
             entry = read_json_owned(reg / name, uid)
             if not entry or not isinstance(entry.get("pid"), int):
                 continue
-            pid = entry["pid"]
-            if entry.get("start_time") != start_time(pid):
+            own, start = entry["pid"], entry.get("start_time")
+            if not isinstance(start, int) or isinstance(start, bool):
+                continue
+            # the entry names the pid the rank has in its own namespace (a container's rank
+            # is pid 5 there, 4769 here): found by its start time, never by the number alone
+            pidns = entry.get("pidns") if isinstance(entry.get("pidns"), str) else None
+            pid = host_pid(own, start, {}, pidns)
+            if pid is None:
+                table = nested_pids() if table is None else table
+                pid = host_pid(own, start, table, pidns)
+            if pid is None:
                 continue  # a stale entry: that process is gone (or its pid reused)
+            entry = dict(entry, pid=pid, **({"ns_pid": own} if own != pid else {}))
             try:
                 if os.stat(f"/proc/{pid}").st_uid != uid:
                     continue
@@ -96,3 +108,36 @@ def inside(path: str, parent: str) -> bool:
     """Whether ``path`` lies strictly under ``parent`` (both normalised, no link resolved)."""
     p, d = os.path.normpath(path), os.path.normpath(parent)
     return p.startswith(d.rstrip("/") + "/")
+
+
+def fresh_dump(entry: dict[str, Any], uid: int, since: float,
+               limit: int = MAX_ENTRY) -> dict[str, Any] | None:
+    """The stack dump a handler wrote after ``since`` (time.time()), read safely: only inside
+    its own private directory, the user's own file, bounded; None when there is none yet."""
+    d, dump = str(entry.get("dir", "")), str(entry.get("dump", ""))
+    if not d or not inside(dump, d):
+        return None
+    try:
+        check_dir(Path(d), uid)
+        check_dir(Path(dump).parent, uid)
+    except Exception:  # noqa: BLE001 - a directory we must not trust: no answer
+        return None
+    doc = read_json_owned(Path(dump), uid, limit)
+    meta = (doc or {}).get("capture") or {}
+    if doc is None or not isinstance(meta, dict) or not isinstance(meta.get("time"), (int, float)) \
+            or meta["time"] < since:
+        return None
+    return doc
+
+
+def fh_size(entry: dict[str, Any], uid: int) -> int:
+    """Bytes in the handler's faulthandler file (its C-level route), -1 when there is none
+    or it is not the user's own file inside the handler's directory."""
+    fh = str(entry.get("faulthandler", ""))
+    if not inside(fh, str(entry.get("dir", ""))):
+        return -1
+    try:
+        st = os.lstat(fh)
+    except OSError:
+        return -1
+    return st.st_size if st.st_uid == uid else -1

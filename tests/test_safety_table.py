@@ -386,6 +386,13 @@ with staged(out) as st:
 """
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT back to its default. A shell starts background jobs with SIGINT
+    ignored and Python then never raises KeyboardInterrupt, so a test run from such a shell
+    (or a CI step started with '&') would send its SIGINT to a deaf process."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("existing", [False, True])
 def test_signals_during_a_write_leave_the_old_output_or_nothing(sig, existing, tmp_path):
@@ -397,7 +404,8 @@ def test_signals_during_a_write_leave_the_old_output_or_nothing(sig, existing, t
         (out / "old.txt").write_text("old")
     before = _tree(out) if existing else None
     p = subprocess.Popen([sys.executable, "-c", _STAGED, str(out)], stdout=subprocess.PIPE,
-                         text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                         text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                         preexec_fn=_default_sigint)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         p.send_signal(sig)
@@ -744,7 +752,8 @@ def test_signals_during_fr_trigger_out_leave_nothing(sig, ns_job, tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "mldebug", "fr", "trigger", "--dir",
                           str(ns_job["frdir"]), "--timeout", "60", "--out", str(tmp_path / "o")],
                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 60
         while not any(x.name.startswith(".o.tmp-") for x in tmp_path.iterdir()):

@@ -12,9 +12,7 @@ document ``mldebug.hang.node.collect`` returns, so the hang analysis runs unchan
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pwd
 import re
 import signal as _signal
 import sys
@@ -22,17 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mldebug.dumpreg import catches, fh_size, fresh_dump, registry_entries
 from mldebug.hang.node import NODE_VERSION, select_targets
-from mldebug.nodekit import emit, short_hostname, signal_in_mask
-from mldebug.privdir import check_dir, read_bounded, registry_dir
-from mldebug.ranks import host_pid, nested_pids, proc_status
+from mldebug.nodekit import emit, short_hostname
+from mldebug.privdir import read_bounded
+from mldebug.ranks import proc_status
 from mldebug.stacks import parse_faulthandler
 
 NO_HANDLER = "no handler installed: add mldebug.watchdog() or use ptrace mode"
 MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
            "mldebug.stacks", "mldebug.hang.debugserver", "mldebug.hang.node", "mldebug.privdir",
-           "mldebug.hang.signal_node")
-MAX_ENTRY = 1 << 20
+           "mldebug.dumpreg", "mldebug.hang.signal_node")
 FALLBACK_WAIT = 3.0  # after the C-level text arrived and the handler's thread should have
                     # woken (its poll), how long the Python route may still take
 
@@ -46,111 +44,6 @@ def signal_number(name: str) -> int:
     if not isinstance(num, int):
         raise ValueError(f"unknown signal {name!r}")
     return int(num)
-
-
-def catches(pid: int, signum: int) -> bool:
-    """Whether ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status; no ptrace)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            return signal_in_mask(f.read(1 << 16).decode(errors="replace"), "SigCgt", signum)
-    except (OSError, ValueError):
-        return False
-
-
-def _read_json(path: Path, uid: int) -> dict[str, Any] | None:
-    """A JSON file owned by ``uid``, read without following links, bounded."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if os.fstat(fd).st_uid != uid:
-            return None
-        data = os.read(fd, MAX_ENTRY)
-    finally:
-        os.close(fd)
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def registry_entries(uids: set[int], host: str) -> dict[int, dict[str, Any]]:
-    """pid -> registry entry of every live process on this host that installed a handler."""
-    found: dict[int, dict[str, Any]] = {}
-    table: dict[int, list[int]] | None = None  # pid namespaces nested in this one, once
-    for uid in uids:
-        try:
-            home = pwd.getpwuid(uid).pw_dir
-        except KeyError:
-            continue
-        reg = registry_dir(home)
-        try:
-            check_dir(reg, uid)
-            names = os.listdir(reg)
-        except Exception:  # noqa: BLE001 - no registry, or one we must not trust
-            continue
-        for name in names:
-            if not (name.startswith(host + "-") and name.endswith(".json")):
-                continue
-            entry = _read_json(reg / name, uid)
-            if not entry or not isinstance(entry.get("pid"), int):
-                continue
-            own, start = entry["pid"], entry.get("start_time")
-            if not isinstance(start, int) or isinstance(start, bool):
-                continue
-            # the entry names the pid the rank has in its own namespace (a container's rank
-            # is pid 5 there, 4769 here): found by its start time, never by the number alone
-            pidns = entry.get("pidns") if isinstance(entry.get("pidns"), str) else None
-            pid = host_pid(own, start, {}, pidns)
-            if pid is None:
-                table = nested_pids() if table is None else table
-                pid = host_pid(own, start, table, pidns)
-            if pid is None:
-                continue  # a stale entry: that process is gone (or its pid reused)
-            entry = dict(entry, pid=pid, **({"ns_pid": own} if own != pid else {}))
-            try:
-                if os.stat(f"/proc/{pid}").st_uid != uid:
-                    continue
-            except OSError:
-                continue
-            entry["uid"] = uid
-            found[pid] = entry
-    return found
-
-
-def _inside(path: str, parent: str) -> bool:
-    p, d = os.path.normpath(path), os.path.normpath(parent)
-    return p.startswith(d.rstrip("/") + "/")
-
-
-def _rank_dump(entry: dict[str, Any], since: float) -> dict[str, Any] | None:
-    """The rank's Python-route dump written after ``since``, read safely."""
-    d, dump = str(entry.get("dir", "")), str(entry.get("dump", ""))
-    if not _inside(dump, d):
-        return None
-    try:
-        check_dir(Path(d), entry["uid"])
-        check_dir(Path(dump).parent, entry["uid"])
-    except Exception:  # noqa: BLE001
-        return None
-    doc = _read_json(Path(dump), entry["uid"])
-    meta = (doc or {}).get("capture") or {}
-    if doc is None or not isinstance(meta.get("time"), (int, float)) or meta["time"] < since:
-        return None
-    return doc
-
-
-def _fh_size(entry: dict[str, Any]) -> int:
-    fh = str(entry.get("faulthandler", ""))
-    if not _inside(fh, str(entry.get("dir", ""))):
-        return -1
-    try:
-        st = os.lstat(fh)
-    except OSError:
-        return -1
-    return st.st_size if st.st_uid == entry["uid"] else -1
 
 
 def _fh_threads(entry: dict[str, Any], offset: int) -> list[dict[str, Any]]:
@@ -179,7 +72,7 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
             t.setdefault("error", f"its handler listens to signal {entry.get('signal')}, not "
                                   f"{signum}: pass --signal {entry.get('signal')}")
             continue
-        t["_offset"], t["_since"] = _fh_size(entry), time.time() - 0.05
+        t["_offset"], t["_since"] = fh_size(entry, entry["uid"]), time.time() - 0.05
         try:
             os.kill(t["pid"], signum)
         except OSError as e:
@@ -191,12 +84,12 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
     while pending and time.monotonic() < deadline:
         time.sleep(0.1)
         for pid, t in list(pending.items()):
-            doc = _rank_dump(t["entry"], t["_since"])
+            doc = fresh_dump(t["entry"], t["entry"]["uid"], t["_since"])
             if doc is not None:
                 t[key], t["route"] = doc.get("dump"), (doc.get("capture") or {}).get("route")
                 t["identity"] = doc.get("identity") or t["identity"]
                 del pending[pid]
-            elif _fh_size(t["entry"]) > t["_offset"]:
+            elif fh_size(t["entry"], t["entry"]["uid"]) > t["_offset"]:
                 first = fh_seen.setdefault(pid, time.monotonic())
                 poll = t["entry"].get("poll")
                 grace = FALLBACK_WAIT + (float(poll) if isinstance(poll, (int, float)) else 5.0)
@@ -204,7 +97,7 @@ def ask(targets: list[dict[str, Any]], signum: int, timeout: float, key: str) ->
                     t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
                     del pending[pid]
     for pid, t in pending.items():
-        if _fh_size(t["entry"]) > t["_offset"]:
+        if fh_size(t["entry"], t["entry"]["uid"]) > t["_offset"]:
             t[key], t["route"] = _fh_threads(t["entry"], t["_offset"]), "faulthandler"
         elif not os.path.exists(f"/proc/{pid}"):
             t.setdefault("error", f"process {pid} exited before it answered")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mldebug.dumpreg import catches, inside, read_json_owned, registry_entries
+from mldebug.dumpreg import catches, fh_size, fresh_dump, inside, registry_entries
 from mldebug.nodekit import short_hostname
 from mldebug.privdir import check_dir
 from mldebug.trace.collect import MAX_FILE, read_ring
@@ -58,33 +58,10 @@ def _why(a: Asked, kind: str, reason: str) -> None:
     a.kind, a.reason = kind, reason
 
 
-def _fh_size(entry: dict[str, Any], uid: int) -> int:
-    fh = str(entry.get("faulthandler", ""))
-    if not inside(fh, str(entry.get("dir", ""))):
-        return -1
-    try:
-        st = os.lstat(fh)
-    except OSError:
-        return -1
-    return st.st_size if st.st_uid == uid else -1
-
-
 def _fresh_dump(a: Asked) -> dict[str, Any] | None:
-    """The stack dump the rank's handler wrote after our signal, read safely."""
-    entry = a.entry or {}
-    d, dump = str(entry.get("dir", "")), str(entry.get("dump", ""))
-    if not d or not inside(dump, d):
-        return None
-    try:
-        check_dir(Path(d), a.uid)
-        check_dir(Path(dump).parent, a.uid)
-    except Exception:  # noqa: BLE001 - a directory we must not trust: no answer
-        return None
-    doc = read_json_owned(Path(dump), a.uid, MAX_FILE)
-    meta = (doc or {}).get("capture") or {}
-    if doc is None or not isinstance(meta.get("time"), (int, float)) or meta["time"] < a.since:
-        return None
-    return meta if isinstance(meta, dict) else None
+    """The ``capture`` block of the stack dump the rank's handler wrote after our signal."""
+    doc = fresh_dump(a.entry or {}, a.uid, a.since, MAX_FILE)
+    return doc["capture"] if doc is not None else None
 
 
 def _ring_of(a: Asked, meta: dict[str, Any]) -> None:
@@ -140,7 +117,7 @@ def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
         if a.entry is None or not isinstance(sig, int) or not catches(pid, sig):
             _why(a, "no-handler", NO_HANDLER)
             continue
-        a.fh_offset = _fh_size(a.entry, a.uid)
+        a.fh_offset = fh_size(a.entry, a.uid)
         a.since = time.time() - 0.05
         try:
             os.kill(pid, sig)
@@ -156,7 +133,7 @@ def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
                 _ring_of(a, meta)
                 pending.remove(a)
                 continue
-            if a.entry is not None and _fh_size(a.entry, a.uid) > a.fh_offset:
+            if a.entry is not None and fh_size(a.entry, a.uid) > a.fh_offset:
                 first = a.fh_seen = a.fh_seen or time.monotonic()
                 poll = a.entry.get("poll")
                 grace = FH_GRACE + (float(poll) if isinstance(poll, (int, float)) else 5.0)
@@ -166,7 +143,7 @@ def ask(targets: list[dict[str, Any]], timeout: float) -> list[Asked]:
     for a in pending:
         if not os.path.exists(f"/proc/{a.pid}"):
             _why(a, "exited", "exited before it answered")
-        elif a.entry is not None and _fh_size(a.entry, a.uid) > a.fh_offset:
+        elif a.entry is not None and fh_size(a.entry, a.uid) > a.fh_offset:
             _why(a, "gil-held", GIL_HELD.format(pid=a.pid))
         else:
             _why(a, "no-answer", f"did not answer the signal within {timeout:g}s (raise --timeout)")
