@@ -13,6 +13,14 @@ figure the median over rounds is printed for both trees with the ratio this/REV;
 included. Figures that need what this machine may lack (sshd + pdsh for the fan-out, torchrun
 for the live hang) are skipped with the reason.
 
+With ``--clean-install`` the start-up figures (``help`` and ``hang-live``) are also measured
+as a user runs them: each tree is built into a wheel and installed (not editable, with its
+required dependencies only, no extras) into a throwaway venv of the same base interpreter,
+cached under ``--data`` by the hash of the tree's sources. The dev venv pays ``site`` start-up
+that such an install does not: the editable-install finder and lovely-tensors' ``.pth`` hook
+(the ``[torch]`` extra). Those rows are named ``*-clean``; their anchors (``python -c pass``,
+the recipe) run beside them.
+
 Not a test: it prints figures and asserts nothing. Exit code 0, or 3 when a figure is flagged.
 """
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import os
 import shutil
 import statistics
@@ -59,10 +68,16 @@ class Figure:
     env: dict[str, str] = field(default_factory=dict)
     check: Callable[[str], bool] | None = None  # the output must say this to count
     anchor: bool = False  # the same command on both trees (a floor to divide by): not flagged
+    clean: bool = False  # run by each tree's clean (non-editable) install: argv[0] replaced
 
 
-def measure(argv: list[str], tree: Path, extra_env: dict[str, str], cwd: Path) -> Run:
+def measure(argv: list[str], tree: Path, extra_env: dict[str, str], cwd: Path,
+            clean_py: Path | None = None) -> Run:
     env = {**os.environ, **extra_env, "PYTHONPATH": str(tree), "NO_COLOR": "1"}
+    if clean_py is not None:  # the installed package, as a user has it: nothing on PYTHONPATH
+        del env["PYTHONPATH"]
+        env["PATH"] = str(clean_py.parent) + os.pathsep + env.get("PATH", "")
+        argv = [str(clean_py), *argv[1:]]
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.DEVNULL,
@@ -89,7 +104,48 @@ def worktree(rev: str) -> Iterator[Path]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack) -> list[Figure]:
+def _source_hash(tree: Path) -> str:
+    """What a wheel of ``tree`` is built from: pyproject, README and every file of mldebug/."""
+    h = hashlib.sha256()
+    files = [tree / "pyproject.toml", tree / "README.md"]
+    files += sorted(f for f in (tree / "mldebug").rglob("*")
+                    if f.is_file() and "__pycache__" not in f.parts)
+    for f in files:
+        h.update(str(f.relative_to(tree)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def clean_install(tree: Path, data: Path) -> Path:
+    """A venv with ``tree`` installed as a user installs it (a wheel, not editable; required
+    dependencies only, from this machine's pip configuration), made from the base interpreter
+    of this Python without pip or setuptools (no ``.pth`` file at all); cached in ``data`` by
+    the sources' hash. Returns its python."""
+    venv = data / "clean-venvs" / _source_hash(tree)
+    py = venv / "bin" / "python"
+    if (venv / "ok").exists():
+        return py
+    shutil.rmtree(venv, ignore_errors=True)
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"  # a copy: a wheel build writes build/ and *.egg-info beside it
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(tree / name, src / name)
+        shutil.copytree(tree / "mldebug", src / "mldebug",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        pip = [sys.executable, "-m", "pip"]
+        subprocess.run([*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        f"{tmp}/wheel", str(src)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
+        wheel = next(Path(tmp, "wheel").glob("mldebug-*.whl"))
+        subprocess.run([*pip, "--python", str(py), "install", "-q", str(wheel)], check=True,
+                       stdout=subprocess.DEVNULL)
+    (venv / "ok").write_text("")
+    return py
+
+
+def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack,
+            clean: bool = False) -> list[Figure]:
     py = sys.executable
     figs: list[Figure] = []
 
@@ -102,6 +158,12 @@ def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack) -> 
         figs.append(Figure("python-c-pass", [py, "-c", "pass"], "wall",
                            "python -c pass (the anchor of --help; same on both trees)",
                            anchor=True))
+        if clean:
+            figs.append(Figure("help-clean", [py, "-m", "mldebug", "--help"], "wall",
+                               "python -m mldebug --help (clean install)", clean=True))
+            figs.append(Figure("python-c-pass-clean", [py, "-c", "pass"], "wall",
+                               "python -c pass (clean venv: the anchor of help-clean)",
+                               anchor=True, clean=True))
     if want("hang-analyze"):
         from bench_hang import write_saved
 
@@ -142,13 +204,13 @@ def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack) -> 
             str(p) for p in nd.iterdir()), "--json"], "cpu",
             f"mldebug nccl-log FILES --json ({world} ranks)"))
     if want("hang-live"):
-        figs += _hang_live(stack, py)
+        figs += _hang_live(stack, py, clean)
     if want("fanout"):
         figs += _fanout(stack, py, 512 if full else 64)
     return figs
 
 
-def _hang_live(stack: ExitStack, py: str) -> list[Figure]:
+def _hang_live(stack: ExitStack, py: str, clean: bool = False) -> list[Figure]:
     if shutil.which("torchrun", path=str(Path(py).parent)) is None:
         print("skipped hang-live: no torchrun beside this Python")
         return []
@@ -161,7 +223,7 @@ def _hang_live(stack: ExitStack, py: str) -> list[Figure]:
     stack.callback(job.stop)
     job.wait_ready(timeout=300, settle=3)
     path = {"PATH": str(Path(py).parent) + os.pathsep + os.environ["PATH"]}  # py-spy
-    return [
+    figs = [
         Figure("hang-live", [py, "-m", "mldebug", "hang", "--pid", str(job.pid)], "wall",
                "mldebug hang --pid LAUNCHER (8 hung ranks, Python stacks)", env=path,
                check=lambda out: "8 rank processes" in out),
@@ -170,6 +232,12 @@ def _hang_live(stack: ExitStack, py: str) -> list[Figure]:
                "pgrep -P LAUNCHER | xargs -I {} py-spy dump --pid {} (the anchor)", env=path,
                anchor=True, check=lambda out: out.count("Process ") >= 8),
     ]
+    if clean:  # py-spy from that venv's bin (PATH), mldebug from its site-packages
+        figs.append(Figure("hang-live-clean", [py, "-m", "mldebug", "hang", "--pid",
+                                               str(job.pid)], "wall",
+                           "mldebug hang --pid LAUNCHER (clean install)",
+                           check=lambda out: "8 rank processes" in out, clean=True))
+    return figs
 
 
 def _fanout(stack: ExitStack, py: str, nodes: int) -> list[Figure]:
@@ -210,6 +278,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", help="comma-separated figure groups: help, hang-analyze, "
                                    "fr-distinct, log, nccl-log, hang-live, fanout")
+    ap.add_argument("--clean-install", action="store_true",
+                    help="also measure help and hang-live from a non-editable install of each "
+                         "tree in a throwaway venv (cached in --data)")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "mldebug-bench-data",
                     help="where generated inputs are kept between runs")
     a = ap.parse_args()
@@ -225,8 +296,10 @@ def main() -> int:
     flagged = 0
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         old = stack.enter_context(worktree(a.against))
-        figs = figures(a.data, a.full, only, stack)
+        figs = figures(a.data, a.full, only, stack, a.clean_install)
         trees = {"this": REPO, "rev": old}
+        pys = {t: clean_install(tree, a.data) for t, tree in trees.items()} \
+            if a.clean_install else {}
         for tree in trees.values():  # as an install has them (PYTHONDONTWRITEBYTECODE may be set)
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mldebug")],
                            check=False, stdout=subprocess.DEVNULL)
@@ -235,7 +308,8 @@ def main() -> int:
         for r in range(a.rounds):
             for f in figs:
                 for t in (("this", "rev") if r % 2 == 0 else ("rev", "this")):
-                    runs[f.name, t].append(measure(f.argv, trees[t], f.env, Path(scratch)))
+                    runs[f.name, t].append(measure(f.argv, trees[t], f.env, Path(scratch),
+                                                   pys[t] if f.clean else None))
         load = max(load, os.getloadavg()[0])
         print(f"this = {this}, rev = {rev} ({a.against}); median of {a.rounds} interleaved "
               f"rounds; {os.cpu_count()} CPUs, load average up to {load:.1f}")
@@ -256,7 +330,9 @@ def main() -> int:
             unit = "MiB" if f.metric == "rss" else "s"
             print(f"{f.name:<20} {f.metric + ' ' + unit:<7} {vals['this']:>9.3f} "
                   f"{vals['rev']:>9.3f} {ratio:>8.2f}x  {f.what}{bad}{flag}")
-        for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live")):
+        for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live"),
+                            ("python-c-pass-clean", "help-clean"),
+                            ("hang-recipe", "hang-live-clean")):
             if (anchor, "this") in runs and (fig, "this") in runs:
                 # the anchor is the same command for both trees: its runs are pooled
                 den = statistics.median(x.wall for t in trees for x in runs[anchor, t])
