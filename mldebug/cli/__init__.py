@@ -125,15 +125,61 @@ def _prepare(args: list[str]) -> str | None:
     return first
 
 
+# `mldebug hang` options that change nothing the node collection does (the report's), and
+# the node options that pass through as they are; with --pid N these are the whole fast path
+_HANG_REPORT_FLAGS = frozenset({"--json", "--all", "--all-threads", "--show-secrets"})
+_HANG_NODE_FLAGS = frozenset({"--native", "--nonblocking", "--locals", "--all-users"})
+
+
+def _hang_fast_start(args: list[str]) -> bool:
+    """A plain local ``mldebug hang [--pid] N`` (and flags from the two sets above) starts its
+    py-spy dumps now, before the parsers are built and the fan-out types loaded; the parsed
+    command line then takes the running collection over if its options are the same
+    (``mldebug.hang.early.take``), else starts its own. Anything else: nothing here."""
+    if not args or args[0] != "hang" or "_ARGCOMPLETE" in os.environ or \
+            os.environ.get("WCOLL"):
+        return False
+    node_argv: list[str] = []
+    pid = None
+    expect_pid = False
+    for i, a in enumerate(args[1:], 1):
+        number = a.isascii() and a.isdigit()
+        if expect_pid:
+            if not number:
+                return False
+            pid, expect_pid = a, False
+        elif a == "--pid" and pid is None:
+            expect_pid = True
+        elif i == 1 and number:  # `mldebug hang 12345` (BARE_NUMBER)
+            pid = a
+        elif a in _HANG_NODE_FLAGS:
+            node_argv.append(a)
+        elif a not in _HANG_REPORT_FLAGS:
+            return False
+    if pid is None or expect_pid:
+        return False
+    from mldebug.hang import early, node
+
+    early.start_early(node.parser().parse_args(["--pid", pid, *node_argv]))
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     args_list, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
+    started = _hang_fast_start(args_list)
     from mldebug.render import safe_stdio
 
-    # outside text never reaches the terminal raw (mldebug.render); pdb relays a live session
-    with safe_stdio(_command_of(args_list) not in UNSANITIZED,
-                    redact="--show-secrets" not in args_list):
-        return _main_guarded(args_list, debug)
+    try:
+        # outside text never reaches the terminal raw (mldebug.render); pdb relays a live session
+        with safe_stdio(_command_of(args_list) not in UNSANITIZED,
+                        redact="--show-secrets" not in args_list):
+            return _main_guarded(args_list, debug)
+    finally:
+        if started:  # not taken (the command line failed before the dumps were asked for)
+            from mldebug.hang import early
+
+            early.drop()
 
 
 # commands whose output is an interactive session, passed through as it is

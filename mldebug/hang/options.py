@@ -8,10 +8,8 @@ run (``start_local``).
 from __future__ import annotations
 
 import argparse
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mldebug.errors import UsageError
 from mldebug.fanout import FanoutOptions, NodeResult, OnResult, to_argv
@@ -78,40 +76,8 @@ def start_local(opts: CollectOptions) -> DocsFn:
     return a ``docs`` function for ``collect.collect`` that waits for it and hands over its
     document. Returns once the dumps are starting; the caller then imports what analysis and
     rendering need while py-spy runs: on 8 ranks the dumps take about as long as those
-    imports."""
-    from mldebug.hang import node
+    imports. A collection the CLI began earlier with the same options
+    (``mldebug.hang.early.start_early``) is handed over instead."""
+    from mldebug.hang import early, node
 
-    node_opts = node.parser().parse_args(opts.node_args())
-    box: dict[str, Any] = {}
-    dumping = threading.Event()
-
-    def work() -> None:
-        try:
-            box["doc"] = node.collect(node_opts, dumping=dumping.set)
-        except BaseException as e:  # handed to the caller's thread, raised there
-            box["error"] = e
-        finally:
-            dumping.set()
-
-    thread = threading.Thread(target=work, name="mldebug-hang-local", daemon=True)
-    thread.start()
-    # the ranks are found before the caller imports anything more: both are Python work,
-    # and sharing the GIL would only delay the first py-spy
-    dumping.wait()
-
-    def docs(_opts: CollectOptions, _target: FanoutOptions, on_result: OnResult,
-             _progress: bool = True) -> list[NodeResult]:
-        if thread.is_alive():  # what the analysis and the report load lazily, while py-spy runs
-            import hostlist  # noqa: F401  (mldebug.hosts.collapse)
-
-            import mldebug.hang.debugserver  # the node's second route, after the dumps
-            import mldebug.hang.rules
-            import mldebug.redact  # noqa: F401  (the output's redaction)
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        doc = box["doc"]
-        on_result(NodeResult(doc["host"], data=doc))
-        return [NodeResult(doc["host"])]
-
-    return docs
+    return early.take(node.parser().parse_args(opts.node_args()))
