@@ -15,11 +15,18 @@ from mldebug.hang.options import CollectOptions
 
 @pytest.fixture
 def started(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
+    """What the fast path would start: the node options of ``_hang_fast_args``' argv."""
     seen: list[argparse.Namespace] = []
-    monkeypatch.setattr(early, "start_early", seen.append)
     monkeypatch.delenv("WCOLL", raising=False)
     monkeypatch.delenv("_ARGCOMPLETE", raising=False)
     return seen
+
+
+def fast(argv: list[str], seen: list[argparse.Namespace]) -> bool:
+    node_argv = cli._hang_fast_args(list(argv))
+    if node_argv is not None:
+        seen.append(node.parser().parse_args(node_argv))
+    return node_argv is not None
 
 
 @pytest.mark.parametrize("argv", [
@@ -29,7 +36,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
 ])
 def test_plain_local_hang_starts_early_with_the_options_the_parser_gives(
         started: list[argparse.Namespace], argv: list[str]) -> None:
-    assert cli._hang_fast_start(list(argv))
+    assert fast(argv, started)
     args = cli.build_parser("hang").parse_args(
         [*argv[:1], "--pid", *argv[1:]] if argv[1].isdigit() else argv)
     from mldebug.hang.options import options_from_args
@@ -47,14 +54,14 @@ def test_plain_local_hang_starts_early_with_the_options_the_parser_gives(
 ])
 def test_anything_else_takes_the_plain_path(started: list[argparse.Namespace],
                                             argv: list[str]) -> None:
-    assert not cli._hang_fast_start(list(argv))
+    assert not fast(argv, started)
     assert started == []
 
 
 def test_wcoll_means_nodes(started: list[argparse.Namespace],
                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WCOLL", "/etc/hosts.pdsh")
-    assert not cli._hang_fast_start(["hang", "123"])
+    assert not fast(["hang", "123"], started)
 
 
 class FakeLocal:
@@ -87,4 +94,12 @@ def test_take_hands_over_only_the_same_options(monkeypatch: pytest.MonkeyPatch) 
     assert FakeLocal.made[-2] == opts
     early.start_early(opts)
     early.drop()
+    assert early._EARLY is None
+
+
+def test_main_in_process_leaves_no_early_collection(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """main() is also called in-process: no collection the fast path started outlives it."""
+    monkeypatch.delenv("WCOLL", raising=False)
+    assert cli.main(["hang", "--pid", "999999999", "--json"]) == 1  # no such process
     assert early._EARLY is None

@@ -131,14 +131,15 @@ _HANG_REPORT_FLAGS = frozenset({"--json", "--all", "--all-threads", "--show-secr
 _HANG_NODE_FLAGS = frozenset({"--native", "--nonblocking", "--locals", "--all-users"})
 
 
-def _hang_fast_start(args: list[str]) -> bool:
-    """A plain local ``mldebug hang [--pid] N`` (and flags from the two sets above) starts its
-    py-spy dumps now, before the parsers are built and the fan-out types loaded; the parsed
-    command line then takes the running collection over if its options are the same
-    (``mldebug.hang.early.take``), else starts its own. Anything else: nothing here."""
+def _hang_fast_args(args: list[str]) -> list[str] | None:
+    """The node collector's argv when ``args`` is a plain local ``mldebug hang [--pid] N``
+    (with flags from the two sets above), else None. ``main`` then starts the py-spy dumps
+    before the parsers are built and the fan-out types loaded; the parsed command line takes
+    the running collection over if its options are the same (``mldebug.hang.early.take``),
+    else starts its own."""
     if not args or args[0] != "hang" or "_ARGCOMPLETE" in os.environ or \
             os.environ.get("WCOLL"):
-        return False
+        return None
     node_argv: list[str] = []
     pid = None
     expect_pid = False
@@ -146,7 +147,7 @@ def _hang_fast_start(args: list[str]) -> bool:
         number = a.isascii() and a.isdigit()
         if expect_pid:
             if not number:
-                return False
+                return None
             pid, expect_pid = a, False
         elif a == "--pid" and pid is None:
             expect_pid = True
@@ -155,20 +156,22 @@ def _hang_fast_start(args: list[str]) -> bool:
         elif a in _HANG_NODE_FLAGS:
             node_argv.append(a)
         elif a not in _HANG_REPORT_FLAGS:
-            return False
+            return None
     if pid is None or expect_pid:
-        return False
-    from mldebug.hang import early, node
-
-    early.start_early(node.parser().parse_args(["--pid", pid, *node_argv]))
-    return True
+        return None
+    return ["--pid", pid, *node_argv]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code instead of exiting."""
     args_list, debug = _split_debug(list(sys.argv[1:] if argv is None else argv))
     global _QUICK_EXIT
-    started = _QUICK_EXIT = _hang_fast_start(args_list)
+    node_argv = _hang_fast_args(args_list)
+    started = _QUICK_EXIT = node_argv is not None
+    if node_argv is not None:
+        from mldebug.hang import early, node
+
+        early.start_early(node.parser().parse_args(node_argv))
     from mldebug.render import safe_stdio
 
     try:
@@ -177,10 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         redact="--show-secrets" not in args_list):
             return _main_guarded(args_list, debug)
     finally:
-        if started:  # not taken (the command line failed before the dumps were asked for)
+        if started:  # main() is also called in-process (tests, tools)
             from mldebug.hang import early
 
-            early.drop()
+            early.drop()  # not taken: the command line failed before the dumps were asked for
 
 
 # set by a fast-path `mldebug hang` run: `entry` then ends the process without the
