@@ -314,13 +314,18 @@ def main() -> int:
         print(f"this = {this}, rev = {rev} ({a.against}); median of {a.rounds} interleaved "
               f"rounds; {os.cpu_count()} CPUs, load average up to {load:.1f}")
         print(f"{'figure':<20} {'metric':<7} {'this':>9} {'rev':>9} {'this/rev':>9}  command")
+        notes: list[str] = []
         for f in figs:
             vals = {}
             failed = []
             for t in trees:
                 rs = runs[f.name, t]
-                if not all(x.ok and (f.check is None or f.check(x.out)) for x in rs):
+                bad_runs = [x for x in rs if not (x.ok and (f.check is None or f.check(x.out)))]
+                if bad_runs:
                     failed.append(t)
+                    head = bad_runs[0].out[:300].replace("\n", "\n    ")
+                    notes.append(f"{f.name} on {t}: {len(bad_runs)} of {len(rs)} runs failed "
+                                 f"(ok={bad_runs[0].ok}); the first one's output:\n    {head}")
                 vals[t] = statistics.median(
                     {"wall": x.wall, "cpu": x.cpu, "rss": x.rss_mib}[f.metric] for x in rs)
             ratio = vals["this"] / vals["rev"] if vals["rev"] else float("nan")
@@ -330,6 +335,8 @@ def main() -> int:
             unit = "MiB" if f.metric == "rss" else "s"
             print(f"{f.name:<20} {f.metric + ' ' + unit:<7} {vals['this']:>9.3f} "
                   f"{vals['rev']:>9.3f} {ratio:>8.2f}x  {f.what}{bad}{flag}")
+        for note in notes:
+            print(note)
         for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live"),
                             ("python-c-pass-clean", "help-clean"),
                             ("hang-recipe", "hang-live-clean")):
