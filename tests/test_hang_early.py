@@ -30,6 +30,7 @@ def fast(argv: list[str], seen: list[argparse.Namespace]) -> bool:
 
 
 @pytest.mark.parametrize("argv", [
+    ["hang"], ["hang", "--json"], ["hang", "--native", "--all-users"],
     ["hang", "123"], ["hang", "--pid", "123"], ["hang", "--pid", "123", "--json"],
     ["hang", "123", "--native", "--all", "--all-threads", "--show-secrets"],
     ["hang", "--locals", "--pid", "123", "--nonblocking", "--all-users"],
@@ -38,7 +39,7 @@ def test_plain_local_hang_starts_early_with_the_options_the_parser_gives(
         started: list[argparse.Namespace], argv: list[str]) -> None:
     assert fast(argv, started)
     args = cli.build_parser("hang").parse_args(
-        [*argv[:1], "--pid", *argv[1:]] if argv[1].isdigit() else argv)
+        [*argv[:1], "--pid", *argv[1:]] if argv[1:2] and argv[1].isdigit() else argv)
     from mldebug.hang.options import options_from_args
 
     want = node.parser().parse_args(options_from_args(args).node_args())
@@ -46,7 +47,7 @@ def test_plain_local_hang_starts_early_with_the_options_the_parser_gives(
 
 
 @pytest.mark.parametrize("argv", [
-    ["hang"], ["hang", "--pid"], ["hang", "--pid", "x"], ["hang", "--pid", "1", "--pid", "2"],
+    ["hang", "--pid"], ["hang", "--pid", "x"], ["hang", "--pid", "1", "--pid", "2"],
     ["hang", "--native", "123"], ["hang", "123", "--nodes", "n[1-2]"], ["hang", "123", "--out", "d"],
     ["hang", "123", "--signal"], ["hang", "123", "--watch", "1"], ["hang", "123", "--timeout", "5"],
     ["hang", "123", "--fr"], ["hang", "analyze", "d"], ["hang", "--help"], ["hang", "123", "--"],
@@ -62,6 +63,7 @@ def test_wcoll_means_nodes(started: list[argparse.Namespace],
                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WCOLL", "/etc/hosts.pdsh")
     assert not fast(["hang", "123"], started)
+    assert not fast(["hang"], started)
 
 
 class FakeLocal:

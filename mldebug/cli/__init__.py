@@ -126,13 +126,13 @@ def _prepare(args: list[str]) -> str | None:
 
 
 # `mldebug hang` options that change nothing the node collection does (the report's), and
-# the node options that pass through as they are; with --pid N these are the whole fast path
+# the node options that pass through as they are; with [--pid] N these are the whole fast path
 _HANG_REPORT_FLAGS = frozenset({"--json", "--all", "--all-threads", "--show-secrets"})
 _HANG_NODE_FLAGS = frozenset({"--native", "--nonblocking", "--locals", "--all-users"})
 
 
 def _hang_fast_args(args: list[str]) -> list[str] | None:
-    """The node collector's argv when ``args`` is a plain local ``mldebug hang [--pid] N``
+    """The node collector's argv when ``args`` is a plain local ``mldebug hang [[--pid] N]``
     (with flags from the two sets above), else None. ``main`` then starts the py-spy dumps
     before the parsers are built and the fan-out types loaded; the parsed command line takes
     the running collection over if its options are the same (``mldebug.hang.early.take``),
@@ -157,9 +157,9 @@ def _hang_fast_args(args: list[str]) -> list[str] | None:
             node_argv.append(a)
         elif a not in _HANG_REPORT_FLAGS:
             return None
-    if pid is None or expect_pid:
+    if expect_pid:
         return None
-    return ["--pid", pid, *node_argv]
+    return (["--pid", pid] if pid is not None else []) + node_argv
 
 
 def main(argv: Sequence[str] | None = None) -> int:
