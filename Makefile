@@ -40,7 +40,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/python -m pytest -ra --durations=15 $(XDIST) $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -ra --durations=30 $(XDIST) $(PYTEST_ARGS)
 
 unit: $(STAMP)
 	$(VENV)/bin/python -m pytest -ra -m "not cluster" $(XDIST) $(PYTEST_ARGS)
