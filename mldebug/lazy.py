@@ -5,8 +5,11 @@ not need it."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from typing import Any
+
+TYPE_CHECKING = False  # typing itself costs ~5 ms of every `mldebug` start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 
 def exports(package: str, table: Mapping[str, str], namespace: dict[str, Any]

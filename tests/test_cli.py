@@ -9,22 +9,40 @@ import pytest
 from conftest import REPO, run_cli
 
 from mldebug import __version__
-from mldebug.cli import COMMANDS, available_commands, build_parser, main
+from mldebug.cli import COMMANDS, HELP, available_commands, build_parser, main
 
 
-def test_help_lists_every_available_command_with_a_description(capsys):
+def test_help_lists_every_available_command_with_a_description(capsys, monkeypatch):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name, mod in available_commands().items():
+    for name in available_commands():
         assert name in out
-        assert mod.HELP.split()[0] in out
+        assert HELP[name].split()[0] in out
     assert "hang" in available_commands() and "dist-test" in available_commands()
+    # printed from the registry alone, it is the whole parser's text on a wide terminal
+    monkeypatch.setenv("COLUMNS", "300")
+    assert out == build_parser().format_help()
+    assert main([]) == 2 and capsys.readouterr().out == out
+
+
+def test_top_level_help_imports_no_command_module_and_no_typing():
+    code = ("import sys, contextlib, io\n"
+            "from mldebug.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['--help']) == 0\n"
+            "print(sorted(m for m in sys.modules if m.startswith('mldebug.cli.') or m in ('typing', "
+            "'argparse') or m.startswith('mldebug.env')))")
+    # -S: no site hooks (the dev venv's .pth files import typing themselves)
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
 def test_registry_modules_follow_the_command_contract():
+    assert list(HELP) == list(COMMANDS)  # every command has its --help line, in the same order
     for name, mod in available_commands().items():
         assert mod.__name__ == COMMANDS[name]
-        assert isinstance(mod.HELP, str) and mod.HELP
+        assert isinstance(HELP[name], str) and HELP[name] and not hasattr(mod, "HELP")
         assert callable(mod.add_arguments) and callable(mod.run)
 
 
@@ -80,7 +98,8 @@ def test_every_command_name_maps_to_its_module():
 
 def test_a_registered_command_whose_module_is_missing_is_an_error(monkeypatch, capsys):
     monkeypatch.setitem(COMMANDS, "ghost", "mldebug.cli.no_such_module")
-    assert main(["--help"]) == 1
+    monkeypatch.setitem(HELP, "ghost", "a command whose module is gone")
+    assert main(["ghost"]) == 1
     err = capsys.readouterr().err
     assert "command 'ghost' is registered but its module mldebug.cli.no_such_module is missing" in err
 

@@ -9,7 +9,6 @@ import sys
 from mldebug.cli._common import finite_float
 from mldebug.errors import MldebugError, UsageError, torch_missing
 
-HELP = "check that every rank can init, all_reduce, barrier and allocate (run under any launcher)"
 DESCRIPTION = """\
 Distributed smoke test. Run it under your launcher, exactly as your job runs:
 

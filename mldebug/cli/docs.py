@@ -7,7 +7,6 @@ from pathlib import Path
 
 from mldebug.errors import UsageError
 
-HELP = "print the documentation page of a command (or the index) from the installed package"
 DESCRIPTION = """\
 The pages of docs/ ship inside the package, so they are there wherever mldebug is installed.
 

@@ -15,7 +15,6 @@ from mldebug.cli._common import (
 )
 from mldebug.errors import UsageError
 
-HELP = "check the NCCL/torch/system environment for misconfigurations, here or on many nodes"
 DESCRIPTION = """\
 Gather facts (OS, Python, torch, GPUs, network interfaces, InfiniBand, /dev/shm, memlock,
 ptrace, core dumps, py-spy, NCCL_*/TORCH_*/CUDA_* variables) and check them: deprecated or

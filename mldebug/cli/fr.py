@@ -9,7 +9,6 @@ from pathlib import Path
 from mldebug.cli._common import finite_float
 from mldebug.errors import MldebugError, UsageError
 
-HELP = "flight recorder: trigger dumps on a live job (any backend) and name the culprit rank"
 DESCRIPTION = """\
 PyTorch's flight recorder keeps the last collectives of every rank. mldebug makes it dumpable
 on demand and analyses all ranks at once:

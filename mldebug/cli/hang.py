@@ -17,7 +17,6 @@ from mldebug.cli._common import (
     finite_float,
 )
 
-HELP = "dump every rank's Python stack (py-spy), group them and name the odd rank out"
 DESCRIPTION = """\
 Find the rank processes of a hung job (every Python process whose environment carries a
 rank: torchrun, deepspeed, accelerate, srun, mpirun workers), dump each with py-spy in

@@ -6,7 +6,6 @@ import argparse
 
 from mldebug.cli._common import add_json_argument, print_report
 
-HELP = "post-mortem from a dead job's logs: the rank that failed first or never reached the collective"
 DESCRIPTION = """\
 Read what a dead job left - the launcher's log with every rank's lines interleaved, per-rank
 files (torchrun --log-dir, srun --output=log-%t), or standard input - and name the culprit:

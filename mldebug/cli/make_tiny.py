@@ -10,7 +10,6 @@ from typing import Any
 from mldebug.cli._common import print_report
 from mldebug.errors import UsageError
 
-HELP = "make a tiny random model + tokenizer of any transformers architecture (offline)"
 DESCRIPTION = """\
 Shrink every size-like field of a config (hidden, layers, heads, kv heads, head_dim, ff,
 experts, positions, vocab, vision sizes) recursively through sub-configs, keeping one layer of

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from mldebug.cli._common import print_report
 
-HELP = "make a tiny dataset (first/random/stratified N records) as plain jsonl/parquet files"
 DESCRIPTION = """\
 SOURCE: a jsonl/json/csv/parquet/arrow file, a directory of such files, or a datasets
 save_to_disk directory. Keeps N records per split (the first N, a random N, or N covering every

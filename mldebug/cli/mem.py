@@ -7,7 +7,6 @@ from typing import Any
 
 from mldebug.cli._common import add_json_argument, add_target_arguments, finite_float, print_report
 
-HELP = "memory: snapshot reports and plots, per-rank usage across nodes, peak of a process tree"
 DESCRIPTION = """\
   mldebug mem report mem-node1-0.pickle          # peak, top sites, leaks, fragmentation, OOMs
   mldebug mem compare step2.pickle step5.pickle  # what grew, by allocation site

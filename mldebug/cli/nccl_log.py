@@ -6,7 +6,6 @@ import argparse
 
 from mldebug.cli._common import add_json_argument, print_report
 
-HELP = "summarise NCCL_DEBUG=INFO logs: versions, transports, interfaces, init, WARNs and their causes"
 DESCRIPTION = """\
 Read NCCL debug output - one job log, per-process files from NCCL_DEBUG_FILE=...%h.%p, a
 pipe, or a log with launcher prefixes ([rank3]:, [1,4]<stdout>:, (pid=N) from Ray, kubectl

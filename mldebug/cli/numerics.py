@@ -6,7 +6,6 @@ import argparse
 
 from mldebug.cli._common import add_json_argument, print_report
 
-HELP = "NaN/inf across ranks: merge NanSentinel's records into one verdict (numerics report DIR)"
 DESCRIPTION = """\
 NanSentinel (from mldebug import NanSentinel) checks the loss and the gradients of every step,
 on every rank, before the all-reduce; when something is not finite, the rank where it was born

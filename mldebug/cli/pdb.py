@@ -11,7 +11,6 @@ from mldebug.cli._common import (
     fanout_options,
 )
 
-HELP = "list and connect to the pdb sessions that ranks opened at mldebug.breakpoint()"
 DESCRIPTION = """\
 A rank without a terminal (every torchrun/srun batch job) that reaches
 mldebug.breakpoint(rank=N) - or raises under install_excepthook(debug=True) - serves pdb on

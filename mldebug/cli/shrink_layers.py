@@ -8,7 +8,6 @@ from pathlib import Path
 from mldebug.cli._common import print_report
 from mldebug.errors import UsageError
 
-HELP = "cut a local model's layer stack to N layers (one of each block type kept)"
 DESCRIPTION = """\
 For a local clone of a real model: edit config.json (num_hidden_layers and the per-layer lists
 such as layer_types, mlp_only_layers, in lockstep) so loading keeps N layers, at least one of

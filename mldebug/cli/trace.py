@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Any
 
-HELP = "show the ranks' execution rings side by side, or run a script with a full trace"
 DESCRIPTION = """\
 In the job: mldebug.trace.enable(events="calls"|"lines", ring=N) keeps the last N events of
 the user's code per thread; they are written at a watchdog stall, on the dump signal, on an
