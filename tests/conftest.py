@@ -28,11 +28,37 @@ SESSION_MARK = (os.environ["MLDEBUG_TEST_SESSION"]
 os.environ["MLDEBUG_TEST_SESSION"] = SESSION_MARK
 
 
+# Test modules that are independent of each other and of everything else running: pure or
+# in-process, only tmp_path, no rank processes, no ports, no shared directories, no second
+# user, no scan of every process on the machine. `make test` runs them first with
+# pytest-xdist on both cores (-m parallel), then the rest one at a time (-m "not parallel"):
+# those start torchrun jobs, the sshd cluster, or look at every process on the node.
+PARALLEL_SAFE = frozenset({
+    "test_findings", "test_fr_analyze", "test_fr_loader", "test_fr_real", "test_fr_cli",
+    "test_hostile_parsers", "test_layers", "test_names", "test_logprefix", "test_render",
+    "test_nccl_log_context", "test_nccl_log_known", "test_nccl_log_real", "test_nccl_log_scale",
+    "test_nccl_log_input", "test_nccl_log_catalogue", "test_log_catalogue",
+    "test_numerics_detector", "test_numerics_report", "test_numerics_llama", "test_numerics_cuda",
+    "test_env_rules", "test_env_report", "test_env_contract", "test_env_ifname_diff_presets",
+    "test_hang_analyze", "test_hang_faulthandler", "test_hang_jobs",
+    "test_tiny_quirks", "test_tiny_tokenizer", "test_tiny_shrink", "test_tiny_dataset",
+    "test_tiny_layers", "test_tiny_models", "test_tiny_hostile",
+    "test_memory_snapshot", "test_memory_usage",
+})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist (``-n 2 --dist loadgroup``) every cluster test runs in one worker:
-    the sshd nodes of the session cluster (and the larger ones some tests start) use fixed
-    names and 127.0.1.x addresses, which two workers would both claim."""
+    """Mark the PARALLEL_SAFE modules' tests ``parallel``. With pytest-xdist (``-n 2 --dist
+    loadgroup``) every cluster test runs in one worker: the sshd nodes of the session cluster
+    (and the larger ones some tests start) use fixed names and 127.0.1.x addresses, which two
+    workers would both claim."""
+    here = Path(__file__).parent
+    missing = sorted(m for m in PARALLEL_SAFE if not (here / f"{m}.py").exists())
+    if missing:
+        raise pytest.UsageError(f"conftest.PARALLEL_SAFE names no such test module: {missing}")
     for item in items:
+        if item.path.stem in PARALLEL_SAFE:
+            item.add_marker(pytest.mark.parallel)
         if item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group("cluster"))
 
