@@ -35,6 +35,7 @@ from pathlib import Path
 
 from mldebug.errors import MldebugError, UsageError
 from mldebug.lifetime import sigterm_unwinds
+from mldebug.privdir import check_stat
 
 MARKER = ".mldebug-output"
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -285,11 +286,8 @@ def staged(out: Path, *, command: str = "", marker: str = MARKER,
                     except FileExistsError:
                         continue
                 tmp_fd = os.open(tmp, _DIR | os.O_NOFOLLOW, dir_fd=parent)
-                st = os.fstat(tmp_fd)
-                if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-                    raise UsageError(f"{out.parent}/{tmp} changed under mldebug (owner uid "
-                                     f"{st.st_uid}).", "Pass an --out in a directory only "
-                                     "you can write.")
+                # ours, by fd: the one private-directory rule (a planted one is refused)
+                check_stat(os.fstat(tmp_fd), out.parent / tmp, what="staging directory")
                 if not private:
                     os.fchmod(tmp_fd, 0o755)
                 text = marker_text if marker_text is not None else json.dumps(
