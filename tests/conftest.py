@@ -44,6 +44,7 @@ PARALLEL_SAFE = frozenset({
     "test_tiny_quirks", "test_tiny_tokenizer", "test_tiny_shrink", "test_tiny_dataset",
     "test_tiny_layers", "test_tiny_models", "test_tiny_hostile",
     "test_memory_snapshot", "test_memory_usage",
+    "test_env_cli", "test_numerics_sentinel", "test_trace_unit", "test_fr_recorder",
 })
 
 

@@ -701,12 +701,7 @@ def test_verdict_a_stopped_or_traced_rank_is_alive_never_gone(how, cmd, ns_job):
     else:
         if shutil.which("strace") is None:
             pytest.skip("no strace here")
-        tracer = subprocess.Popen(["strace", "-qq", "-o", "/dev/null", "-p", str(pid)],
-                                  stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while _status(pid).get("TracerPid", "0") == "0":
-            assert time.monotonic() < deadline and tracer.poll() is None, "strace did not attach"
-            time.sleep(0.1)
+        tracer = _strace(pid)
     try:
         rc, doc, err = _run(VERDICT_COMMANDS[cmd](ns_job))
         _need_registrations(ns_job, cmd)  # still there (before rank 0 may write its again)
@@ -735,6 +730,32 @@ def test_verdict_a_stopped_or_traced_rank_is_alive_never_gone(how, cmd, ns_job):
     assert any(word in e for e in errors), errors
     hints = {f["code"]: f for f in doc["findings"]}
     assert "rank-unreadable" in hints and "Rank 0" in hints["rank-unreadable"]["title"], hints
+
+
+def _strace(pid: int) -> subprocess.Popen:
+    """`strace -p pid`, attached (TracerPid set). A rank just resumed from the SIGSTOP rows, or
+    a tracer of an earlier command still detaching, can make one attach fail: up to three
+    tries, each after the rank runs untraced again; the last failure is shown with strace's
+    own words."""
+    why = ""
+    for _ in range(3):
+        deadline = time.monotonic() + 15
+        while (_status(pid).get("TracerPid", "0") != "0"
+               or _status(pid).get("State", "").startswith(("T", "t"))):
+            assert time.monotonic() < deadline, f"pid {pid} stays traced or stopped: {_status(pid)}"
+            time.sleep(0.1)
+        tracer = subprocess.Popen(["strace", "-qq", "-o", "/dev/null", "-p", str(pid)],
+                                  stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while _status(pid).get("TracerPid", "0") == "0" and tracer.poll() is None:
+            assert time.monotonic() < deadline, "strace did not attach within 30 s"
+            time.sleep(0.1)
+        if tracer.poll() is None:
+            return tracer
+        why = f"strace exited {tracer.returncode}: {tracer.communicate()[1][-500:]!r}; " \
+              f"pid {pid}: {_status(pid)}"
+        time.sleep(1)
+    raise AssertionError(f"strace did not attach: {why}")
 
 
 def _status(pid: int) -> dict[str, str]:
