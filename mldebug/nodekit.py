@@ -13,7 +13,10 @@ import json
 import os
 import shutil
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+_T = TypeVar("_T")
 
 MARKER = "MLDEBUG-JSON "
 
@@ -95,3 +98,28 @@ def atomic_write(path: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def for_each(items: Sequence[_T], fn: Callable[[_T], None], width: int) -> None:
+    """``fn(item)`` for every item, in order, on at most ``width`` daemon threads (plain threads:
+    concurrent.futures costs more to import than a node's whole answer); returns when all ran.
+    ``fn`` bounds its own time and keeps its own errors."""
+    import threading
+
+    queue = list(reversed(items))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                item = queue.pop()
+            fn(item)
+
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(max(1, min(len(items), width)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

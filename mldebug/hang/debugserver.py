@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mldebug.nodekit import for_each
 from mldebug.stacks import faulthandler_dumps
 
 # TCPStore wire protocol (TCPStoreBackend.hpp): one query byte, little-endian integers,
@@ -860,39 +861,27 @@ def _is_ip(host: str) -> bool:
 
 def _run_dumps(jobs: list[dict[str, Any]], opts: Any, deadline: float) -> None:
     """Ask every server at once (at most 16 at a time), each bounded by what is left."""
-    queue = list(reversed(jobs))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                j = queue.pop()
-            left = deadline - time.monotonic()
-            if left <= 0.2:
-                j["error"] = "no time left to ask it"
-                continue
-            def ask(j: dict[str, Any] = j, left: float = left) -> Any:
-                kw = {"native": bool(getattr(opts, "native", False)),
-                      "nonblocking": bool(getattr(opts, "nonblocking", False))}
-                try:
-                    return dump(j["connect"], j["port"], timeout=left, **kw)
-                except RouteError as e:
-                    # a server bound to IPv6 only (bindv6only=1): its loopback is ::1
-                    if j["connect"] != "127.0.0.1" or "refused" not in str(e):
-                        raise
-                    j["connect"] = "::1"
-                    return dump("::1", j["port"], timeout=deadline - time.monotonic(), **kw)
-
+    def one(j: dict[str, Any]) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0.2:
+            j["error"] = "no time left to ask it"
+            return
+        def ask(j: dict[str, Any] = j, left: float = left) -> Any:
+            kw = {"native": bool(getattr(opts, "native", False)),
+                  "nonblocking": bool(getattr(opts, "nonblocking", False))}
             try:
-                j["said_pid"], j["threads"], j["handler"] = bounded(
-                    ask, left, f"the debug server at {j['url']}")
+                return dump(j["connect"], j["port"], timeout=left, **kw)
             except RouteError as e:
-                j["error"] = str(e)
+                # a server bound to IPv6 only (bindv6only=1): its loopback is ::1
+                if j["connect"] != "127.0.0.1" or "refused" not in str(e):
+                    raise
+                j["connect"] = "::1"
+                return dump("::1", j["port"], timeout=deadline - time.monotonic(), **kw)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(16, len(jobs)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        try:
+            j["said_pid"], j["threads"], j["handler"] = bounded(
+                ask, left, f"the debug server at {j['url']}")
+        except RouteError as e:
+            j["error"] = str(e)
+
+    for_each(jobs, one, 16)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mldebug.errors import NO_PTRACE_ROUTE, PTRACE_FIX
-from mldebug.nodekit import ArgumentParser, emit, find_py_spy, short_hostname
+from mldebug.nodekit import ArgumentParser, emit, find_py_spy, for_each, short_hostname
 from mldebug.ranks import (
     find_ranks,
     list_processes,
@@ -168,30 +168,17 @@ def _run_many_threads(cmds: list[list[str]], timeout: float, width: int,
                       results: list[Any]) -> None:
     import subprocess
 
-    queue = list(reversed(range(len(cmds))))
-    lock = threading.Lock()
+    def one(i: int) -> None:
+        try:
+            r = subprocess.run(cmds[i], capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+            results[i] = (r.returncode, r.stdout, r.stderr)
+        except subprocess.TimeoutExpired:
+            results[i] = TimeoutError()
+        except OSError as e:
+            results[i] = e
 
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                i = queue.pop()
-            try:
-                r = subprocess.run(cmds[i], capture_output=True, text=True, timeout=timeout,
-                                   stdin=subprocess.DEVNULL)
-                results[i] = (r.returncode, r.stdout, r.stderr)
-            except subprocess.TimeoutExpired:
-                results[i] = TimeoutError()
-            except OSError as e:
-                results[i] = e
-
-    threads = [threading.Thread(target=worker, daemon=True)
-               for _ in range(max(1, min(len(cmds), width)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for_each(range(len(cmds)), one, width)
 
 
 def dump_cmd(pid: int, py_spy: str, *, native: bool, nonblocking: bool,
