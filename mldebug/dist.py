@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from mldebug.nodekit import short_hostname
@@ -34,25 +33,63 @@ LAUNCHERS: tuple[tuple[str, str, str, str, str, str], ...] = (
 RANK_VARS: tuple[str, ...] = tuple(launcher[1] for launcher in LAUNCHERS)
 
 
-@dataclass(frozen=True)
 class Identity:
-    """A process's place in a distributed job. Fields are None when unknown."""
+    """A process's place in a distributed job. Fields are None when unknown. Immutable and
+    compared by value. A plain class, not a dataclass: node scripts and the fast local
+    ``mldebug hang`` import this module before their first py-spy starts, and ``dataclasses``
+    (with ``inspect``) costs more to import than all of this module."""
 
-    rank: int | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
-    local_world_size: int | None = None
-    node_rank: int | None = None
-    launcher: str | None = None
-    run_id: str | None = None  # torchrun's TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...
-    host: str = ""
+    FIELDS = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "launcher",
+              "run_id", "host")
+    __slots__ = FIELDS
+
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    local_world_size: int | None
+    node_rank: int | None
+    launcher: str | None
+    run_id: str | None  # torchrun's TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...
+    host: str
+
+    def __init__(self, rank: int | None = None, local_rank: int | None = None,
+                 world_size: int | None = None, local_world_size: int | None = None,
+                 node_rank: int | None = None, launcher: str | None = None,
+                 run_id: str | None = None, host: str = "") -> None:
+        for name, value in zip(self.FIELDS, (rank, local_rank, world_size, local_world_size,
+                                             node_rank, launcher, run_id, host), strict=True):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Identity is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Identity is immutable: cannot delete {name!r}")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copy and pickle, through __init__
+        return (Identity, self._values())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS)
+        return f"Identity({inner})"
 
     @property
     def is_distributed(self) -> bool:
         return self.rank is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f: getattr(self, f) for f in self.FIELDS}
 
 
 def _int(value: str | None) -> int | None:

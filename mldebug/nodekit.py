@@ -8,13 +8,14 @@ kept only to explain a failure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    import argparse
 
 _T = TypeVar("_T")
 
@@ -36,24 +37,42 @@ def short_hostname(name: str | None = None) -> str:
 def find_py_spy(explicit: str | None = None) -> str | None:
     """py-spy to use here: ``explicit`` if it exists, else the one beside this Python, else PATH."""
     if explicit:
-        return explicit if os.path.exists(explicit) or shutil.which(explicit) else None
+        return explicit if os.path.exists(explicit) or _which(explicit) else None
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.access(beside, os.X_OK):
         return beside
-    return shutil.which("py-spy")
+    return _which("py-spy")
 
 
-class ArgumentParser(argparse.ArgumentParser):
+def _which(name: str) -> str | None:
+    import shutil  # not at the top: it loads zlib, bz2 and lzma, a fifth of a node's imports
+
+    return shutil.which(name)
+
+
+_PARSER_CLASS: Any = None
+
+
+def ArgumentParser(**kwargs: Any) -> argparse.ArgumentParser:  # noqa: N802 (was a class)
     """argparse for node scripts: a bad argument becomes this node's error document.
 
     The caller then reports ``node3: bad node arguments: ...`` for that node instead of a
-    usage text lost in pdsh's output; the exit code stays argparse's 2.
+    usage text lost in pdsh's output; the exit code stays argparse's 2. argparse is loaded on
+    the first call: a local ``mldebug hang`` starts its dumps from options built without it
+    (``mldebug.hang.node.fast_opts``).
     """
+    global _PARSER_CLASS
+    if _PARSER_CLASS is None:
+        import argparse
 
-    def error(self, message: str) -> NoReturn:
-        emit({"host": short_hostname(), "error": "bad node arguments: " + message})
-        sys.stderr.write(self.format_usage())
-        sys.exit(2)
+        class NodeArgumentParser(argparse.ArgumentParser):
+            def error(self, message: str) -> NoReturn:
+                emit({"host": short_hostname(), "error": "bad node arguments: " + message})
+                sys.stderr.write(self.format_usage())
+                sys.exit(2)
+
+        _PARSER_CLASS = NodeArgumentParser
+    return _PARSER_CLASS(**kwargs)  # type: ignore[no-any-return]
 
 
 def signal_in_mask(status: str, key: str, signum: int) -> bool:

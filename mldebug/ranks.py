@@ -471,3 +471,52 @@ def _pidns_of(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def launcher_above(pid: int, procs: dict[int, dict[str, Any]]) -> tuple[int, str] | None:
+    """The nearest launcher above ``pid`` in ``procs``: (its pid, its name), or None."""
+    seen = set()
+    p = procs.get(pid, {}).get("ppid")
+    while p in procs and p not in seen:
+        seen.add(p)
+        name = launcher_of(procs[p])
+        if name:
+            return p, name
+        p = procs[p]["ppid"]
+    return None
+
+
+def hidden_ranks(procs: dict[int, dict[str, Any]], targets: list[dict[str, Any]],
+                     uid: int | None, opts: Any) -> dict[int, dict[str, Any]]:
+    """Python processes under a launcher whose environment cannot be read (no ptrace rights:
+    a non-dumpable rank) and so were not found as ranks: pid -> info with its launcher. Only
+    within this run's selection (user, --pid, --pattern); none with --slurm-job (its job id
+    is in the environment that cannot be read)."""
+    if getattr(opts, "slurm_job", None):
+        return {}
+    taken = {t["pid"] for t in targets} | {w["pid"] for t in targets
+                                           for w in t.get("workers", ())}
+    rx = re.compile(opts.pattern) if getattr(opts, "pattern", None) else None
+    me = os.getpid()
+    out: dict[int, dict[str, Any]] = {}
+    for p, info in procs.items():
+        if p in taken or p == me or info["state"] in ("Z", "X"):
+            continue
+        if uid is not None and info["uid"] != uid:
+            continue
+        if not is_python(info) or is_mldebug(info):
+            continue
+        if rx is not None and not rx.search(" ".join(info["cmdline"])):
+            continue
+        launcher = launcher_above(p, procs)
+        if launcher is None:
+            continue
+        if getattr(opts, "pid", None) is not None and opts.pid != p and opts.pid != launcher[0]:
+            continue
+        try:
+            read_environ(p)
+            continue  # readable: find_ranks saw it and it is no rank
+        except OSError:
+            pass
+        out[p] = dict(info, launcher=launcher)
+    return out

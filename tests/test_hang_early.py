@@ -23,10 +23,10 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[argparse.Namespace]:
 
 
 def fast(argv: list[str], seen: list[argparse.Namespace]) -> bool:
-    node_argv = cli._hang_fast_args(list(argv))
-    if node_argv is not None:
-        seen.append(node.parser().parse_args(node_argv))
-    return node_argv is not None
+    got = cli._hang_fast_args(list(argv))
+    if got is not None:
+        seen.append(node.fast_opts(*got))
+    return got is not None
 
 
 @pytest.mark.parametrize("argv", [
@@ -43,7 +43,7 @@ def test_plain_local_hang_starts_early_with_the_options_the_parser_gives(
     from mldebug.hang.options import options_from_args
 
     want = node.parser().parse_args(options_from_args(args).node_args())
-    assert started == [want]
+    assert [vars(o) for o in started] == [vars(want)]
 
 
 @pytest.mark.parametrize("argv", [
@@ -57,6 +57,35 @@ def test_anything_else_takes_the_plain_path(started: list[argparse.Namespace],
                                             argv: list[str]) -> None:
     assert not fast(argv, started)
     assert started == []
+
+
+def test_fast_opts_are_the_parsers_defaults_and_flags() -> None:
+    """``fast_opts`` builds the node options without argparse: its defaults are the parser's,
+    every fast-path flag sets what the parser sets, and anything else is refused."""
+    assert vars(node.fast_opts(None)) == vars(node.parser().parse_args([])) == node.DEFAULTS
+    assert set(node.FAST_FLAGS) == cli._HANG_NODE_FLAGS
+    for flag in node.FAST_FLAGS:
+        assert vars(node.fast_opts(7, [flag])) == \
+            vars(node.parser().parse_args(["--pid", "7", flag]))
+    with pytest.raises(ValueError):
+        node.fast_opts(7, ["--watch"])
+
+
+def test_the_fast_path_loads_no_argparse_before_its_dumps_start() -> None:
+    """The CLI's fast path starts the dumps before argparse, dataclasses (with inspect),
+    shutil (zlib, bz2, lzma) and the debug-server route load: modules loaded by the
+    interpreter's own start (a .pth hook) do not count."""
+    import subprocess
+    import sys
+
+    code = ("import sys; base = set(sys.modules); import mldebug.cli as c; "
+            "from mldebug.hang import early, node; "
+            "o = node.fast_opts(*c._hang_fast_args(['hang', '--pid', '1'])); "
+            "print(sorted(m for m in ('argparse', 'dataclasses', 'shutil', 'socket', "
+            "'mldebug.hang.debugserver') if m in sys.modules and m not in base))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
 
 
 def test_wcoll_means_nodes(started: list[argparse.Namespace],

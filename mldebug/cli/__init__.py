@@ -182,16 +182,16 @@ _HANG_REPORT_FLAGS = frozenset({"--json", "--all", "--all-threads", "--show-secr
 _HANG_NODE_FLAGS = frozenset({"--native", "--nonblocking", "--locals", "--all-users"})
 
 
-def _hang_fast_args(args: list[str]) -> list[str] | None:
-    """The node collector's argv when ``args`` is a plain local ``mldebug hang [[--pid] N]``
+def _hang_fast_args(args: list[str]) -> tuple[int | None, list[str]] | None:
+    """``(pid, node flags)`` when ``args`` is a plain local ``mldebug hang [[--pid] N]``
     (with flags from the two sets above), else None. ``main`` then starts the py-spy dumps
-    before the parsers are built and the fan-out types loaded; the parsed command line takes
-    the running collection over if its options are the same (``mldebug.hang.early.take``),
-    else starts its own."""
+    from ``mldebug.hang.node.fast_opts`` before argparse, the parsers and the fan-out types
+    load; the parsed command line takes the running collection over if its options are the
+    same (``mldebug.hang.early.take``), else starts its own."""
     if not args or args[0] != "hang" or "_ARGCOMPLETE" in os.environ or \
             os.environ.get("WCOLL"):
         return None
-    node_argv: list[str] = []
+    flags: list[str] = []
     pid = None
     expect_pid = False
     for i, a in enumerate(args[1:], 1):
@@ -205,12 +205,12 @@ def _hang_fast_args(args: list[str]) -> list[str] | None:
         elif i == 1 and number:  # `mldebug hang 12345` (BARE_NUMBER)
             pid = a
         elif a in _HANG_NODE_FLAGS:
-            node_argv.append(a)
+            flags.append(a)
         elif a not in _HANG_REPORT_FLAGS:
             return None
     if expect_pid:
         return None
-    return (["--pid", pid] if pid is not None else []) + node_argv
+    return (int(pid) if pid is not None else None), flags
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,12 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(top_help())
         return 0 if args_list else 2
     global _QUICK_EXIT
-    node_argv = _hang_fast_args(args_list)
-    started = _QUICK_EXIT = node_argv is not None
-    if node_argv is not None:
+    fast = _hang_fast_args(args_list)
+    started = _QUICK_EXIT = fast is not None
+    if fast is not None:
         from mldebug.hang import early, node
 
-        early.start_early(node.parser().parse_args(node_argv))
+        early.start_early(node.fast_opts(*fast))
     from mldebug.render import safe_stdio
 
     try:

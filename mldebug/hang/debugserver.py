@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mldebug.nodekit import for_each
+from mldebug.ranks import hidden_ranks, launcher_above
 from mldebug.stacks import faulthandler_dumps
 
 # TCPStore wire protocol (TCPStoreBackend.hpp): one query byte, little-endian integers,
@@ -564,59 +565,6 @@ def launcher_stores(pid: int, procs: dict[int, dict[str, Any]]) -> list[tuple[st
     return out
 
 
-def _launcher(pid: int, procs: dict[int, dict[str, Any]]) -> tuple[int, str] | None:
-    from mldebug.ranks import launcher_of
-
-    seen = set()
-    p = procs.get(pid, {}).get("ppid")
-    while p in procs and p not in seen:
-        seen.add(p)
-        name = launcher_of(procs[p])
-        if name:
-            return p, name
-        p = procs[p]["ppid"]
-    return None
-
-
-def hidden_processes(procs: dict[int, dict[str, Any]], targets: list[dict[str, Any]],
-                     uid: int | None, opts: Any) -> dict[int, dict[str, Any]]:
-    """Python processes under a launcher whose environment cannot be read (no ptrace rights:
-    a non-dumpable rank) and so were not found as ranks: pid -> info with its launcher. Only
-    within this run's selection (user, --pid, --pattern); none with --slurm-job (its job id
-    is in the environment that cannot be read)."""
-    from mldebug.dist import read_environ
-    from mldebug.ranks import is_mldebug, is_python
-
-    if getattr(opts, "slurm_job", None):
-        return {}
-    taken = {t["pid"] for t in targets} | {w["pid"] for t in targets
-                                           for w in t.get("workers", ())}
-    rx = re.compile(opts.pattern) if getattr(opts, "pattern", None) else None
-    me = os.getpid()
-    out: dict[int, dict[str, Any]] = {}
-    for p, info in procs.items():
-        if p in taken or p == me or info["state"] in ("Z", "X"):
-            continue
-        if uid is not None and info["uid"] != uid:
-            continue
-        if not is_python(info) or is_mldebug(info):
-            continue
-        if rx is not None and not rx.search(" ".join(info["cmdline"])):
-            continue
-        launcher = _launcher(p, procs)
-        if launcher is None:
-            continue
-        if getattr(opts, "pid", None) is not None and opts.pid != p and opts.pid != launcher[0]:
-            continue
-        try:
-            read_environ(p)
-            continue  # readable: find_ranks saw it and it is no rank
-        except OSError:
-            pass
-        out[p] = dict(info, launcher=launcher)
-    return out
-
-
 def _store_of_env(pid: int) -> tuple[str, int] | None:
     from mldebug.dist import read_environ
 
@@ -639,16 +587,19 @@ def parse_store(value: str) -> tuple[str, int]:
 
 
 def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts: Any,
-           host: str, uid: int | None, errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+           host: str, uid: int | None, errors: list[dict[str, Any]],
+           hidden: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The debug-server route for every target py-spy could not dump and for the hidden
-    ranks (``hidden_processes``): find the job's TCPStore, read the registrations of this
-    node's worker servers, ask each for its rank's stacks. Targets it answers get ``dump``,
-    ``route`` = "debug-server", ``route_detail`` (the handler) and lose their py-spy error
-    (kept as ``pyspy_error``); ranks found only this way are returned as new targets.
+    ranks (``mldebug.ranks.hidden_ranks``, computed here when not given): find the job's
+    TCPStore, read the registrations of this node's worker servers, ask each for its rank's
+    stacks. Targets it answers get ``dump``, ``route`` = "debug-server", ``route_detail`` (the
+    handler) and lose their py-spy error (kept as ``pyspy_error``); ranks found only this way
+    are returned as new targets.
     Store and server failures are one line each in ``errors``, or ``route_error`` on a
     target whose server failed (the caller adds it to that rank's error)."""
     pending = [t for t in targets if t.get("dump") is None]
-    hidden = hidden_processes(procs, targets, uid, opts)
+    if hidden is None:
+        hidden = hidden_ranks(procs, targets, uid, opts)
     explicit = getattr(opts, "store", None)
     if not pending and not hidden:
         return []
@@ -670,7 +621,7 @@ def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts
             tied[t["pid"]] = st
             stores.setdefault(st, f"MASTER_ADDR/PORT of pid {t['pid']}")
         else:
-            la = _launcher(t["pid"], procs)
+            la = launcher_above(t["pid"], procs)
             if la:
                 launchers.setdefault(la[0], la[1])
     for info in hidden.values():

@@ -7,7 +7,6 @@ nothing the plain path would not load anyway.
 
 from __future__ import annotations
 
-import argparse
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -15,14 +14,14 @@ if TYPE_CHECKING:
     from mldebug.fanout import FanoutOptions, NodeResult, OnResult
 
 # the collection the CLI started before its parsers were built: its node options, its docs
-_EARLY: tuple[argparse.Namespace, Local] | None = None
+_EARLY: tuple[Any, Local] | None = None
 
 
 class Local:
     """This host's collection running on a thread; called as ``collect.collect``'s ``docs``
     (``options.DocsFn``: the collect options, the target, ``on_result``, progress)."""
 
-    def __init__(self, node_opts: argparse.Namespace) -> None:
+    def __init__(self, node_opts: Any) -> None:
         from mldebug.hang import node
 
         self._box: dict[str, Any] = {}
@@ -49,7 +48,6 @@ class Local:
         if self._thread.is_alive():  # what the analysis and the report load lazily, meanwhile
             import hostlist  # noqa: F401  (mldebug.hosts.collapse)
 
-            import mldebug.hang.debugserver  # the node's second route, after the dumps
             import mldebug.hang.rules
             import mldebug.redact  # noqa: F401  (the output's redaction)
         self._thread.join()
@@ -60,20 +58,21 @@ class Local:
         return [NodeResult(doc["host"])]
 
 
-def start_early(node_opts: argparse.Namespace) -> None:
-    """Start the collection now with ``node_opts`` (``node.parser()``'s); ``take`` hands it
+def start_early(node_opts: Any) -> None:
+    """Start the collection now with ``node_opts`` (``node.fast_opts``' or ``node.parser()``'s,
+    with the same attributes); ``take`` hands it
     over when the options the parsed command line gives are the same."""
     global _EARLY
     _EARLY = (node_opts, Local(node_opts))
 
 
-def take(node_opts: argparse.Namespace) -> Local:
+def take(node_opts: Any) -> Local:
     """The collection for ``node_opts``: the one started early if its options are these,
     else a new one (after the early one, if any, has ended: two py-spy on one rank collide)."""
     global _EARLY
     early, _EARLY = _EARLY, None
     if early is not None:
-        if early[0] == node_opts:
+        if vars(early[0]) == vars(node_opts):  # fast_opts' namespace or argparse's
             return early[1]
         early[1]._thread.join()
     return Local(node_opts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mldebug.dist import Identity
@@ -58,7 +58,7 @@ class ProcSample:
 
 # What a Process knows of its place in the job: mldebug.dist.Identity's fields (host aside),
 # copied flat so the JSON of a dump stays one level deep.
-IDENTITY_FIELDS = tuple(f.name for f in fields(Identity) if f.name != "host")
+IDENTITY_FIELDS = tuple(f for f in Identity.FIELDS if f != "host")
 
 
 @dataclass

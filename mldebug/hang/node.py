@@ -8,19 +8,22 @@ file's source and ``dist.py``'s inside the command line. It prints one JSON docu
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 from mldebug.errors import NO_PTRACE_ROUTE, PTRACE_FIX
 from mldebug.nodekit import ArgumentParser, emit, find_py_spy, for_each, short_hostname
 from mldebug.ranks import (
     find_ranks,
+    hidden_ranks,
     list_processes,
     proc_sample,
     proc_status,
@@ -76,10 +79,14 @@ def explain_pyspy_error(pid: int, stderr: str, rc: int,
     return f"py-spy failed on pid {pid} (exit code {rc}): {text[-1] if text else 'no message'}"
 
 
-def run_many(cmds: list[list[str]], timeout: float, width: int) -> list[Any]:
+def run_many(cmds: list[list[str]], timeout: float, width: int,
+             started: Callable[[], None] | None = None) -> list[Any]:
     """Run every command, at most ``width`` at once, each with stdin /dev/null and bounded by
     ``timeout`` seconds; per command its ``(exit code, stdout, stderr)``, or the exception
     that stands for it (``TimeoutError``: killed at the timeout; ``OSError``: not started).
+    ``started`` is called once the first ``width`` commands run (a local ``mldebug hang``
+    then loads its analysis: had it started before, its imports would hold the GIL between
+    the spawns, and the last dump of 8 started 20-30 ms after the first).
 
     One thread spawns them (``os.posix_spawnp``) and reads every pipe in one ``poll`` loop:
     with a thread per dump, each thread had to start in turn, waiting for the GIL that a local
@@ -88,6 +95,8 @@ def run_many(cmds: list[list[str]], timeout: float, width: int) -> list[Any]:
     ``subprocess`` on a few threads."""
     results: list[Any] = [None] * len(cmds)
     if not hasattr(os, "posix_spawnp"):
+        if started is not None:
+            started()
         _run_many_threads(cmds, timeout, width, results)
         return results
     import select
@@ -141,6 +150,9 @@ def run_many(cmds: list[list[str]], timeout: float, width: int) -> list[Any]:
             while todo < len(cmds) and len(running) < max(1, width):
                 start(todo)
                 todo += 1
+            if started is not None:
+                started()
+                started = None
             now = time.monotonic()
             for i in [i for i, r in running.items() if r[2] <= now]:
                 finish(i, TimeoutError())
@@ -233,16 +245,17 @@ def dump_jobs(opts: argparse.Namespace) -> int:
 
 
 def dump_all(targets: list[dict[str, Any]], py_spy: str, opts: argparse.Namespace,
-             key: str) -> None:
+             key: str, started: Callable[[], None] | None = None) -> None:
     """py-spy on every target (``key``: "dump", or "dump_later" for --watch's second round)
-    and, the first time, on the DataLoader workers under it; at most ``dump_jobs`` at once."""
+    and, the first time, on the DataLoader workers under it; at most ``dump_jobs`` at once.
+    ``started``: called when the first dumps run (``run_many``)."""
     jobs: list[tuple[dict[str, Any], bool]] = []  # (process, is a rank)
     for info in targets:
         jobs.append((info, True))
         jobs += [(w, False) for w in (info.get("workers", ()) if key == "dump" else ())]
     cmds = [dump_cmd(p["pid"], py_spy, native=opts.native, nonblocking=opts.nonblocking,
                      with_locals=opts.locals and rank) for p, rank in jobs]
-    outcomes = run_many(cmds, opts.timeout, dump_jobs(opts))
+    outcomes = run_many(cmds, opts.timeout, dump_jobs(opts), started)
     for (p, rank), outcome in [(jobs[i], outcomes[i]) for i in range(len(jobs))]:
         data, err = dump_result(p["pid"], py_spy, opts.timeout, outcome)
         if rank:
@@ -290,11 +303,15 @@ def debug_server_route(targets: list[dict[str, Any]], procs: dict[int, dict[str,
                        errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The second route (``mldebug.hang.debugserver``): torch's debug server answers for the
     ranks py-spy could not read, and for ranks whose environment cannot be read at all. The
-    targets it answered are marked; the ranks found only through it are returned."""
+    targets it answered are marked; the ranks found only through it are returned. The route's
+    module (sockets, the store protocol) is loaded only when some rank needs it."""
+    hidden = hidden_ranks(procs, targets, uid, opts)
+    if not hidden and all(t.get("dump") is not None for t in targets):
+        return []
     from mldebug.hang import debugserver
 
     try:
-        found = debugserver.answer(targets, procs, opts, host, uid, errors)
+        found = debugserver.answer(targets, procs, opts, host, uid, errors, hidden)
     except debugserver.RouteError as e:  # anything the route's steps did not catch
         errors.append({"pid": None, "error": f"debug-server route: {e}"})
         return []
@@ -309,8 +326,9 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             ) -> dict[str, Any]:
     """Find and dump the ranks on this node; the JSON document the caller receives. The
     routes, per rank: py-spy; where it cannot read a rank, torch's debug server.
-    ``dumping`` is called when the ranks are found and their dumps about to start (a local
-    ``mldebug hang`` then loads the analysis while py-spy runs, not while /proc is read)."""
+    ``dumping`` is called when the ranks are found and their first dumps started (a local
+    ``mldebug hang`` then loads the analysis while py-spy runs, not while /proc is read or
+    the dumps are spawned)."""
     start = time.monotonic()
     host = short_hostname()
     doc: dict[str, Any] = {"host": host, "node_version": NODE_VERSION, "processes": [],
@@ -346,9 +364,7 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             sample_all(targets)
             first = time.monotonic()
             gpu_thread = _gpu_poll_async(opts, gpu_polls)  # the first poll while dumps run
-            if dumping is not None:
-                dumping()
-            dump_all(targets, py_spy, opts, "dump")
+            dump_all(targets, py_spy, opts, "dump", started=dumping)
             time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
             sample_all(targets)
             for t in targets:
@@ -387,10 +403,36 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
     return doc
 
 
+# The options whose defaults ``fast_opts`` gives without argparse (tests/test_hang_node.py
+# checks them against ``parser()``): the local fast path's flags, and every default
+DEFAULTS: dict[str, Any] = {
+    "pid": None, "pattern": None, "all_users": False, "user": None, "slurm_job": None,
+    "native": False, "nonblocking": False, "locals": False, "py_spy": None, "timeout": 20.0,
+    "watch": 0.0, "jobs": 0, "nvidia_smi": None, "ncclras": None, "gpu_timeout": 5.0,
+    "store": None, "pretty": False,
+}
+FAST_FLAGS = ("--native", "--nonblocking", "--locals", "--all-users")
+
+
+def fast_opts(pid: int | None, flags: Sequence[str] = ()) -> Any:
+    """What ``parser().parse_args`` gives for ``[--pid PID] FLAG...`` (flags from
+    ``FAST_FLAGS``), without loading argparse: the local ``mldebug hang`` starts its dumps
+    from these before it parses the whole command line. Compared by ``vars()``."""
+    import types
+
+    opts = dict(DEFAULTS, pid=pid)
+    for f in flags:
+        if f not in FAST_FLAGS:
+            raise ValueError(f"not a fast-path flag: {f}")
+        opts[f[2:].replace("-", "_")] = True
+    return types.SimpleNamespace(**opts)
+
+
 def parser() -> argparse.ArgumentParser:
+    d = DEFAULTS
     p = ArgumentParser(prog="mldebug-collect",
-                                description="Dump the stacks of the rank processes on this node "
-                                            "as one JSON document (stdlib + py-spy only).")
+                       description="Dump the stacks of the rank processes on this node "
+                                   "as one JSON document (stdlib + py-spy only).")
     p.add_argument("--pid", type=int, help="this process (or its rank-carrying descendants)")
     p.add_argument("--pattern", help="regular expression on the command line")
     p.add_argument("--all-users", action="store_true", help="not only this user's processes")
@@ -400,13 +442,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nonblocking", action="store_true")
     p.add_argument("--locals", action="store_true")
     p.add_argument("--py-spy", help="py-spy binary (default: beside python, then PATH)")
-    p.add_argument("--timeout", type=float, default=20.0, help="seconds per py-spy dump")
-    p.add_argument("--watch", type=float, default=0.0, help="dump again after this many seconds")
-    p.add_argument("--jobs", type=int, default=0,
+    p.add_argument("--timeout", type=float, default=d["timeout"], help="seconds per py-spy dump")
+    p.add_argument("--watch", type=float, default=d["watch"],
+                   help="dump again after this many seconds")
+    p.add_argument("--jobs", type=int, default=d["jobs"],
                    help="dumps in parallel (default 0: from this node's CPU count)")
     p.add_argument("--nvidia-smi", help="nvidia-smi binary (default: on PATH, if any)")
     p.add_argument("--ncclras", help="ncclras binary (default: on PATH, if any)")
-    p.add_argument("--gpu-timeout", type=float, default=5.0,
+    p.add_argument("--gpu-timeout", type=float, default=d["gpu_timeout"],
                    help="seconds each nvidia-smi / ncclras run may take")
     p.add_argument("--store", help="the job's TCPStore as HOST:PORT, for the debug-server route "
                                    "(default: the ranks' MASTER_ADDR/PORT, or their launcher's)")
