@@ -120,13 +120,17 @@ def test_polls_from_a_node_are_checked_again():
 
 
 def test_node_collector_polls_replayed_nvidia_smi_twice_and_bounds_a_hanging_ncclras(tmp_path):
+    """nvidia-smi is asked twice (its movement is the signal); a ncclras that hangs is killed
+    at its timeout, reported once, and not asked again."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     count = tmp_path / "count"
     (bin_dir / "nvidia-smi").write_text(  # replays the recorded polls in order
         f'#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 1)\necho $((n + 1)) > {count}\n'
         f'cat {FIX}/smi-wedged-$n.csv\n')
-    (bin_dir / "ncclras").write_text("#!/bin/sh\nexec sleep 60\n")  # a RAS that never answers
+    ras_runs = tmp_path / "ras-runs"
+    (bin_dir / "ncclras").write_text(  # a RAS that never answers
+        f"#!/bin/sh\necho run >> {ras_runs}\nexec sleep 60\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -139,6 +143,8 @@ def test_node_collector_polls_replayed_nvidia_smi_twice_and_bounds_a_hanging_ncc
         assert [p["smi"][0]["power_w"] for p in polls] == [351.27, 352.04]  # two polls
         errors = [e["error"] for e in report["errors"]]
         assert errors == ["ncclras did not answer within 7s (killed)"], errors  # once per node
+        # the second poll does not wait for the wedged ncclras again
+        assert ras_runs.read_text().count("run") == 1 and polls[1]["ras"] is None
         assert r.returncode in (0, 1) and "Traceback" not in r.stderr
     finally:
         rank.kill()

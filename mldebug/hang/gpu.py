@@ -158,12 +158,22 @@ def parse_ras_json(text: str) -> dict[str, Any]:
     return {"nccl_version": str(doc.get("nccl_version", ""))[:40], "communicators": comms}
 
 
-def poll(timeout: float = 5.0, smi: str | None = None, ras: str | None = None
-         ) -> dict[str, Any]:
+def hung(polls: list[dict[str, Any]]) -> frozenset[str]:
+    """The programs ("nvidia-smi", "ncclras") that were killed at their timeout in ``polls``:
+    the next poll skips them (a wedged ncclras would cost its whole timeout again; its error
+    is already on record)."""
+    return frozenset(name for p in polls for e in p.get("errors", ())
+                     for name in ("nvidia-smi", "ncclras")
+                     if e.startswith(f"{name} did not answer within "))
+
+
+def poll(timeout: float = 5.0, smi: str | None = None, ras: str | None = None,
+         skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """One poll of the node's GPU signals: ``{"smi": [...] | None, "ras": {...} | None,
-    "errors": [...]}``. Programs not on PATH give None (no signal), not an error."""
+    "errors": [...]}``. Programs not on PATH give None (no signal), not an error; programs in
+    ``skip`` (``hung``) are not run."""
     out: dict[str, Any] = {"smi": None, "ras": None, "errors": []}
-    smi = smi or shutil.which("nvidia-smi")
+    smi = None if "nvidia-smi" in skip else smi or shutil.which("nvidia-smi")
     if smi:
         text, err = run_bounded([smi, f"--query-gpu={SMI_QUERY}",
                                  "--format=csv,noheader,nounits"], timeout)
@@ -174,7 +184,7 @@ def poll(timeout: float = 5.0, smi: str | None = None, ras: str | None = None
                 out["smi"] = parse_smi_csv(text)
             except SignalError as e:
                 out["errors"].append(f"nvidia-smi: {e}")
-    ras = ras or shutil.which("ncclras")
+    ras = None if "ncclras" in skip else ras or shutil.which("ncclras")
     if ras:
         text, err = run_bounded([ras, "--format", "json", "--timeout", str(max(1, int(timeout)))],
                                 timeout + 2)

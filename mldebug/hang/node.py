@@ -377,7 +377,8 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             gpu_thread.join()
             from mldebug.hang import gpu
 
-            gpu_polls.append(gpu.poll(opts.gpu_timeout, opts.nvidia_smi, opts.ncclras))
+            gpu_polls.append(gpu.poll(opts.gpu_timeout, opts.nvidia_smi, opts.ncclras,
+                                      skip=gpu.hung(gpu_polls)))
             doc["gpu"] = gpu_polls
         if opts.watch and targets:
             time.sleep(opts.watch)
