@@ -40,11 +40,12 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check mldebug tests recipes benchmarks bin scripts
 	$(VENV)/bin/mypy
 
-# The independent tests (tests/conftest.py PARALLEL_SAFE) on both cores with pytest-xdist, then
-# the rest one at a time: torchrun jobs, the sshd cluster, the node's whole process table.
+# The independent tests (tests/conftest.py PARALLEL_SAFE) on both cores with pytest-xdist, a
+# module per worker at a time, then the rest one at a time: the sshd cluster, a second user,
+# scans of the node's whole process table.
 # Exit code 5 (nothing selected, e.g. a PYTEST_ARGS path with none of one kind) is no failure.
 test: lint
-	$(VENV)/bin/python -m pytest -ra -n 2 -m parallel $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] || [ $$rc -eq 0 ] || exit $$rc
+	$(VENV)/bin/python -m pytest -ra -n 2 --dist loadfile -m parallel $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] || [ $$rc -eq 0 ] || exit $$rc
 	$(VENV)/bin/python -m pytest -ra --durations=30 -m "not parallel" $(XDIST) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] || exit $$rc
 
 unit: $(STAMP)

@@ -28,11 +28,14 @@ SESSION_MARK = (os.environ["MLDEBUG_TEST_SESSION"]
 os.environ["MLDEBUG_TEST_SESSION"] = SESSION_MARK
 
 
-# Test modules that are independent of each other and of everything else running: pure or
-# in-process, only tmp_path, no rank processes, no ports, no shared directories, no second
-# user, no scan of every process on the machine. `make test` runs them first with
-# pytest-xdist on both cores (-m parallel), then the rest one at a time (-m "not parallel"):
-# those start torchrun jobs, the sshd cluster, or look at every process on the node.
+# Test modules that are independent of each other and of everything else running: only
+# tmp_path (or a private directory through the environment), no sshd cluster, no second
+# user, no scan of every process on the machine; the rank processes they start are found by
+# pid or by their own directory, and torchrun's --standalone picks a free port. `make test`
+# runs them first with pytest-xdist on both cores, a module at a time per worker
+# (-m parallel --dist loadfile: tests of one module may share a fixture or a registry), then
+# the rest one at a time (-m "not parallel"): the sshd cluster, a second user, `--pattern`
+# or whole-machine scans, and timings that two busy cores would blur.
 PARALLEL_SAFE = frozenset({
     "test_findings", "test_fr_analyze", "test_fr_loader", "test_fr_real", "test_fr_cli",
     "test_hostile_parsers", "test_layers", "test_names", "test_logprefix", "test_render",
@@ -45,6 +48,11 @@ PARALLEL_SAFE = frozenset({
     "test_tiny_layers", "test_tiny_models", "test_tiny_hostile",
     "test_memory_snapshot", "test_memory_usage",
     "test_env_cli", "test_numerics_sentinel", "test_trace_unit", "test_fr_recorder",
+    # torchrun or rank-like processes, each found by pid or its own directory
+    # (not test_log: which rank's failure reaches its real jobs' log first is a race that two
+    # busy cores decide differently)
+    "test_hang_gpu", "test_dist_test", "test_debugger_remote", "test_capture_unit",
+    "test_cli", "test_dist", "test_hang_early", "test_printing", "test_nccl_log",
 })
 
 

@@ -369,7 +369,8 @@ def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_pat
         assert not Path(own).exists()  # removed at exit
         assert not stale.exists()
         assert foreign.exists()  # not an mldebug entry: left alone
-        assert not list(own_registry_dir().glob("*-" + "*.json.tmp"))
+        # nor its temporary file (privdir.write_private: ".NAME.PID.tmp")
+        assert not list(own_registry_dir().glob(f".{Path(own).name}.*.tmp"))
     finally:
         foreign.unlink(missing_ok=True)
         stale.unlink(missing_ok=True)

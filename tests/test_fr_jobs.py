@@ -32,7 +32,7 @@ from mldebug.safeload import safe_loads
 pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
-TIMEOUT_S = 30  # the recipes' collective timeout
+TIMEOUT_S = 20  # the recipes' collective timeout (the triggers take a few seconds)
 
 
 @dataclass

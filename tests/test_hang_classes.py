@@ -90,7 +90,8 @@ def test_slow_progress_is_never_a_suspect(tmp_path):
 
 
 def test_breakpoint_reached_by_one_rank_says_so_and_nobody_hangs(tmp_path):
-    env = dict(os.environ, MLDEBUG_PDB_HANDSHAKE="25", MLDEBUG_PDB_DIR=str(tmp_path / "pdb"))
+    # the handshake outlasts the settle and one `mldebug hang` (a few seconds) with room to spare
+    env = dict(os.environ, MLDEBUG_PDB_HANDSHAKE="15", MLDEBUG_PDB_DIR=str(tmp_path / "pdb"))
     job = torchrun("pdb_some_ranks.py", 3, tmp_path / "log", env=env)
     try:
         job.wait_ready(settle=1.5)
@@ -99,12 +100,12 @@ def test_breakpoint_reached_by_one_rank_says_so_and_nobody_hangs(tmp_path):
         assert [s["rank"] for s in report["suspects"]] == [1]
         bp = line_of("pdb_some_ranks.py", "# the bug")
         assert report["suspects"][0]["call_site"] == f"pdb_some_ranks.py:{bp} in main"
-        assert "in mldebug: waiting up to 25s for every rank to reach mldebug.breakpoint" in \
+        assert "in mldebug: waiting up to 15s for every rank to reach mldebug.breakpoint" in \
             report["suspects"][0]["reason"]
         assert "mldebug/debugger" not in json.dumps([report["groups"], report["suspects"]])
         assert job.procs[0].wait(timeout=150) == 0, job.text()[-3000:]
         log = job.text()
-        assert ("only rank 1 of 3 reached this breakpoint within 25s (ranks 0,2 did not"
+        assert ("only rank 1 of 3 reached this breakpoint within 15s (ranks 0,2 did not"
                 in log), log[-3000:]
         assert "Rank 0 will not be debugged here" in log
         assert "other ranks wait" not in log  # the old, false message
