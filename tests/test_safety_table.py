@@ -543,9 +543,9 @@ VERDICT_COMMANDS: dict[str, Callable[[dict], list[str]]] = {
     # the frozen (or stopped) ranks never answer, so each command waits its whole --timeout:
     # long enough for the healthy rank's answer under CI's load, short for the suite
     "hang --signal": lambda j: ["hang", "--signal", "--pid", str(j["launcher"]), "--timeout",
-                                "10", "--json"],
+                                "6", "--json"],
     "fr trigger": lambda j: ["fr", "trigger", "--dir", str(j["frdir"]), "--pid",
-                             str(j["launcher"]), "--timeout", "10", "--analyze", "--json"],
+                             str(j["launcher"]), "--timeout", "6", "--analyze", "--json"],
 }
 
 
@@ -668,7 +668,7 @@ def test_verdict_three_frozen_ranks_never_blame_the_one_that_answered(ns_job, tm
     """row: verdicts-three-frozen - 3 of 4 ranks frozen (GIL held in C), one healthy: the
     silent ranks are the finding (alive, never read their trigger) and the rank that answered
     is no culprit, in the trigger's own finding and in the analysis of its one dump."""
-    rc, doc, err = _run(["fr", "trigger", "--dir", str(ns_job["frdir"]), "--timeout", "10",
+    rc, doc, err = _run(["fr", "trigger", "--dir", str(ns_job["frdir"]), "--timeout", "6",
                          "--analyze", "--json", "--out", str(tmp_path / "o")])
     assert rc == 0, err
     (silent,) = [f for f in doc["findings"] if f["code"] == "fr-silent-ranks"]

@@ -209,7 +209,10 @@ def test_trace_view_aligns_the_rings_and_marks_the_divergence(views, browser, tm
 
 
 def test_hang_watch_view_shows_each_group_stuck_and_the_suspect(views, browser, tmp_path):
-    assert [s["rank"] for s in views["hang"]["suspects"]] == [2]
+    hang = views["hang"]
+    assert [s["rank"] for s in hang["suspects"]] == [2], (  # what was said instead, and why
+        hang.get("verdict"), [(g.get("ranks"), g.get("state"), g.get("wait")) for g in
+                              hang.get("groups", [])], hang.get("errors"))
     _show(browser, views["base"] / "hang.html", "hang", tmp_path)
     assert text(browser, ".suspect").startswith("suspect rank 2")
     states = [e.text for e in browser.find_elements("css selector", ".st")]
