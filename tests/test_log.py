@@ -28,6 +28,7 @@ CASES = [
     ("torch213-gloo-rank-sigkill.log", "log-killed", [1]),
     ("torch213-gloo-rank-stuck.log", "log-silent-rank", [3]),
     ("torch213-hooks-overflow-tee.log", "log-first-failure-overflow", [2]),
+    ("torch213-hooks-overflow-interleaved-abort.log", "log-first-failure-overflow", [2]),
     ("torch213-hooks-watchdog-stall.log", "log-watchdog-stall", [1]),
     ("torch213-gloo-size-mismatch.log", "log-size-mismatch", [3]),
     ("torch213-launcher-eaddrinuse.log", "log-launcher-port-in-use", []),
@@ -82,6 +83,28 @@ def test_exceptions_of_any_class_name_and_our_prefix() -> None:
     report = analyze(parse_lines(lines))
     assert report.culprits == [2] and "DataCorrupted: shard 7" in report.verdict.title  # type: ignore[union-attr]
     assert report.parsed.ranks[2].host == "vm"
+
+
+def test_a_traceback_with_the_ranks_other_output_between_its_lines() -> None:
+    """stdout and stderr of one rank in one log: lines of a report land between a traceback's
+    frames. The traceback stays open through them (they are read as any line), and only a name
+    that looks like an exception class ends it after such lines; a traceback cut short gives no
+    event from a later ordinary line."""
+    tb = ["[rank2]: Traceback (most recent call last):",
+          '[rank2]:   File "/w/train.py", line 9, in step',
+          "[rank2]: Detected inf/nan during batch_number=2",  # the report, on stdout
+          "[rank2]: abs min  abs max  metadata",
+          '[rank2]:   File "/w/model.py", line 4, in forward',
+          "[rank2]: Note: the first inf is in layer 3",  # looks like "Type: msg", is not one
+          "[rank2]: mylib.OverflowSeen: inf in layer 3"]
+    ranks = analyze(parse_lines(["[rank0]: step 1", *tb])).parsed.ranks
+    ev = ranks[2].first_event
+    assert ev is not None and ev.message == "OverflowSeen: inf in layer 3", ev
+    assert ev.frame == "model.py:4 in forward"
+    # cut short: 250 lines of ordinary output, then a line shaped like "Type: msg"
+    cut = tb[:2] + [f"[rank2]: step {i} loss 1.0" for i in range(250)] + \
+        ["[rank2]: Epoch: 3 done"]
+    assert analyze(parse_lines(cut)).parsed.ranks[2].first_event is None
 
 
 def test_world_size_with_a_rank_that_printed_nothing() -> None:

@@ -106,6 +106,12 @@ _RANK_SAMPLE = re.compile(rb"\n(?:\[(?:rank|default)(\d{1,7})\]:|\[\d{1,7},(\d{1
 _TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
 # the line that ends a traceback: any class name (OverflowDetected, DistNetworkError, ...)
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]{0,200})(?::\s?(?P<msg>.*))?$")
+# after other output came between a traceback's lines, only a name that looks like an exception
+# class ends it (a dotted path, or a class name ending like one): "Note: ..." does not
+_EXC_CLASS = re.compile(r"\.[A-Z]\w*$|^[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Detected|Failure"
+                        r"|Timeout|Warning|Iteration|Abort|Aborted)$")
+# lines of other output a traceback stays open through (stdout between stderr's lines)
+MAX_FOREIGN = 200
 
 _TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d{1,7})\]:\s*$")
 _TABLE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<val>.*)$")
@@ -225,6 +231,8 @@ class _Stream:
     in_tb: bool = False
     frame: str | None = None
     any_frame: str | None = None
+    foreign: int = 0  # lines of other output read since the traceback's last frame
+    mixed: bool = False  # other output came between this traceback's lines
 
 
 @dataclass
@@ -387,8 +395,10 @@ class LogParser:
         if stream is None:
             stream = self._streams[rank] = _Stream()
         if stripped.startswith(_TB_START):
+            if not stream.in_tb:
+                self._open_tb += 1
             stream.in_tb, stream.frame, stream.any_frame = True, None, None
-            self._open_tb += 1
+            stream.foreign, stream.mixed = 0, False
             return
         if stream.in_tb:
             m = _TB_FILE.match(text)
@@ -397,12 +407,22 @@ class LogParser:
                 stream.any_frame = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']} in {m['func']}"
                 if uf:
                     stream.frame = uf
+                stream.foreign = 0
                 return
             if text.startswith((" ", "\t")) or not text.strip():
                 return
             if text.startswith(("During handling", "The above exception")):
                 return
             m = _EXC_LINE.match(text)
+            if (m is None or (stream.mixed and not _EXC_CLASS.search(m["type"]))) \
+                    and stream.foreign < MAX_FOREIGN:
+                # the same rank's other output between the traceback's lines (its stdout and
+                # stderr in one log: a report printed while the exception propagates); read
+                # it as any line, and keep the traceback open for its last line
+                stream.foreign += 1
+                stream.mixed = True
+                self._scan(rank, text, where, when)
+                return
             stream.in_tb = False
             self._open_tb -= 1
             if m and (m["msg"] is not None or m["type"][:1].isupper()):
