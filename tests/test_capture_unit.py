@@ -210,6 +210,28 @@ def test_gil_held_in_a_c_call_is_dumped_by_faulthandler(tmp_path):
     assert "in_c" in a.stdout
 
 
+def test_a_slow_stall_dump_is_not_reported_as_the_gil_held(tmp_path):
+    """The watchdog thread itself writes the stall dump (flight recorder, ring: seconds on a
+    loaded node). Its GIL guard fires when the thread cannot run for timeout + poll; a dump
+    longer than that used to be followed by a second dump saying "the GIL was held", with
+    I/O that made `hang --watch` see a stuck rank move (CI: test_views_jobs)."""
+    r = run_py("""
+        import mldebug.capture.handler as h
+        slow = h.DumpHandler._extras
+        def _extras(self, reason):
+            time.sleep(2.0)   # longer than timeout + poll: the guard would fire meanwhile
+            return slow(self, reason)
+        h.DumpHandler._extras = _extras
+        mldebug.watchdog(timeout=0.5, dir="cap", poll=0.1)
+        time.sleep(4.5)       # no beat: one stall (on_stall="dump": once), in Python
+        print("done")
+    """, tmp_path)
+    assert r.returncode == 0 and "done" in r.stdout, r.stderr
+    assert "no beat for" in r.stderr and "GIL was held" not in r.stderr, r.stderr
+    doc = only_dump(tmp_path / "cap")
+    assert doc["capture"]["route"] == "python", doc["capture"]
+
+
 def test_context_manager_and_decorator(tmp_path):
     r = run_py("""
         import mldebug.capture as cap

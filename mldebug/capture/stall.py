@@ -32,6 +32,8 @@ from mldebug.privdir import open_private
 # signal number, because with the GIL held the kernel calls _exit(signo) (abort.py).
 STALL_EXIT_CODE = ABORT_SIGNAL
 ON_STALL = ("dump", "dump+abort", "dump+continue")
+# seconds the GIL guard waits longer while this thread writes a stall dump itself
+DUMP_GRACE = 30.0
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -87,13 +89,13 @@ class Watchdog(DumpHandler):
         self.beats += 1
 
     # -- the thread ------------------------------------------------------------------------
-    def _arm(self) -> None:
+    def _arm(self, extra: float = 0.0) -> None:
         if self._gil_fd is not None and not self._stop.is_set():
             # if this thread cannot run again within timeout + poll, someone holds the GIL
             if self._abort is not None:
-                self._abort.arm(self.timeout + self.poll)
+                self._abort.arm(self.timeout + self.poll + extra)
                 return
-            faulthandler.dump_traceback_later(self.timeout + self.poll, repeat=False,
+            faulthandler.dump_traceback_later(self.timeout + self.poll + extra, repeat=False,
                                               file=self._gil_fd,
                                               exit=self.on_stall == "dump+abort")
 
@@ -109,7 +111,13 @@ class Watchdog(DumpHandler):
         if self._gil_fd is not None and os.fstat(self._gil_fd).st_size > self._gil_seen:
             self._gil_from_faulthandler(stalled)
         elif self._stalls < self.max_dumps and stalled >= self.timeout * (2 ** self._stalls):
+            # this thread is busy while it dumps (the flight recorder, the ring: seconds on a
+            # loaded node), not kept from running: the guard waits DUMP_GRACE longer, and what
+            # it wrote meanwhile is no "GIL held" stall (this thread ran Python throughout)
+            self._arm(DUMP_GRACE)
             self._stall(stalled, "python")
+            if self._gil_fd is not None:
+                self._gil_seen = os.fstat(self._gil_fd).st_size
         self._arm()
 
     def _gil_from_faulthandler(self, stalled: float) -> None:
