@@ -49,8 +49,8 @@ PARALLEL_SAFE = frozenset({
     "test_memory_snapshot", "test_memory_usage",
     "test_env_cli", "test_numerics_sentinel", "test_trace_unit", "test_fr_recorder",
     # torchrun or rank-like processes, each found by pid or its own directory
-    # (not test_log: which rank's failure reaches its real jobs' log first is a race that two
-    # busy cores decide differently)
+    # (not test_log: its real jobs time out after 4 s on purpose, which two busy cores blur;
+    # its one failure in the parallel part was the interleaved-traceback bug fixed in 05da444)
     "test_hang_gpu", "test_dist_test", "test_debugger_remote", "test_capture_unit",
     "test_cli", "test_dist", "test_hang_early", "test_printing", "test_nccl_log",
 })
