@@ -256,8 +256,7 @@ def find_ranks(procs: dict[int, dict[str, Any]], *, pid: int | None = None,
         has_rank = any(v in env for v in RANK_VARS)
         if not has_rank and rx is None and p != pid:
             continue
-        launcher = next(((a, name) for a in _ancestors(p, procs)
-                         if a in procs and (name := launcher_of(procs[a]))), None)
+        launcher = launcher_above(p, procs)
         job = job_of(env, host or "", launcher)
         if job["key"] and job["key"].startswith("master:") and "/" in job["key"]:
             job["key"] += _net_tag(p)  # loopback: one job per network namespace (containers)
@@ -475,19 +474,12 @@ def _pidns_of(pid: int) -> str | None:
 
 def launcher_above(pid: int, procs: dict[int, dict[str, Any]]) -> tuple[int, str] | None:
     """The nearest launcher above ``pid`` in ``procs``: (its pid, its name), or None."""
-    seen = set()
-    p = procs.get(pid, {}).get("ppid")
-    while p in procs and p not in seen:
-        seen.add(p)
-        name = launcher_of(procs[p])
-        if name:
-            return p, name
-        p = procs[p]["ppid"]
-    return None
+    return next(((a, name) for a in _ancestors(pid, procs)
+                 if a in procs and (name := launcher_of(procs[a]))), None)
 
 
 def hidden_ranks(procs: dict[int, dict[str, Any]], targets: list[dict[str, Any]],
-                     uid: int | None, opts: Any) -> dict[int, dict[str, Any]]:
+                 uid: int | None, opts: Any) -> dict[int, dict[str, Any]]:
     """Python processes under a launcher whose environment cannot be read (no ptrace rights:
     a non-dumpable rank) and so were not found as ranks: pid -> info with its launcher. Only
     within this run's selection (user, --pid, --pattern); none with --slurm-job (its job id

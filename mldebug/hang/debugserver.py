@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mldebug.nodekit import for_each
-from mldebug.ranks import hidden_ranks, launcher_above
+from mldebug.ranks import launcher_above
 from mldebug.stacks import faulthandler_dumps
 
 # TCPStore wire protocol (TCPStoreBackend.hpp): one query byte, little-endian integers,
@@ -588,18 +588,16 @@ def parse_store(value: str) -> tuple[str, int]:
 
 def answer(targets: list[dict[str, Any]], procs: dict[int, dict[str, Any]], opts: Any,
            host: str, uid: int | None, errors: list[dict[str, Any]],
-           hidden: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+           hidden: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """The debug-server route for every target py-spy could not dump and for the hidden
-    ranks (``mldebug.ranks.hidden_ranks``, computed here when not given): find the job's
-    TCPStore, read the registrations of this node's worker servers, ask each for its rank's
-    stacks. Targets it answers get ``dump``, ``route`` = "debug-server", ``route_detail`` (the
-    handler) and lose their py-spy error (kept as ``pyspy_error``); ranks found only this way
-    are returned as new targets.
+    ranks (``hidden``: ``mldebug.ranks.hidden_ranks``, which the caller computes first to know
+    whether to load this module at all): find the job's TCPStore, read the registrations of
+    this node's worker servers, ask each for its rank's stacks. Targets it answers get
+    ``dump``, ``route`` = "debug-server", ``route_detail`` (the handler) and lose their py-spy
+    error (kept as ``pyspy_error``); ranks found only this way are returned as new targets.
     Store and server failures are one line each in ``errors``, or ``route_error`` on a
     target whose server failed (the caller adds it to that rank's error)."""
     pending = [t for t in targets if t.get("dump") is None]
-    if hidden is None:
-        hidden = hidden_ranks(procs, targets, uid, opts)
     explicit = getattr(opts, "store", None)
     if not pending and not hidden:
         return []

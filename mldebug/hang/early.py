@@ -37,8 +37,8 @@ class Local:
 
         self._thread = threading.Thread(target=work, name="mldebug-hang-local", daemon=True)
         self._thread.start()
-        # the ranks are found before the caller imports anything more: both are Python work,
-        # and sharing the GIL would only delay the first py-spy
+        # the ranks are found and their dumps spawned before the caller imports anything
+        # more: both are Python work, and sharing the GIL would only delay the py-spy runs
         dumping.wait()
 
     def __call__(self, _opts: Any, _target: FanoutOptions, on_result: OnResult,
@@ -59,9 +59,9 @@ class Local:
 
 
 def start_early(node_opts: Any) -> None:
-    """Start the collection now with ``node_opts`` (``node.fast_opts``' or ``node.parser()``'s,
-    with the same attributes); ``take`` hands it
-    over when the options the parsed command line gives are the same."""
+    """Start the collection now with ``node_opts`` (``node.fast_opts``' or ``node.parser()``'s:
+    the same attributes); ``take`` hands it over when the parsed command line gives the same
+    options."""
     global _EARLY
     _EARLY = (node_opts, Local(node_opts))
 

@@ -404,7 +404,7 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
     return doc
 
 
-# The options whose defaults ``fast_opts`` gives without argparse (tests/test_hang_node.py
+# The options whose defaults ``fast_opts`` gives without argparse (tests/test_hang_early.py
 # checks them against ``parser()``): the local fast path's flags, and every default
 DEFAULTS: dict[str, Any] = {
     "pid": None, "pattern": None, "all_users": False, "user": None, "slurm_job": None,
