@@ -1,7 +1,8 @@
 """Benchmark: `mldebug fr analyze` vs torchfrtrace on the same synthetic dump sets.
 
 Each set is an SPMD job of RANKS ranks x ENTRIES entries (all_reduce / all_gather, 4 frames
-per entry, torch's format 2.10) with one rank's tensor of another size near the end. Both
+per entry, torch's format 2.10) with one rank's tensor of another size near the end, each
+file pickled as torch writes it (protocol 2, unframed; ``--protocol 4`` for Python's). Both
 analysers run in fresh subprocesses on the same files; wall time includes loading, and the
 peak RSS is the child's own (wait4). torchfrtrace gets a time cap; where it does not finish,
 the ratio is a lower bound (">"). ``--distinct`` lines also give the CPU seconds (user +
@@ -52,8 +53,14 @@ print("inner_s", time.perf_counter() - t)
 """
 
 
+# torch writes its dumps with its C++ pickler: protocol 2, no frames (``\x80\x02``; seen in
+# torch 2.13's ``_dump_fr_trace``), which the C unpickler reads differently from Python's
+# framed protocol 4. The sets are written the same way; ``--protocol 4`` for the old sets.
+PROTOCOL = 2
+
+
 def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
-    d = root / f"fr-{ranks}x{entries}"
+    d = root / f"fr-{ranks}x{entries}-p{PROTOCOL}"
     if (d / f"fr_rank{ranks - 1}").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
@@ -64,18 +71,18 @@ def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
         doc = (synth.spmd_rank(ranks, entries, r, fault="size", culprit=culprit, at=at)
                if r == culprit else majority)
         doc["rank"] = r
-        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=4))
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=PROTOCOL))
     return d
 
 
 def make_distinct(root: Path, ranks: int, entries: int) -> Path:
-    d = root / f"fr-distinct-{ranks}x{entries}-c{ranks // 3}"
+    d = root / f"fr-distinct-{ranks}x{entries}-c{ranks // 3}-p{PROTOCOL}"
     if (d / f"fr_rank{ranks - 1}").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
         doc = synth.pipeline_rank(ranks, entries, r, culprit=ranks // 3)
-        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=4))
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=PROTOCOL))
     return d
 
 
@@ -139,6 +146,7 @@ def run(argv: list[str], cap: float, repo: Path = REPO) -> tuple[float, float, b
 
 
 def main() -> None:
+    global PROTOCOL
     p = argparse.ArgumentParser()
     p.add_argument("--sets", default="16x2000,64x2000,1024x2000")
     p.add_argument("--cap", type=float, default=300.0, help="seconds torchfrtrace may take")
@@ -148,10 +156,13 @@ def main() -> None:
     p.add_argument("--baseline", default="", help="another checkout (e.g. a git worktree of an "
                    "older commit) run on the same --distinct sets, interleaved")
     p.add_argument("--rounds", type=int, default=1, help="--distinct runs per side")
+    p.add_argument("--protocol", type=int, default=PROTOCOL, choices=(2, 4, 5),
+                   help="pickle protocol of the sets (2: as torch writes them)")
     p.add_argument("--scaling", default="", help="e.g. 4096,16384: analysis time per rank count")
     a = p.parse_args()
+    PROTOCOL = a.protocol
     root = Path(a.root)
-    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]}")
+    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} pickle protocol {PROTOCOL}")
     for spec in filter(None, a.distinct.split(",")):
         ranks, entries = (int(x) for x in spec.split("x"))
         d = make_distinct(root, ranks, entries)

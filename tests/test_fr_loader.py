@@ -167,3 +167,64 @@ def test_ordered_dicts_load_as_dicts_and_cannot_hide_deep_tuples():
     with pytest.raises(DeepNesting, match="nested over 2,000 deep"):
         safe_loads(deep)
     assert safe_loads(b"  \n " + json.dumps({"entries": []}).encode()) == {"entries": []}
+
+
+RAW_GLOO = Path(__file__).parent / "fixtures" / "fr" / "raw_gloo" / "fr_rank0"
+
+
+def test_torchs_own_protocol_2_bytes_decode_like_pickle_loads_and_load():
+    """torch's C++ pickler writes protocol 2 without frames; the restricted decoder reads
+    it through a buffer and builds exactly what pickle.loads builds (this file is ours)."""
+    from mldebug.safeload import decode
+
+    data = RAW_GLOO.read_bytes()
+    assert data[:2] == b"\x80\x02" and b"\x95" not in data[:3]  # no FRAME opcode
+    assert decode(data) == pickle.loads(data)
+    ds = load([RAW_GLOO])
+    assert not ds.problems and list(ds.dumps) == [0]
+    tl = ds.timelines[0]
+    assert len(tl) == 300 and {tl.statics[s].op for s in tl.sid} == {"all_reduce"}
+    assert list(tl.seq) == list(range(1, 301))
+
+
+def test_a_protocol_2_pickle_that_names_a_global_is_still_refused(tmp_path):
+    p = tmp_path / "fr_rank0"
+    p.write_bytes(pickle.dumps({"entries": [{"x": Path("/")}]}, protocol=2))
+    with pytest.raises(UnsafePickle):
+        safe_loads(p.read_bytes())
+    ds = load([p])
+    assert not ds.dumps and "refused" in ds.problems[0].error
+
+
+def test_getters_spelled_with_the_dumps_own_keys_read_what_the_constants_read():
+    """The per-dump getters (the first entry's own key objects) are lookups by equality: on
+    entries whose first dict lacks fields, has keys of other types, or differs from the
+    rest, they read the same tuples as the module's getters, or fail the same way."""
+    from mldebug.fr import loader
+
+    doc = synth.spmd_rank(4, 6, 1, fault="size", culprit=2, at=3)
+    raw = pickle.loads(pickle.dumps(doc["entries"], protocol=2))
+    cases = [raw, [{7: "x", ("t",): 1, **raw[0]}, *raw[1:]],
+             [{k: v for k, v in raw[0].items() if k != "frames"}, *raw[1:]], []]
+    for entries in cases:
+        static_key, row = loader._getters(entries)
+        for got, want in ((static_key, loader._static_key), (row, loader._NUMBER_ROW)):
+            for e in entries:
+                try:
+                    expected = want(e)
+                except KeyError:
+                    with pytest.raises(KeyError):
+                        got(e)
+                    continue
+                assert got(e) == expected
+
+
+@pytest.mark.parametrize("idx", [[], [2], [0, 2, 2, 1]])
+def test_pick_reads_a_column_at_any_number_of_indices(idx):
+    from array import array
+
+    from mldebug.fr.model import pick
+
+    col = array("i", [10, 11, 12])
+    assert pick(col, array("i", idx)) == tuple(col[i] for i in idx)
+    assert pick({0: "a", 1: "b", 2: "c"}, idx) == tuple("abc"[i] for i in idx)

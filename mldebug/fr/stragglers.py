@@ -18,7 +18,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 
-from mldebug.fr.model import DumpSet, Straggler
+from mldebug.fr.model import DumpSet, Straggler, pick
 
 WINDOW = 1000  # the latest matched collectives per group that are compared
 MIN_COLLECTIVES = 10  # fewer: no verdict (a one-off stall is not a straggler)
@@ -57,8 +57,8 @@ def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
             # coalesced: the last entry's time; seqs are sorted, so a slice drops the old ones
             first = bisect_right(gi.seqs, max(after, -1))
             ends = gi.starts[first + 1:]
-            at = dict(zip(gi.seqs[first:], map(gi.order.__getitem__,
-                                                map((-1).__add__, ends)), strict=True))
+            at = dict(zip(gi.seqs[first:], pick(gi.order, tuple(map((-1).__add__, ends))),
+                          strict=True))
             found[pg].append((ranks, at))
     out: dict[str, Matched] = {}
     for pg, parts in found.items():
@@ -70,17 +70,17 @@ def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
         seqs = sorted(common)
         ranks, times = [], []
         for rs, at in parts:
-            sel = [at[q] for q in seqs]
+            sel = pick(at, seqs)
             for r in rs:
                 ranks.append(r)
-                times.append(array("q", map(ds.dumps[r].created.__getitem__, sel)))
+                times.append(array("q", pick(ds.dumps[r].created, sel)))
         unknown = {k for v in times if v and min(v) <= 0 for k, t in enumerate(v) if t <= 0}
         keep = [k for k in range(len(seqs)) if k not in unknown][-window:]
         if not keep:
             continue
         if len(keep) != len(seqs):
             seqs = [seqs[k] for k in keep]
-            times = [array("q", map(v.__getitem__, keep)) for v in times]
+            times = [array("q", pick(v, keep)) for v in times]
         out[pg] = Matched(ranks, seqs, times)
     return out
 
