@@ -233,6 +233,7 @@ INTERRUPTIBLE = r"""
 import time
 import mldebug
 def slow():
+    print("slow() runs", flush=True)
     while True:
         time.sleep(0.05)
 mldebug.breakpoint()
@@ -247,7 +248,7 @@ def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path):
         child = spawn_cli(["pdb", "connect", m[1]], env, tmp_path)
         child.expect(r"\(Pdb\) ")
         child.sendline("p slow()")
-        time.sleep(1.0)
+        wait_for(log, r"slow\(\) runs", proc)  # the command runs: the Ctrl-C is for it
         child.sendintr()
         child.expect("KeyboardInterrupt")
         child.expect(r"\(Pdb\) ")
@@ -358,3 +359,50 @@ def test_every_rank_debugged_then_a_wait_that_times_out(tmp_path):
     assert sorted(times) == [0, 1] and all(t > released for t in times.values())
     second = {int(r): float(t) for r, t in re.findall(r"rank (\d) second t=([0-9.]+)", log.read_text())}
     assert second[1] < second[0]  # rank 1 gave up waiting before rank 0 was continued
+
+
+def test_a_ctrl_c_between_a_sent_line_and_its_start_stops_that_command():
+    """On a loaded node the client's Ctrl-C can reach the rank after the command's line but
+    before pdb took it: the interrupt must stop that command (pdb's --KeyboardInterrupt--),
+    not be dropped as if it came at an idle prompt, and must not touch the next command."""
+    import threading
+
+    from mldebug.debugger.remote import Channel
+
+    class Frames:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, kind, text=""):
+            self.sent.append((kind, text))
+
+    ch = Channel("token", lambda: None, lambda _doc: [], "test")
+    got = []
+
+    def pdb_reads():
+        for _ in range(2):
+            try:
+                got.append(ch.readline())
+            except KeyboardInterrupt:
+                got.append("KeyboardInterrupt")
+
+    try:
+        t = threading.Thread(target=pdb_reads, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 10
+        while ch._prompt is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ch._prompt is not None
+        ch._interrupt(Frames())  # at the idle prompt, nothing sent: ignored here
+        assert not ch._interrupt_pending
+        with ch._state:  # pdb may take the line meanwhile, but cannot start it
+            ch._put_line("p slow()")
+            ch._interrupt(Frames())
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ch._put_line("p 6 * 7")
+        t.join(10)
+        assert got == ["KeyboardInterrupt", "p 6 * 7\n"]
+    finally:
+        ch.close("test over")

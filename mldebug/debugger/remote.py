@@ -80,6 +80,11 @@ class Channel:
         self._lines: queue.Queue[str] = queue.Queue()
         self._held = ""  # output after the last newline: the prompt, until pdb reads
         self._prompt: str | None = None  # the prompt pdb is waiting at, for a late client
+        # lines the client sent that pdb has not started yet, and a Ctrl-C meant for them;
+        # read and changed under _state (see _interrupt)
+        self._state = threading.RLock()
+        self._waiting = 0
+        self._interrupt_pending = False
         self._closed = threading.Event()
         self._attach_lock = threading.Lock()
         self._main = threading.get_ident() == threading.main_thread().ident
@@ -98,14 +103,22 @@ class Channel:
 
     def readline(self) -> str:
         prompt, self._held = self._held, ""
-        self._prompt = prompt
+        with self._state:
+            self._prompt = prompt
         self._send("P", prompt)
         try:
             while True:
                 try:
-                    return self._lines.get(timeout=0.5) + "\n"
+                    line = self._lines.get(timeout=0.5)
                 except queue.Empty:
                     continue
+                with self._state:  # the command starts now: a Ctrl-C from here on runs it
+                    self._waiting -= 1
+                    self._prompt = None
+                    pending, self._interrupt_pending = self._interrupt_pending, False
+                if pending:  # Ctrl-C came after the line, before pdb took it: as in a local
+                    raise KeyboardInterrupt  # pdb, the command stops (pdb: --KeyboardInterrupt--)
+                return line + "\n"
         finally:
             self._prompt = None
 
@@ -195,7 +208,7 @@ class Channel:
                 return
             kind, text = frame
             if kind == "L":
-                self._lines.put(text.rstrip("\r\n"))
+                self._put_line(text.rstrip("\r\n"))
             elif kind == "I":
                 self._interrupt(sender)
             elif kind == "C":
@@ -205,10 +218,20 @@ class Channel:
                     matches = []
                 sender.send("c", json.dumps(matches[:500]))
 
+    def _put_line(self, line: str) -> None:
+        with self._state:
+            self._waiting += 1
+            self._lines.put(line)
+
     def _interrupt(self, sender: wire.Sender) -> None:
-        """Ctrl-C from the client: as a local Ctrl-C would, while a command runs."""
-        if self._prompt is not None:
-            return  # at the prompt the client handles it; nothing runs here
+        """Ctrl-C from the client: as a local Ctrl-C would, while a command runs. One that
+        arrives after a line was sent but before pdb started it (a loaded node) stops that
+        command; at an idle prompt the client handles it and nothing runs here."""
+        with self._state:
+            if self._prompt is not None:
+                if self._waiting > 0:
+                    self._interrupt_pending = True
+                return
         if self._main:
             _thread.interrupt_main()
         else:
