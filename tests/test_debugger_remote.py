@@ -114,10 +114,15 @@ def _address(hexaddr: str, width: int) -> str:
     return "ipv6:" + hexaddr
 
 
-def spawn_cli(args: list[str], env: dict[str, str], cwd: Path) -> pexpect.spawn:
+def spawn_cli(args: list[str], env: dict[str, str], cwd: Path, *,
+              sigint_ignored: bool = False) -> pexpect.spawn:
+    """``mldebug ARGS`` on a terminal; ``sigint_ignored``: started with SIGINT ignored."""
+    import signal
+
     env = dict(env, PYTHONPATH=str(REPO))
+    pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     return pexpect.spawn(sys.executable, ["-m", "mldebug", *args], env=env, cwd=str(cwd),
-                         encoding="utf-8", timeout=60, dimensions=(50, 200))
+                         encoding="utf-8", timeout=60, dimensions=(50, 200), preexec_fn=pre)
 
 
 def after_times(log: Path) -> dict[int, float]:
@@ -241,11 +246,24 @@ print("done", flush=True)
 """
 
 
-def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path):
-    proc, log, env = start_script(tmp_path, INTERRUPTIBLE, "slow.py")
+SIGINT_SETUPS = {
+    "default": "",
+    # a batch launch (`job &` in a script without job control) starts everything with SIGINT
+    # ignored: the rank and the terminal that connects to it
+    "ignored": "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n",
+    # a job's own handler (a graceful shutdown) must not be run by a remote Ctrl-C
+    "handler": ("import signal\nsignal.signal(signal.SIGINT, lambda *a: print('the job\\'s "
+                "SIGINT handler ran', flush=True))\n"),
+}
+
+
+@pytest.mark.parametrize("setup", list(SIGINT_SETUPS))
+def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path, setup):
+    proc, log, env = start_script(tmp_path, SIGINT_SETUPS[setup] + INTERRUPTIBLE, "slow.py")
     try:
         m = wait_for(log, r"mldebug pdb connect (\S+:\d+)", proc)
-        child = spawn_cli(["pdb", "connect", m[1]], env, tmp_path)
+        child = spawn_cli(["pdb", "connect", m[1]], env, tmp_path,
+                          sigint_ignored=setup == "ignored")
         child.expect(r"\(Pdb\) ")
         child.sendline("p slow()")
         wait_for(log, r"slow\(\) runs", proc)  # the command runs: the Ctrl-C is for it
@@ -258,6 +276,7 @@ def test_ctrl_c_interrupts_the_running_command_not_the_session(tmp_path):
         child.expect(pexpect.EOF)
         assert proc.wait(timeout=30) == 0
         assert "done" in log.read_text()
+        assert "SIGINT handler ran" not in log.read_text()
     finally:
         if proc.poll() is None:
             kill_tree(proc)

@@ -15,6 +15,8 @@ import json
 import os
 import socket
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from mldebug.debugger import registry, wire
@@ -85,6 +87,7 @@ def run(port: int, token: str, *, reconnect_hint: str = "") -> int:
     term = Terminal(sender, sock)
     out = sys.stdout
     partial = ""
+    restore = _ctrl_c_on()
     try:
         while True:
             try:
@@ -119,8 +122,27 @@ def run(port: int, token: str, *, reconnect_hint: str = "") -> int:
                 print(f"mldebug pdb: the session {text}", file=sys.stderr)
                 return 1
     finally:
+        restore()
         term.save()
         sock.close()
+
+
+def _ctrl_c_on() -> Callable[[], None]:
+    """Ctrl-C is how a remote command is stopped: on a terminal, a SIGINT this process
+    inherited as ignored (started from a background job or a batch script) raises
+    KeyboardInterrupt while the session lasts. Returns what puts the old disposition back."""
+    import signal
+
+    if not sys.stdin.isatty() or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = signal.getsignal(signal.SIGINT)
+    if old is not signal.SIG_IGN:
+        return lambda: None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, old)
+    return restore
 
 
 def _read_line(prompt: str) -> str | None:

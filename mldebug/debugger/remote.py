@@ -10,7 +10,6 @@ and the rank runs on. Wrong tokens are refused and logged on the rank's stderr.
 
 from __future__ import annotations
 
-import _thread
 import hmac
 import json
 import os
@@ -87,7 +86,7 @@ class Channel:
         self._interrupt_pending = False
         self._closed = threading.Event()
         self._attach_lock = threading.Lock()
-        self._main = threading.get_ident() == threading.main_thread().ident
+        self._thread = threading.get_ident()  # the thread pdb runs in: Ctrl-C is raised there
         threading.Thread(target=self._accept_loop, name="mldebug-pdb-accept", daemon=True).start()
 
     # -- pdb's side ------------------------------------------------------------------
@@ -232,11 +231,24 @@ class Channel:
                 if self._waiting > 0:
                     self._interrupt_pending = True
                 return
-        if self._main:
-            _thread.interrupt_main()
-        else:
-            sender.send("O", "mldebug: this session is not in the main thread; "
-                             "an interrupt cannot be delivered\n")
+        if not _raise_keyboard_interrupt(self._thread):
+            sender.send("O", "mldebug: the session's thread has ended; nothing to interrupt\n")
+
+
+def _raise_keyboard_interrupt(thread_id: int) -> bool:
+    """KeyboardInterrupt in thread ``thread_id`` at its next Python instruction (a blocking C
+    call ends first). Not a signal: the job's own SIGINT handler (a graceful shutdown, say)
+    is not called, and a SIGINT the job ignores (a batch launch) does not stop it;
+    ``_thread.interrupt_main`` would do the first, and nothing in the second case."""
+    import ctypes
+
+    set_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    set_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+    set_exc.restype = ctypes.c_int
+    n = set_exc(thread_id, KeyboardInterrupt)
+    if n > 1:  # never for one id; the documented undo if it happens
+        set_exc(thread_id, ctypes.py_object())
+    return n == 1
 
 
 class RemotePdb(_pdb.Pdb):
