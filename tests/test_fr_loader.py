@@ -228,3 +228,18 @@ def test_pick_reads_a_column_at_any_number_of_indices(idx):
     col = array("i", [10, 11, 12])
     assert pick(col, array("i", idx)) == tuple(col[i] for i in idx)
     assert pick({0: "a", 1: "b", 2: "c"}, idx) == tuple("abc"[i] for i in idx)
+
+
+@pytest.mark.parametrize("claim", [20 << 30, 1 << 40, 1 << 62])
+def test_a_string_length_claim_past_the_files_end_is_a_named_problem(tmp_path, claim):
+    """A 14-byte pickle that claims a string of 20 GiB or more: read through the buffered
+    reader, it fails at once as truncated or corrupt, and nothing that size is touched."""
+    import resource
+    import struct
+
+    p = tmp_path / "fr_rank0"
+    p.write_bytes(b"\x80\x04\x8d" + struct.pack("<Q", claim) + b"abc")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    ds = load([p])
+    assert not ds.dumps and "truncated or corrupt" in ds.problems[0].error
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
