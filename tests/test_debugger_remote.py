@@ -425,3 +425,43 @@ def test_a_ctrl_c_between_a_sent_line_and_its_start_stops_that_command():
         assert got == ["KeyboardInterrupt", "p 6 * 7\n"]
     finally:
         ch.close("test over")
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_ctrl_c_reaches_a_session_in_any_thread_and_never_the_rank_after_it_ended(closed):
+    """The interrupt is raised in the thread the session runs in (here not the main one);
+    once 'c' has closed the session the rank runs its own code, and a late Ctrl-C is
+    dropped instead of raised there."""
+    import threading
+
+    from mldebug.debugger.remote import Channel
+
+    class Frames:
+        def send(self, kind, text=""):
+            pass
+
+    box: dict[str, object] = {}
+    ready = threading.Event()
+
+    def rank_thread():
+        ch = box["ch"] = Channel("token", lambda: None, lambda _doc: [], "test")
+        ready.set()
+        try:
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:  # a command running, or the rank's own code
+                pass
+            box["result"] = "ran on"
+        except KeyboardInterrupt:
+            box["result"] = "interrupted"
+        finally:
+            ch.close("over")
+
+    t = threading.Thread(target=rank_thread, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    ch = box["ch"]
+    if closed:
+        ch.close("rank 0 continues; session closed.")
+    ch._interrupt(Frames())
+    t.join(10)
+    assert box["result"] == ("ran on" if closed else "interrupted")

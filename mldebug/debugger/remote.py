@@ -136,7 +136,8 @@ class Channel:
             self._send("O", self._held + "\n")
             self._held = ""
         self._send("E", message)
-        self._closed.set()
+        with self._state:  # no Ctrl-C is raised in the rank once the session has ended
+            self._closed.set()
         client, self._client = self._client, None
         for sock in ([client.sock] if client else []) + [self.listener]:
             try:
@@ -227,11 +228,14 @@ class Channel:
         arrives after a line was sent but before pdb started it (a loaded node) stops that
         command; at an idle prompt the client handles it and nothing runs here."""
         with self._state:
+            if self._closed.is_set():  # 'c' ran: the rank is back in its own code
+                return
             if self._prompt is not None:
                 if self._waiting > 0:
                     self._interrupt_pending = True
                 return
-        if not _raise_keyboard_interrupt(self._thread):
+            raised = _raise_keyboard_interrupt(self._thread)
+        if not raised:
             sender.send("O", "mldebug: the session's thread has ended; nothing to interrupt\n")
 
 
