@@ -59,8 +59,9 @@ print("inner_s", time.perf_counter() - t)
 PROTOCOL = 2
 
 
-def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
-    d = root / f"fr-{ranks}x{entries}-p{PROTOCOL}"
+def make_set(root: Path, ranks: int, entries: int, culprit: int,
+             protocol: int = PROTOCOL) -> Path:
+    d = root / f"fr-{ranks}x{entries}-p{protocol}"
     if (d / f"fr_rank{ranks - 1}").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
@@ -71,18 +72,18 @@ def make_set(root: Path, ranks: int, entries: int, culprit: int) -> Path:
         doc = (synth.spmd_rank(ranks, entries, r, fault="size", culprit=culprit, at=at)
                if r == culprit else majority)
         doc["rank"] = r
-        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=PROTOCOL))
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=protocol))
     return d
 
 
-def make_distinct(root: Path, ranks: int, entries: int) -> Path:
-    d = root / f"fr-distinct-{ranks}x{entries}-c{ranks // 3}-p{PROTOCOL}"
+def make_distinct(root: Path, ranks: int, entries: int, protocol: int = PROTOCOL) -> Path:
+    d = root / f"fr-distinct-{ranks}x{entries}-c{ranks // 3}-p{protocol}"
     if (d / f"fr_rank{ranks - 1}").exists():
         return d
     d.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
         doc = synth.pipeline_rank(ranks, entries, r, culprit=ranks // 3)
-        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=PROTOCOL))
+        (d / f"fr_rank{r}").write_bytes(pickle.dumps(doc, protocol=protocol))
     return d
 
 
@@ -146,7 +147,6 @@ def run(argv: list[str], cap: float, repo: Path = REPO) -> tuple[float, float, b
 
 
 def main() -> None:
-    global PROTOCOL
     p = argparse.ArgumentParser()
     p.add_argument("--sets", default="16x2000,64x2000,1024x2000")
     p.add_argument("--cap", type=float, default=300.0, help="seconds torchfrtrace may take")
@@ -160,12 +160,11 @@ def main() -> None:
                    help="pickle protocol of the sets (2: as torch writes them)")
     p.add_argument("--scaling", default="", help="e.g. 4096,16384: analysis time per rank count")
     a = p.parse_args()
-    PROTOCOL = a.protocol
     root = Path(a.root)
-    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} pickle protocol {PROTOCOL}")
+    print(f"cpus={os.cpu_count()} python={sys.version.split()[0]} pickle protocol {a.protocol}")
     for spec in filter(None, a.distinct.split(",")):
         ranks, entries = (int(x) for x in spec.split("x"))
-        d = make_distinct(root, ranks, entries)
+        d = make_distinct(root, ranks, entries, a.protocol)
         sides = [("this", REPO)] + ([("baseline", Path(a.baseline))] if a.baseline else [])
         for rnd in range(a.rounds):
             for label, repo in sides:  # interleaved: the machine's load hits both alike
@@ -190,7 +189,7 @@ def main() -> None:
           f"{'ratio':>8}  answer")
     for spec in filter(None, a.sets.split(",")):
         ranks, entries = (int(x) for x in spec.split("x"))
-        d = make_set(root, ranks, entries, culprit=ranks // 3)
+        d = make_set(root, ranks, entries, culprit=ranks // 3, protocol=a.protocol)
         ours_s, ours_rss, _, ours_out = run([sys.executable, "-c", OURS, str(d)], 3600)
         answer = " ".join(line for line in ours_out.splitlines() if line.startswith("culprits"))
         if a.no_torchfrtrace:

@@ -274,8 +274,7 @@ def _getters(raw: list[dict[str, Any]]) -> tuple[itemgetter[Any], itemgetter[Any
 
 
 def _static_ids(raw: list[dict[str, Any]], nbytes: int,
-                static_key: Callable[[dict[str, Any]], Any] | None = None,
-                ) -> tuple[list[bytes], array[int]]:
+                static_key: Callable[[dict[str, Any]], Any]) -> tuple[list[bytes], array[int]]:
     """Each entry's static fields, pickled (C speed) as the key that finds the entries that
     share them; the key's index is the entry's local static id.
 
@@ -283,7 +282,7 @@ def _static_ids(raw: list[dict[str, Any]], nbytes: int,
     millions of entries, a few bytes each in the file) would make every key large.
     """
     try:
-        return _static_ids_with(raw, nbytes, static_key or _static_key)
+        return _static_ids_with(raw, nbytes, static_key)
     except KeyError:  # older versions lack some fields
         return _static_ids_with(raw, nbytes, _static_key_of_old)
 
