@@ -380,6 +380,17 @@ def test_every_rank_debugged_then_a_wait_that_times_out(tmp_path):
     assert second[1] < second[0]  # rank 1 gave up waiting before rank 0 was continued
 
 
+class _Frames:
+    """What a Channel sends its client, kept (the client side of a unit test)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, kind, text=""):
+        self.sent.append((kind, text))
+        return True
+
+
 def test_a_ctrl_c_between_a_sent_line_and_its_start_stops_that_command():
     """On a loaded node the client's Ctrl-C can reach the rank after the command's line but
     before pdb took it: the interrupt must stop that command (pdb's --KeyboardInterrupt--),
@@ -387,13 +398,6 @@ def test_a_ctrl_c_between_a_sent_line_and_its_start_stops_that_command():
     import threading
 
     from mldebug.debugger.remote import Channel
-
-    class Frames:
-        def __init__(self):
-            self.sent = []
-
-        def send(self, kind, text=""):
-            self.sent.append((kind, text))
 
     ch = Channel("token", lambda: None, lambda _doc: [], "test")
     got = []
@@ -412,11 +416,11 @@ def test_a_ctrl_c_between_a_sent_line_and_its_start_stops_that_command():
         while ch._prompt is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert ch._prompt is not None
-        ch._interrupt(Frames())  # at the idle prompt, nothing sent: ignored here
+        ch._interrupt(_Frames())  # at the idle prompt, nothing sent: ignored here
         assert not ch._interrupt_pending
         with ch._state:  # pdb may take the line meanwhile, but cannot start it
             ch._put_line("p slow()")
-            ch._interrupt(Frames())
+            ch._interrupt(_Frames())
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -435,10 +439,6 @@ def test_a_ctrl_c_reaches_a_session_in_any_thread_and_never_the_rank_after_it_en
     import threading
 
     from mldebug.debugger.remote import Channel
-
-    class Frames:
-        def send(self, kind, text=""):
-            pass
 
     box: dict[str, object] = {}
     ready = threading.Event()
@@ -462,6 +462,44 @@ def test_a_ctrl_c_reaches_a_session_in_any_thread_and_never_the_rank_after_it_en
     ch = box["ch"]
     if closed:
         ch.close("rank 0 continues; session closed.")
-    ch._interrupt(Frames())
+    ch._interrupt(_Frames())
     t.join(10)
     assert box["result"] == ("ran on" if closed else "interrupted")
+
+
+def test_a_second_ctrl_c_right_after_the_first_is_not_raised_in_pdbs_handler():
+    """pdb prints --KeyboardInterrupt-- in an except clause; a second KeyboardInterrupt raised
+    there would leave pdb and end the rank. A double press raises one; a later press (a
+    command that caught the first) raises again."""
+    import threading
+
+    from mldebug.debugger.remote import INTERRUPT_GAP, Channel
+
+    box: dict[str, object] = {"caught": 0}
+    ready = threading.Event()
+
+    def session_thread():
+        ch = box["ch"] = Channel("token", lambda: None, lambda _doc: [], "test")
+        ready.set()
+        end = time.monotonic() + 2 * INTERRUPT_GAP + 1.0
+        while time.monotonic() < end:  # a command that catches KeyboardInterrupt and goes on
+            try:
+                while time.monotonic() < end:
+                    pass
+            except KeyboardInterrupt:
+                box["caught"] += 1  # type: ignore[operator]
+        ch.close("over")
+
+    t = threading.Thread(target=session_thread, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    ch = box["ch"]
+    ch._interrupt(_Frames())
+    deadline = time.monotonic() + 5
+    while box["caught"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    ch._interrupt(_Frames())  # the double press: the first is being handled
+    time.sleep(INTERRUPT_GAP + 0.3)
+    ch._interrupt(_Frames())  # later: the command is still running
+    t.join(10)
+    assert box["caught"] == 2

@@ -19,6 +19,7 @@ import rlcompleter
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
@@ -84,6 +85,7 @@ class Channel:
         self._state = threading.RLock()
         self._waiting = 0
         self._interrupt_pending = False
+        self._raised_at: float | None = None  # when a Ctrl-C was raised in the running command
         self._closed = threading.Event()
         self._attach_lock = threading.Lock()
         self._thread = threading.get_ident()  # the thread pdb runs in: Ctrl-C is raised there
@@ -104,6 +106,7 @@ class Channel:
         prompt, self._held = self._held, ""
         with self._state:
             self._prompt = prompt
+            self._raised_at = None
         self._send("P", prompt)
         try:
             while True:
@@ -234,9 +237,20 @@ class Channel:
                 if self._waiting > 0:
                     self._interrupt_pending = True
                 return
+            now = time.monotonic()
+            if self._raised_at is not None and now - self._raised_at < INTERRUPT_GAP:
+                return  # a second press: it could land in pdb's own KeyboardInterrupt handler
             raised = _raise_keyboard_interrupt(self._thread)
+            if raised:
+                self._raised_at = now
         if not raised:
             sender.send("O", "mldebug: the session's thread has ended; nothing to interrupt\n")
+
+
+# seconds after a Ctrl-C was raised in a command during which another is dropped: pdb prints
+# --KeyboardInterrupt-- in an except clause, and a second KeyboardInterrupt raised there would
+# leave pdb and end the rank (a command that catches the first can still be interrupted later)
+INTERRUPT_GAP = 1.0
 
 
 def _raise_keyboard_interrupt(thread_id: int) -> bool:
