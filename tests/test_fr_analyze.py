@@ -289,3 +289,47 @@ def test_pipeline_stages_each_with_its_own_timeline(tmp_path, fault, culprits, k
     got = serial.entries_of(3)
     assert len(got) == 120 and list(got) == [_entry(x) for x in raw]
     assert got[-1].frames[2].line == 30 + 3 % 7 and got[-2:] == [_entry(x) for x in raw[-2:]]
+
+
+def _late_job(missing: range = range(0), shift_ns: int | None = 0) -> dict:
+    """6 ranks x 30 all_reduces; rank 3 enqueues each 20 ms after the others (who differ by
+    up to 50 us); ranks 3-5 are on host b, whose clock is ``shift_ns`` ahead (None: all on
+    one host); rank 5 did not record the collectives in ``missing``."""
+    dumps = {}
+    for r in range(6):
+        entries = []
+        for seq in range(1, 31):
+            if r == 5 and seq in missing:
+                continue
+            e = synth.entry(seq)
+            e["time_created_ns"] = (1_700_000_000_000_000_000 + seq * 100_000_000
+                                    + (20_000_000 if r == 3 else (r * 7919 * seq) % 50_000)
+                                    + (shift_ns or 0 if r >= 3 else 0))
+            entries.append(e)
+        d = synth.dump(r, entries, world=6)
+        d["mldebug"] = {"host": "b" if r >= 3 and shift_ns is not None else "a"}
+        dumps[r] = d
+    return dumps
+
+
+@pytest.mark.parametrize("missing,shift_ns", [(range(0), 0), (range(10, 13), 0),
+                                              (range(0), 5_000_000_000),
+                                              (range(28, 31), 5_000_000_000),
+                                              (range(0), None), (range(1, 4), None)])
+def test_the_late_rank_is_named_whatever_the_others_recorded(tmp_path, missing, shift_ns):
+    """The straggler statistics compare the collectives every member recorded: all of them,
+    or (one rank missing some) only the common ones; a host's shifted clock is aligned."""
+    from mldebug.fr.stragglers import arrival_times
+
+    ds = load(synth.write(tmp_path, _late_job(missing, shift_ns)))
+    m = arrival_times(ds)["0"]
+    assert m.seqs == [s for s in range(1, 31) if s not in missing]
+    for r, times in zip(m.ranks, m.times, strict=True):
+        created = dict(zip(ds.timelines[ds.dumps[r].timeline].seq, ds.dumps[r].created,
+                           strict=True))
+        assert list(times) == [created[s] for s in m.seqs]
+    a = analyze(ds)
+    assert [s.rank for s in a.stragglers] == [3]
+    assert a.stragglers[0].times_last == len(m.seqs)
+    assert 19.9 < a.stragglers[0].late_ms_median < 20.1
+    assert a.straggler_window == len(m.seqs)

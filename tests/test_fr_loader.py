@@ -127,6 +127,11 @@ def test_worker_processes_give_the_same_result(tmp_path):
     ("time_created_ns", [0, 11, 12]),
     ("timeout_ms", [True, 1, 2]),
     ("record_id", [-2, 1, 2]),
+    ("record_id", [None, 1 << 63, 3]),                     # past int64: refused
+    ("time_created_ns", [1 << 64, 11, 12]),                # past int64: unknown (-1)
+    ("timeout_ms", [-(1 << 63), 1, 2]),                    # int64's least, out of range
+    ("time_discovered_completed_ns", [None, None, 9]),
+    ("p2p_seq_id", [False, 0, 3]),
 ])
 def test_number_columns_read_at_c_speed_equal_the_entry_by_entry_reading(column, values):
     """The loader reads a whole column at once where it can; on every value mix it must give
@@ -243,3 +248,56 @@ def test_a_string_length_claim_past_the_files_end_is_a_named_problem(tmp_path, c
     ds = load([p])
     assert not ds.dumps and "truncated or corrupt" in ds.problems[0].error
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+
+
+@pytest.mark.parametrize("values", [[], [0], [5, -1, 2], [(1 << 31) - 1, -(1 << 31)]])
+def test_packed_builds_what_array_builds(values):
+    from array import array
+
+    from mldebug.fr.model import packed
+
+    for code in "iq":
+        assert packed(code, values) == array(code, values)
+        assert packed(code, tuple(values)).typecode == code
+
+
+@pytest.mark.parametrize("code,value", [("i", 1 << 31), ("i", -(1 << 31) - 1), ("q", 1 << 63),
+                                        ("q", None), ("q", 1.0)])
+def test_packed_refuses_what_does_not_fit(code, value):
+    import struct
+
+    from mldebug.fr.model import packed
+
+    with pytest.raises(struct.error):
+        packed(code, [1, value])
+
+
+@pytest.mark.parametrize("seqs", [
+    [3, 1, 2, 7, 5],          # one entry per sequence number, posted out of order
+    [1, 1, 2, 4, 4, 4, 6],    # coalesced: several entries share a number
+    [9],
+    [],
+])
+def test_group_index_sorts_collectives_and_groups_coalesced_entries(seqs):
+    """Each group's collectives by sequence number (coalesced ones together, in the order
+    posted) and its sends and receives by peer, against a plain reading of the entries."""
+    from array import array
+
+    from mldebug.fr import loader
+
+    raw = [synth.entry(s, "all_reduce", pg=("0", "default_pg")) for s in seqs]
+    raw += [synth.p2p("send", 0, 1, 1), synth.p2p("recv", 0, 2, 1, pg=("1", "pp")),
+            synth.p2p("send", 0, 1, 2)]
+    doc = synth.dump(0, raw, world=3)
+    ds = loader.from_docs([("fr_rank0", doc)])
+    tl = ds.timelines[0]
+    got = loader._group_index([ds.statics[i] for i in range(len(ds.statics))], tl.sid, tl.seq)
+    coll = sorted((s, i) for i, s in enumerate(seqs))  # stable in the order posted
+    gi = got["0"]
+    assert list(gi.order) == [i for _, i in coll]
+    distinct = sorted(set(seqs))
+    assert list(gi.seqs) == distinct
+    assert [list(gi.order[gi.starts[k]:gi.starts[k + 1]]) for k in range(len(distinct))] == [
+        [i for s, i in coll if s == want] for want in distinct]
+    assert gi.p2p == {(True, 1): array("i", [len(seqs), len(seqs) + 2])}
+    assert got["1"].p2p == {(False, 0): array("i", [len(seqs) + 1])} and not got["1"].seqs

@@ -32,6 +32,7 @@ from mldebug.fr.model import (
     SignatureGroup,
     Static,
     Timeline,
+    packed,
     pick,
 )
 
@@ -255,8 +256,8 @@ class SeqMap(Mapping[int, list[Entry]]):
         if gi is None:
             return b""
         return b"".join((gi.seqs.tobytes(), b"|", gi.starts.tobytes(), b"|",
-                         array("i", pick(self.tl.sid, gi.order)).tobytes(), b"|",
-                         array("i", pick(self.tl.state, gi.order)).tobytes()))
+                         packed("i", pick(self.tl.sid, gi.order)).tobytes(), b"|",
+                         packed("i", pick(self.tl.state, gi.order)).tobytes()))
 
     def __getitem__(self, seq: int) -> list[Entry]:
         got = self._cache.get(seq)

@@ -19,13 +19,14 @@ import os
 import pickle
 import re
 import stat
+import struct
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
-from operator import is_not, itemgetter
+from itertools import count, repeat
+from operator import countOf, is_not, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ from mldebug.fr.model import (
     RankDump,
     Static,
     Timeline,
+    packed,
+    pick,
 )
 from mldebug.names import trailing_number
 from mldebug.nodekit import read_fd
@@ -297,18 +300,25 @@ def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
     ids: dict[bytes, int] = {}
     dumps = pickle.dumps
     # entries of one call repeat its static fields: an entry is first compared (C-level
-    # equality, which stops at shared objects) with the last few distinct ones seen for its
-    # op name, and pickled only when it matches none of them
+    # equality, which stops at shared objects) with the last entry of its op name, then
+    # with the last few distinct ones seen for that name, and pickled only when it matches
+    # none of them
+    last: dict[Any, tuple[Any, int]] = {}
+    last_of = last.get
     recent: dict[Any, list[tuple[Any, int]]] = {}
     out: list[int] = []
     append = out.append
-    for sk in list(map(key, raw)):
+    for sk in map(key, raw):
         name = sk[0]  # the op name (profiling_name) leads the static keys
         try:
-            seen = recent.get(name)
+            hit = last_of(name)
         except TypeError:  # an unhashable op name: no shortcut
-            seen, name = None, None
-        got = None
+            hit = name = None
+        if hit is not None and hit[0] == sk:
+            append(hit[1])
+            continue
+        got: int | None = None
+        seen = None if name is None else recent.get(name)
         if seen is not None:
             for cand, cid in seen:
                 if cand == sk:
@@ -328,8 +338,10 @@ def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
                     seen = recent[name] = []
                 seen.insert(0, (sk, got))
                 del seen[8:]
+        if name is not None:
+            last[name] = (sk, got)
         append(got)
-    return list(ids), array("i", out)
+    return list(ids), packed("i", out)
 
 
 def _firsts(sid: array[int], n: int) -> list[int]:
@@ -379,20 +391,22 @@ def _column_of(values: tuple[Any, ...], raw: list[dict[str, Any]], key: str,
     """``values`` (field ``key`` of every entry) as a column, equal to ``conv`` of every
     entry: at C speed when they are integers that ``conv`` keeps as they are, with None
     ("not recorded": not started yet, timing off) among them, else entry by entry (older
-    names, bad values)."""
-    types = set(map(type, values))  # one pass: cheaper than counting None, then bools
-    nones = values.count(None) if type(None) in types else 0
-    fill = conv({key: None}) if nones else 0
-    if nones == len(values):
-        return array("q", [fill]) * len(values)
-    present = tuple(filter(partial(is_not, None), values)) if nones else values
-    if bool not in types:  # bools convert, but are not numbers here
+    names, bad values: bools, floats, strings, integers out of range)."""
+    n = len(values)
+    ints = countOf(map(type, values), int)  # exactly int: a bool is not a number here
+    nones = 0 if ints == n else values.count(None)
+    if ints + nones == n:
+        fill = conv({key: None}) if nones else 0
+        if nones == n:
+            return array("q", [fill]) * n
+        present = tuple(filter(partial(is_not, None), values)) if nones else values
         try:
-            col = array("q", present)  # only integers convert
-            if _kept(col, key, conv):
-                return array("q", [fill if v is None else v for v in values]) if nones else col
-        except (TypeError, OverflowError, ValueError):  # not integers, or out of range
+            col = packed("q", present)
+        except struct.error:  # out of the int64 range
             pass
+        else:
+            if _kept(col, key, conv):
+                return packed("q", tuple(map({None: fill}.get, values, values))) if nones else col
     return array("q", [conv(e) for e in raw])
 
 
@@ -451,7 +465,7 @@ def _states(values: tuple[Any, ...]) -> tuple[list[str], array[int]]:
             got = by_name[name] = len(names)
             names.append(name)
         ids[v] = got
-    return names, array("i", map(ids.__getitem__, values))
+    return names, packed("i", tuple(map(ids.__getitem__, values)))
 
 
 def _state_name(v: Any) -> str:
@@ -482,22 +496,25 @@ def _group_index(statics: list[Static], sid: array[int], seq: array[int]) -> dic
         peer = st.dst if send else st.src
         where.append(peers.setdefault((send, peer), []) if st.op in P2P_OPS and peer is not None
                      else ignored)
-    for i, s in enumerate(sid):
-        where[s].append(i)
+    # each entry's index appended to its static's list, at C speed (append returns None)
+    any(map(list.append, map(where.__getitem__, sid), count()))
     out: dict[str, GroupIndex] = {}
     for pg in coll.keys() | p2p.keys():
         order = sorted(coll.get(pg, ()), key=seq.__getitem__)  # stable: coalesced keep order
-        seqs, starts = array("q"), array("i")
-        last = None
-        for k, i in enumerate(order):
-            v = seq[i]
-            if v != last:
-                seqs.append(v)
-                starts.append(k)
-                last = v
-        starts.append(len(order))
-        out[pg] = GroupIndex(seqs, starts, array("i", order),
-                             {key: array("i", idx) for key, idx in p2p.get(pg, {}).items()
+        values = pick(seq, order)
+        if len(set(values)) == len(values):  # no coalesced entries: one entry per seq
+            seqs, starts = packed("q", values), packed("i", range(len(order) + 1))
+        else:
+            seqs, starts = array("q"), array("i")
+            last = None
+            for k, v in enumerate(values):
+                if v != last:
+                    seqs.append(v)
+                    starts.append(k)
+                    last = v
+            starts.append(len(order))
+        out[pg] = GroupIndex(seqs, starts, packed("i", order),
+                             {key: packed("i", idx) for key, idx in p2p.get(pg, {}).items()
                               if idx})
     return out
 

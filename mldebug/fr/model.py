@@ -8,6 +8,7 @@ what 1,024 copies of the same one would.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,6 +192,16 @@ def pick(col: Sequence[Any] | Mapping[Any, Any], idx: Sequence[Any]) -> tuple[An
     if len(idx) > 1:
         return itemgetter(*idx)(col)  # type: ignore[no-any-return]
     return (col[idx[0]],) if idx else ()
+
+
+def packed(code: str, values: Sequence[int]) -> array[int]:
+    """``array(code, values)`` for integers that fit ``code``, 2-3x faster (``array`` parses
+    every item with a format string; ``struct`` converts it directly); ``struct.error``
+    when one does not fit."""
+    out = array(code)
+    if values:
+        out.frombytes(struct.pack(f"{len(values)}{code}", *values))
+    return out
 
 
 def _opt(col: array[int], i: int, absent: int = NOT_RECORDED) -> int | None:

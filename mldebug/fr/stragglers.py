@@ -16,9 +16,10 @@ import statistics
 from array import array
 from bisect import bisect_right
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mldebug.fr.model import DumpSet, Straggler, pick
+from mldebug.fr.model import DumpSet, Straggler, packed, pick
 
 WINDOW = 1000  # the latest matched collectives per group that are compared
 MIN_COLLECTIVES = 10  # fewer: no verdict (a one-off stall is not a straggler)
@@ -44,8 +45,8 @@ def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
     the last ones of its first dump so the statistics cover the window between the two).
     Ranks that share a timeline share the choice of entries; only their times are read, a
     column at a time (no per-rank dictionaries: 16,384 ranks x 1,000 collectives)."""
-    # pg -> [(ranks, {seq: entry index})] per timeline holding collectives of the group
-    found: dict[str, list[tuple[list[int], dict[int, int]]]] = defaultdict(list)
+    # pg -> [(ranks, seqs, entry index of each seq)] per timeline holding collectives of the group
+    found: dict[str, list[tuple[list[int], array[int], tuple[int, ...]]]] = defaultdict(list)
     for tl in ds.timelines:
         ranks = [r for r in tl.ranks if len(ds.dumps[r].created) == len(tl)]
         if not ranks:
@@ -57,30 +58,34 @@ def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
             # coalesced: the last entry's time; seqs are sorted, so a slice drops the old ones
             first = bisect_right(gi.seqs, max(after, -1))
             ends = gi.starts[first + 1:]
-            at = dict(zip(gi.seqs[first:], pick(gi.order, tuple(map((-1).__add__, ends))),
-                          strict=True))
-            found[pg].append((ranks, at))
+            found[pg].append((ranks, gi.seqs[first:],
+                              pick(gi.order, tuple(map((-1).__add__, ends)))))
     out: dict[str, Matched] = {}
     for pg, parts in found.items():
-        if sum(len(rs) for rs, _ in parts) < 2:
+        if sum(len(rs) for rs, _, _ in parts) < 2:
             continue
-        common = set(parts[0][1])
-        for _, at in parts[1:]:
-            common.intersection_update(at)
-        seqs = sorted(common)
+        ref = parts[0][1]
+        if all(s == ref for _, s, _ in parts):  # the usual case: all recorded the same ones
+            seqs = ref.tolist()
+            sels = [at for _, _, at in parts]
+        else:
+            common = set(ref)
+            for _, s, _ in parts[1:]:
+                common.intersection_update(s)
+            seqs = sorted(common)
+            sels = [pick(dict(zip(s, at, strict=True)), seqs) for _, s, at in parts]
         ranks, times = [], []
-        for rs, at in parts:
-            sel = pick(at, seqs)
+        for (rs, _, _), sel in zip(parts, sels, strict=True):
             for r in rs:
                 ranks.append(r)
-                times.append(array("q", pick(ds.dumps[r].created, sel)))
+                times.append(packed("q", pick(ds.dumps[r].created, sel)))
         unknown = {k for v in times if v and min(v) <= 0 for k, t in enumerate(v) if t <= 0}
         keep = [k for k in range(len(seqs)) if k not in unknown][-window:]
         if not keep:
             continue
         if len(keep) != len(seqs):
             seqs = [seqs[k] for k in keep]
-            times = [array("q", pick(v, keep)) for v in times]
+            times = [packed("q", pick(v, keep)) for v in times]
         out[pg] = Matched(ranks, seqs, times)
     return out
 
@@ -126,10 +131,12 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
         offsets = _host_offsets(m, hosts)
         shift = [offsets[h] for h in hosts]
         mids = []
+        aligned: Sequence[float]
+        shifted = any(shift)  # one host (or no host names): the times as they are
         for col in zip(*m.times, strict=True):  # one collective: every member's time
-            aligned = [t - s for t, s in zip(col, shift, strict=True)]
+            aligned = [t - s for t, s in zip(col, shift, strict=True)] if shifted else col
             mids.append(statistics.median(aligned))
-            last[m.ranks[max(range(len(aligned)), key=aligned.__getitem__)]] += 1
+            last[m.ranks[aligned.index(max(aligned))]] += 1  # the first of the latest
         for r in m.ranks:
             count[r] += len(m.seqs)
         kept.append((m, shift, mids))
