@@ -153,7 +153,7 @@ def _groups(ds: DumpSet, world: int) -> list[_Pg]:
     seen: dict[str, tuple[str, int | None]] = {}
     users: dict[str, set[int]] = defaultdict(set)
     for tl in ds.timelines:
-        for sid in sorted(set(tl.sid)):  # ids are numbered in order of first appearance
+        for sid in tl.used:  # ids are numbered in order of first appearance
             st = ds.statics[sid]
             seen.setdefault(st.pg_name, (st.pg_desc, st.pg_id))
         for name in tl.groups:

@@ -573,7 +573,7 @@ def _timeline(ds: DumpSet, part: _Part, dump: RankDump, gid: dict[bytes, int],
     state = _translate(part.state, strans)
     return Timeline([dump.rank], ds.statics, ds.states, sid, part.seq, part.p2p_seq,
                     part.record_id, state, part.started, part.completed, part.timeout,
-                    dump.created, part.groups)
+                    dump.created, part.groups, sorted(set(trans)))
 
 
 def _translate(col: array[int], trans: list[int]) -> array[int]:

@@ -150,13 +150,13 @@ class Timeline:
     """
 
     __slots__ = ("ranks", "statics", "states", "sid", "seq", "p2p_seq", "record_id", "state",
-                 "started", "completed", "timeout", "created", "groups")
+                 "started", "completed", "timeout", "created", "groups", "_used")
 
     def __init__(self, ranks: list[int], statics: list[Static], states: list[str],
                  sid: array[int], seq: array[int], p2p_seq: array[int], record_id: array[int],
                  state: array[int], started: array[int], completed: array[int],
                  timeout: array[int], created: array[int],
-                 groups: dict[str, GroupIndex]) -> None:
+                 groups: dict[str, GroupIndex], used: list[int] | None = None) -> None:
         self.ranks = ranks
         self.statics = statics  # shared by every timeline of a DumpSet
         self.states = states  # shared too: state id -> name
@@ -164,9 +164,18 @@ class Timeline:
         self.state, self.started, self.completed, self.timeout = state, started, completed, timeout
         self.created = created  # the first rank's enqueue times
         self.groups = groups  # process group name -> its entries here
+        self._used = used
 
     def __len__(self) -> int:
         return len(self.sid)
+
+    @property
+    def used(self) -> list[int]:
+        """The static ids its entries have, ascending (the loader knows them: no pass over
+        ``sid``)."""
+        if self._used is None:
+            self._used = sorted(set(self.sid))
+        return self._used
 
     def entry(self, i: int) -> Entry:
         st = self.statics[self.sid[i]]
