@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, overload
@@ -198,9 +198,18 @@ class Timeline:
 def pick(col: Sequence[Any] | Mapping[Any, Any], idx: Sequence[Any]) -> tuple[Any, ...]:
     """``col[i]`` for every ``i`` of ``idx``, in one call at C speed: a column read at a
     group's or a peer's entries (4-7x faster than ``map(col.__getitem__, idx)``)."""
+    return picker(idx)(col)
+
+
+def picker(idx: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """``pick`` at ``idx`` as a function of the column: built once, it reads the same entries
+    of many columns (every rank of a shared timeline) without rebuilding its getter."""
     if len(idx) > 1:
-        return itemgetter(*idx)(col)  # type: ignore[no-any-return]
-    return (col[idx[0]],) if idx else ()
+        return itemgetter(*idx)
+    if idx:
+        one = idx[0]
+        return lambda col: (col[one],)
+    return lambda col: ()
 
 
 def packed(code: str, values: Sequence[int]) -> array[int]:

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mldebug.fr.model import DumpSet, Straggler, packed, pick
+from mldebug.fr.model import DumpSet, Straggler, packed, pick, picker
 
 WINDOW = 1000  # the latest matched collectives per group that are compared
 MIN_COLLECTIVES = 10  # fewer: no verdict (a one-off stall is not a straggler)
@@ -76,9 +76,10 @@ def arrival_times(ds: DumpSet, since: dict[str, int] | None = None,
             sels = [pick(dict(zip(s, at, strict=True)), seqs) for _, s, at in parts]
         ranks, times = [], []
         for (rs, _, _), sel in zip(parts, sels, strict=True):
+            at = picker(sel)  # one getter for every rank of the timeline (16,384 in SPMD)
             for r in rs:
                 ranks.append(r)
-                times.append(packed("q", pick(ds.dumps[r].created, sel)))
+                times.append(packed("q", at(ds.dumps[r].created)))
         unknown = {k for v in times if v and min(v) <= 0 for k, t in enumerate(v) if t <= 0}
         keep = [k for k in range(len(seqs)) if k not in unknown][-window:]
         if not keep:
