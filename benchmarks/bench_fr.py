@@ -7,7 +7,9 @@ analysers run in fresh subprocesses on the same files; wall time includes loadin
 peak RSS is the child's own (wait4). torchfrtrace gets a time cap; where it does not finish,
 the ratio is a lower bound (">"). ``--distinct`` lines also give the CPU seconds (user +
 system of the process and its loader workers, which it reaps: steadier than wall time on a
-loaded machine) and the 1-minute load average when the run ended.
+loaded machine), the 1-minute load average when the run ended, and the VM's speed just before
+the run (``vm``: the seconds a fixed pure-Python loop took; this VM's doubles in its slow
+minutes, and the run's seconds with it).
 
     .venv/bin/python benchmarks/bench_fr.py                 # 1024x2000 plus smaller sets
     .venv/bin/python benchmarks/bench_fr.py --sets 64x2000 --cap 120
@@ -154,6 +156,20 @@ def run(argv: list[str], cap: float, repo: Path = REPO) -> tuple[float, float, b
     return wall, usage.ru_maxrss / 1024, not timed_out.is_set(), text[-20000:]
 
 
+def vm_speed() -> float:
+    """Seconds a fixed pure-Python loop (3 million additions) takes now, the best of three:
+    this VM's CPU speed moves by 2x from minute to minute (0.06 s in its fast minutes, 0.12-0.13
+    s in its slow ones here), and every absolute figure with it; printed beside each run so
+    figures from different minutes can be told apart."""
+    def once() -> float:
+        t = time.perf_counter()
+        x = 0
+        for i in range(3_000_000):
+            x += i
+        return time.perf_counter() - t
+    return min(once() for _ in range(3))
+
+
 def compile_tree(repo: Path) -> None:
     """Byte-compile ``repo``'s package, as installing it does: a checkout run with
     ``PYTHONDONTWRITEBYTECODE`` set (or a fresh worktree) otherwise compiles every module
@@ -188,11 +204,12 @@ def main() -> None:
         sides = [("this", REPO)] + ([("baseline", Path(a.baseline))] if a.baseline else [])
         for rnd in range(a.rounds):
             for label, repo in sides:  # interleaved: the machine's load hits both alike
+                speed = vm_speed()
                 s, rss, _, out = run([sys.executable, "-c", OURS, str(d)], 3600, repo)
                 answer = " ".join(x for x in out.splitlines() if x.startswith("culprits"))
                 load = os.getloadavg()[0]
                 print(f"distinct {spec} [{label} #{rnd + 1}]: {s:.2f} s wall, {CPU[0]:.2f} s CPU "
-                      f"(load {load:.1f}), {rss:.0f} MiB "
+                      f"(load {load:.1f}, vm {speed:.3f} s), {rss:.0f} MiB "
                       f"peak RSS (largest process), {TREE_PEAK[0]:.0f} MiB summed over the "
                       f"process and its workers  {answer}", flush=True)
     sizes = [int(x) for x in a.scaling.split(",") if x]
