@@ -299,30 +299,30 @@ def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
     budget = 64 * nbytes + 100_000
     ids: dict[bytes, int] = {}
     dumps = pickle.dumps
-    # entries of one call repeat its static fields: an entry is first compared (C-level
-    # equality, which stops at shared objects) with the last entry of its op name, then
-    # with the last few distinct ones seen for that name, and pickled only when it matches
-    # none of them
-    last: dict[Any, tuple[Any, int]] = {}
-    last_of = last.get
+    # entries of one call repeat its static fields: an entry is compared (C-level equality,
+    # which stops at shared objects) with the last few distinct ones seen for its op name,
+    # the one it last matched first, and pickled only when it matches none of them
     recent: dict[Any, list[tuple[Any, int]]] = {}
+    recent_of = recent.get
     out: list[int] = []
     append = out.append
     for sk in map(key, raw):
         name = sk[0]  # the op name (profiling_name) leads the static keys
         try:
-            hit = last_of(name)
+            seen = recent_of(name)
         except TypeError:  # an unhashable op name: no shortcut
-            hit = name = None
-        if hit is not None and hit[0] == sk:
-            append(hit[1])
-            continue
-        got: int | None = None
-        seen = None if name is None else recent.get(name)
+            seen = name = None
         if seen is not None:
-            for cand, cid in seen:
-                if cand == sk:
-                    got = cid
+            first = seen[0]
+            if first[0] == sk:  # the usual case: the same call as the last of this op
+                append(first[1])
+                continue
+        got: int | None = None
+        if seen is not None:
+            for j in range(1, len(seen)):
+                if seen[j][0] == sk:
+                    got = seen[j][1]
+                    seen.insert(0, seen.pop(j))  # matched last: compared first next time
                     break
         if got is None:
             k = dumps(sk, 4)
@@ -338,8 +338,6 @@ def _static_ids_with(raw: list[dict[str, Any]], nbytes: int,
                     seen = recent[name] = []
                 seen.insert(0, (sk, got))
                 del seen[8:]
-        if name is not None:
-            last[name] = (sk, got)
         append(got)
     return list(ids), packed("i", out)
 
