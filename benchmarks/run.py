@@ -277,6 +277,18 @@ def _none_lost(key: str, out: str) -> bool:
         return False
 
 
+def _interleaved(figs: list[Figure], rounds: int, trees: dict[str, Path], scratch: Path,
+                 pys: dict[str, Path]) -> dict[tuple[str, str], list[Run]]:
+    """Each figure on both trees, ``rounds`` times; the tree that goes first alternates."""
+    runs: dict[tuple[str, str], list[Run]] = {(f.name, t): [] for f in figs for t in trees}
+    for r in range(rounds):
+        for f in figs:
+            for t in (("this", "rev") if r % 2 == 0 else ("rev", "this")):
+                runs[f.name, t].append(measure(f.argv, trees[t], f.env, scratch,
+                                               pys[t] if f.clean else None))
+    return runs
+
+
 def _medians(f: Figure, runs: dict[tuple[str, str], list[Run]], trees: dict[str, Path],
              notes: list[str]) -> tuple[dict[str, float], list[str]]:
     """Per tree, the median of ``f``'s metric over its runs; and the trees where a run failed
@@ -332,13 +344,8 @@ def main() -> int:
         for tree in trees.values():  # as an install has them (PYTHONDONTWRITEBYTECODE may be set)
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "mldebug")],
                            check=False, stdout=subprocess.DEVNULL)
-        runs: dict[tuple[str, str], list[Run]] = {(f.name, t): [] for f in figs for t in trees}
         load = os.getloadavg()[0]
-        for r in range(a.rounds):
-            for f in figs:
-                for t in (("this", "rev") if r % 2 == 0 else ("rev", "this")):
-                    runs[f.name, t].append(measure(f.argv, trees[t], f.env, Path(scratch),
-                                                   pys[t] if f.clean else None))
+        runs = _interleaved(figs, a.rounds, trees, Path(scratch), pys)
         load = max(load, os.getloadavg()[0])
         print(f"this = {this}, rev = {rev} ({a.against}); median of {a.rounds} interleaved "
               f"rounds; {os.cpu_count()} CPUs, load average up to {load:.1f}")
@@ -352,12 +359,7 @@ def main() -> int:
             if ratio > WORSE and not f.anchor and not failed:
                 flag = "  WORSE"
                 if a.confirm > 0:  # measured again, alone, before it is flagged
-                    again: dict[tuple[str, str], list[Run]] = {(f.name, t): [] for t in trees}
-                    for r in range(a.confirm):
-                        for t in (("this", "rev") if r % 2 == 0 else ("rev", "this")):
-                            again[f.name, t].append(measure(f.argv, trees[t], f.env,
-                                                            Path(scratch),
-                                                            pys[t] if f.clean else None))
+                    again = _interleaved([f], a.confirm, trees, Path(scratch), pys)
                     vals2, failed2 = _medians(f, again, trees, notes)
                     ratio2 = vals2["this"] / vals2["rev"] if vals2["rev"] else float("nan")
                     if failed2 or ratio2 > WORSE:
