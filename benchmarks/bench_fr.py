@@ -9,7 +9,9 @@ the ratio is a lower bound (">"). ``--distinct`` lines also give the CPU seconds
 system of the process and its loader workers, which it reaps: steadier than wall time on a
 loaded machine), the 1-minute load average when the run ended, and the VM's speed just before
 the run (``vm``: the seconds a fixed pure-Python loop took; this VM's doubles in its slow
-minutes, and the run's seconds with it).
+minutes, and the run's seconds with it). ``--floor`` times, before each round, what no
+Python reader of these files can go below: the same worker processes only reading and
+unpickling them; each side's wall time is then also printed as a ratio to that floor.
 
     .venv/bin/python benchmarks/bench_fr.py                 # 1024x2000 plus smaller sets
     .venv/bin/python benchmarks/bench_fr.py --sets 64x2000 --cap 120
@@ -17,6 +19,7 @@ minutes, and the run's seconds with it).
     .venv/bin/python benchmarks/bench_fr.py --distinct 1024x2000 --no-torchfrtrace
     .venv/bin/python benchmarks/bench_fr.py --scaling 4096,16384 --sets ''
     .venv/bin/python benchmarks/bench_fr.py --sets '' --distinct 1024x2000 --baseline /tmp/old --rounds 2
+    .venv/bin/python benchmarks/bench_fr.py --sets '' --distinct 1024x2000 --floor --rounds 5
 
 ``--distinct``: a pipeline-parallel-like set where every rank records its own timeline
 (sends to the next stage, receives from the previous, an all_reduce every 10th entry), so
@@ -52,6 +55,25 @@ a = analyze(load([sys.argv[1]]))
 print("culprits", a.culprits, "kind", a.mismatches[0].kind if a.mismatches else None,
       "seq", a.mismatches[0].seq if a.mismatches else None, "timelines", a.timelines)
 print("inner_s", time.perf_counter() - t)
+"""
+
+# The floor for any reader of these files in Python: the same processes (one per CPU, forked,
+# the files in the same chunks as the loader's) only read and unpickle each file with the C
+# unpickler, then free it. No restriction, no columns, no hand-off, no analysis.
+FLOOR = """
+import gc, os, pickle, sys, time
+from concurrent.futures import ProcessPoolExecutor
+t = time.perf_counter()
+def one(name):
+    with open(name, "rb") as f:
+        doc = pickle.loads(f.read())
+    return len(doc["entries"])
+files = sorted(os.path.join(sys.argv[1], x) for x in os.listdir(sys.argv[1]))
+gc.disable()
+n = min(8, os.cpu_count() or 1)
+with ProcessPoolExecutor(n) as pool:
+    entries = sum(pool.map(one, files, chunksize=max(1, len(files) // (n * 32))))
+print("floor_entries", entries, "inner_s", time.perf_counter() - t)
 """
 
 
@@ -190,6 +212,11 @@ def main() -> None:
     p.add_argument("--baseline", default="", help="another checkout (e.g. a git worktree of an "
                    "older commit) run on the same --distinct sets, interleaved")
     p.add_argument("--rounds", type=int, default=1, help="--distinct runs per side")
+    p.add_argument("--floor", action="store_true", help="before each --distinct round, time "
+                   "the floor: the same number of forked processes only reading and unpickling "
+                   "the set's files (C unpickler), and print each side's wall time as a ratio "
+                   "to it (steadier than seconds on this VM, whose speed doubles from minute "
+                   "to minute)")
     p.add_argument("--protocol", type=int, default=PROTOCOL, choices=(2, 4, 5),
                    help="pickle protocol of the sets (2: as torch writes them)")
     p.add_argument("--scaling", default="", help="e.g. 4096,16384: analysis time per rank count")
@@ -203,13 +230,21 @@ def main() -> None:
         d = make_distinct(root, ranks, entries, a.protocol)
         sides = [("this", REPO)] + ([("baseline", Path(a.baseline))] if a.baseline else [])
         for rnd in range(a.rounds):
+            if a.floor:
+                speed = vm_speed()
+                floor, _, _, out = run([sys.executable, "-c", FLOOR, str(d)], 3600)
+                print(f"distinct {spec} [floor #{rnd + 1}]: {floor:.2f} s wall, {CPU[0]:.2f} s "
+                      f"CPU (vm {speed:.3f} s): read + pickle.loads + free only, "
+                      f"{out.split()[1] if out.startswith('floor_entries') else out[-200:]} "
+                      "entries", flush=True)
             for label, repo in sides:  # interleaved: the machine's load hits both alike
                 speed = vm_speed()
                 s, rss, _, out = run([sys.executable, "-c", OURS, str(d)], 3600, repo)
                 answer = " ".join(x for x in out.splitlines() if x.startswith("culprits"))
                 load = os.getloadavg()[0]
-                print(f"distinct {spec} [{label} #{rnd + 1}]: {s:.2f} s wall, {CPU[0]:.2f} s CPU "
-                      f"(load {load:.1f}, vm {speed:.3f} s), {rss:.0f} MiB "
+                over = f", {s / floor:.2f}x the floor" if a.floor else ""
+                print(f"distinct {spec} [{label} #{rnd + 1}]: {s:.2f} s wall{over}, {CPU[0]:.2f} "
+                      f"s CPU (load {load:.1f}, vm {speed:.3f} s), {rss:.0f} MiB "
                       f"peak RSS (largest process), {TREE_PEAK[0]:.0f} MiB summed over the "
                       f"process and its workers  {answer}", flush=True)
     sizes = [int(x) for x in a.scaling.split(",") if x]
