@@ -47,7 +47,7 @@ PARALLEL_SAFE = frozenset({
     "test_tiny_quirks", "test_tiny_tokenizer", "test_tiny_shrink", "test_tiny_dataset",
     "test_tiny_layers", "test_tiny_models", "test_tiny_hostile",
     "test_memory_snapshot", "test_memory_usage",
-    "test_env_cli", "test_numerics_sentinel", "test_trace_unit", "test_fr_recorder",
+    "test_env_cli", "test_numerics_sentinel", "test_trace_unit", "test_fr_recorder", "test_fr_bench",
     # torchrun or rank-like processes, each found by pid or its own directory
     # (not test_log: its real jobs time out after 4 s on purpose, which two busy cores blur;
     # its one failure in the parallel part was the interleaved-traceback bug fixed in 05da444)
