@@ -21,6 +21,13 @@ that such an install does not: the editable-install finder and lovely-tensors' `
 (the ``[torch]`` extra). Those rows are named ``*-clean``; their anchors (``python -c pass``,
 the recipe) run beside them.
 
+Anchors are commands that are the same on both trees, timed beside the figures they anchor and
+printed as ``FIGURE / ANCHOR`` per tree: ``python -c pass`` for ``--help``, the serial py-spy
+recipe for the live hang, and for ``fr analyze`` of the distinct set its floor (``fr-floor``:
+the same number of forked processes only reading and unpickling the set's files with the C
+unpickler, as ``benchmarks/bench_fr.py --floor`` does). A ratio to an anchor holds across this
+VM's slow and fast minutes, where seconds do not.
+
 A figure over 1.15 is measured again before it is flagged: ``--confirm N`` more interleaved
 rounds of that figure alone (default 9; 0: flag on the first measurement). It is flagged
 ``WORSE`` only when the median over the new rounds is over 1.15 too; otherwise its line says
@@ -182,7 +189,7 @@ def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack,
                                             "--json"], "cpu",
                            f"mldebug hang analyze DIR --json ({n} saved ranks)"))
     if want("fr-distinct"):
-        from bench_fr import make_distinct
+        from bench_fr import FLOOR, make_distinct
 
         ranks = 1024 if full else 256
         fr = make_distinct(data, ranks, 2000)
@@ -191,6 +198,10 @@ def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack,
                                [py, "-m", "mldebug", "fr", "analyze", str(fr), "--json"], metric,
                                f"mldebug fr analyze DIR --json ({ranks}x2000 distinct)",
                                check=lambda out: '"culprit_ranks"' in out))
+        figs.append(Figure("fr-floor", [py, "-c", FLOOR, str(fr)], "wall",
+                           "the same worker processes only unpickling the set's files (the "
+                           "anchor of fr-distinct-wall; same on both trees)", anchor=True,
+                           check=lambda out: out.startswith("floor_entries")))
     if want("log"):
         from bench_log import write_log
 
@@ -376,7 +387,8 @@ def main() -> int:
             print(note)
         for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live"),
                             ("python-c-pass-clean", "help-clean"),
-                            ("hang-recipe", "hang-live-clean")):
+                            ("hang-recipe", "hang-live-clean"),
+                            ("fr-floor", "fr-distinct-wall")):
             if (anchor, "this") in runs and (fig, "this") in runs:
                 # the anchor is the same command for both trees: its runs are pooled
                 den = statistics.median(x.wall for t in trees for x in runs[anchor, t])
