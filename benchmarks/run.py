@@ -81,7 +81,9 @@ class Figure:
     what: str  # the command, as docs/benchmarks.md shows it
     env: dict[str, str] = field(default_factory=dict)
     check: Callable[[str], bool] | None = None  # the output must say this to count
-    anchor: bool = False  # the same command on both trees (a floor to divide by): not flagged
+    # the figures this one anchors: the same command on both trees (a floor to divide by),
+    # never flagged; printed as FIGURE / this per tree
+    anchors: tuple[str, ...] = ()
     clean: bool = False  # run by each tree's clean (non-editable) install: argv[0] replaced
 
 
@@ -171,13 +173,13 @@ def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack,
                            "python -m mldebug --help"))
         figs.append(Figure("python-c-pass", [py, "-c", "pass"], "wall",
                            "python -c pass (the anchor of --help; same on both trees)",
-                           anchor=True))
+                           anchors=("help",)))
         if clean:
             figs.append(Figure("help-clean", [py, "-m", "mldebug", "--help"], "wall",
                                "python -m mldebug --help (clean install)", clean=True))
             figs.append(Figure("python-c-pass-clean", [py, "-c", "pass"], "wall",
                                "python -c pass (clean venv: the anchor of help-clean)",
-                               anchor=True, clean=True))
+                               anchors=("help-clean",), clean=True))
     if want("hang-analyze"):
         from bench_hang import write_saved
 
@@ -200,7 +202,8 @@ def figures(data: Path, full: bool, only: set[str] | None, stack: ExitStack,
                                check=lambda out: '"culprit_ranks"' in out))
         figs.append(Figure("fr-floor", [py, "-c", FLOOR, str(fr)], "wall",
                            "the same worker processes only unpickling the set's files (the "
-                           "anchor of fr-distinct-wall; same on both trees)", anchor=True,
+                           "anchor of fr-distinct-wall; same on both trees)",
+                           anchors=("fr-distinct-wall",),
                            check=lambda out: out.startswith("floor_entries")))
     if want("log"):
         from bench_log import write_log
@@ -248,7 +251,8 @@ def _hang_live(stack: ExitStack, py: str, clean: bool = False) -> list[Figure]:
         Figure("hang-recipe", ["bash", "-c", f"pgrep -P {job.pid} | xargs -I {{}} py-spy dump "
                                "--pid {}"], "wall",
                "pgrep -P LAUNCHER | xargs -I {} py-spy dump --pid {} (the anchor)", env=path,
-               anchor=True, check=lambda out: out.count("Process ") >= 8),
+               anchors=("hang-live", "hang-live-clean"),
+               check=lambda out: out.count("Process ") >= 8),
     ]
     if clean:  # py-spy from that venv's bin (PATH), mldebug from its site-packages
         figs.append(Figure("hang-live-clean", [py, "-m", "mldebug", "hang", "--pid",
@@ -367,34 +371,35 @@ def main() -> int:
             ratio = vals["this"] / vals["rev"] if vals["rev"] else float("nan")
             bad = f" (FAILED on {' and '.join(failed)}: not a measurement)" if failed else ""
             flag = ""
-            if ratio > WORSE and not f.anchor and not failed:
+            worse = ratio > WORSE and not f.anchors and not failed
+            if worse:
                 flag = "  WORSE"
                 if a.confirm > 0:  # measured again, alone, before it is flagged
                     again = _interleaved([f], a.confirm, trees, Path(scratch), pys)
                     vals2, failed2 = _medians(f, again, trees, notes)
                     ratio2 = vals2["this"] / vals2["rev"] if vals2["rev"] else float("nan")
-                    if failed2 or ratio2 > WORSE:
+                    worse = bool(failed2) or ratio2 > WORSE
+                    if worse:
                         flag = f"  WORSE (again over {a.confirm} rounds: {ratio2:.2f}x)"
                     else:
                         flag = (f"  over 1.15 but not confirmed: {ratio2:.2f}x over "
                                 f"{a.confirm} more rounds ({vals2['this']:.3f} / "
                                 f"{vals2['rev']:.3f})")
-            flagged += "WORSE" in flag
+            flagged += worse
             unit = "MiB" if f.metric == "rss" else "s"
             print(f"{f.name:<20} {f.metric + ' ' + unit:<7} {vals['this']:>9.3f} "
                   f"{vals['rev']:>9.3f} {ratio:>8.2f}x  {f.what}{bad}{flag}", flush=True)
         for note in notes:
             print(note)
-        for anchor, fig in (("python-c-pass", "help"), ("hang-recipe", "hang-live"),
-                            ("python-c-pass-clean", "help-clean"),
-                            ("hang-recipe", "hang-live-clean"),
-                            ("fr-floor", "fr-distinct-wall")):
-            if (anchor, "this") in runs and (fig, "this") in runs:
+        for anc in figs:
+            for fig in anc.anchors:
+                if (fig, "this") not in runs:  # not measured this run (--only, no clean)
+                    continue
                 # the anchor is the same command for both trees: its runs are pooled
-                den = statistics.median(x.wall for t in trees for x in runs[anchor, t])
+                den = statistics.median(x.wall for t in trees for x in runs[anc.name, t])
                 for t in trees:
                     num = statistics.median(x.wall for x in runs[fig, t])
-                    print(f"{fig} / {anchor} on {t}: {num / den:.2f}x")
+                    print(f"{fig} / {anc.name} on {t}: {num / den:.2f}x")
     if flagged:
         print(f"{flagged} figure(s) more than {round((WORSE - 1) * 100)}% worse than {rev}")
     return 3 if flagged else 0
