@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -503,3 +504,50 @@ def test_a_second_ctrl_c_right_after_the_first_is_not_raised_in_pdbs_handler():
     ch._interrupt(_Frames())  # later: the command is still running
     t.join(10)
     assert box["caught"] == 2
+
+
+CLIENT = r"""
+import sys
+from mldebug.debugger import client
+sys.exit(client.run(int(sys.argv[1]), "tok"))
+"""
+
+
+def test_ctrl_c_while_output_streams_is_sent_never_fatal():
+    """A Ctrl-C lands wherever the client is - writing a command's output, sending a frame -
+    not only while it waits for the next frame: each press reaches the rank as one interrupt
+    frame and the session goes on (CI once saw `mldebug: interrupted` end the connection)."""
+    import signal
+    import threading
+
+    from mldebug.debugger import wire
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(60)
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(srv.getsockname()[1])],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    stop = threading.Event()
+    try:
+        conn, _ = srv.accept()
+        conn.settimeout(60)
+        assert wire.recv(conn) == ("A", "tok")
+        sender = wire.Sender(conn)
+
+        def flood() -> None:  # a command that prints without pause
+            while not stop.is_set() and sender.send("O", "x" * 300 + "\n"):
+                pass
+        thread = threading.Thread(target=flood, daemon=True)
+        thread.start()
+        for press in range(40):
+            os.kill(proc.pid, signal.SIGINT)
+            assert wire.recv(conn) == ("I", ""), f"press {press}: {proc.poll()=}"
+        stop.set()
+        thread.join(30)
+        sender.send("E", "the rank continued")
+        assert proc.wait(timeout=30) == 0, proc.stderr.read().decode() if proc.stderr else ""
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+        srv.close()

@@ -16,7 +16,6 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from mldebug.debugger import registry, wire
@@ -82,21 +81,20 @@ def run(port: int, token: str, *, reconnect_hint: str = "") -> int:
               file=sys.stderr)
         return 1
     sock.settimeout(None)
+    ctrl_c = _CtrlC()  # before the first frame: from here on, Ctrl-C is for the rank
     sender = wire.Sender(sock)
     sender.send("A", token)
     term = Terminal(sender, sock)
     out = sys.stdout
     partial = ""
-    restore = _ctrl_c_on()
     try:
         while True:
-            try:
-                frame = wire.recv(sock)
-            except KeyboardInterrupt:
+            if not ctrl_c.wait(sock):
                 sender.send("I")
                 out.write("^C\n")
                 out.flush()
                 continue
+            frame = wire.recv(sock)
             if frame is None:
                 out.write(partial + "\nmldebug pdb: the session closed the connection\n")
                 return 1
@@ -106,7 +104,7 @@ def run(port: int, token: str, *, reconnect_hint: str = "") -> int:
                 partial = ""
                 out.flush()
             elif kind == "P":
-                line = _read_line(partial + text)
+                line = _read_line(partial + text, ctrl_c)
                 partial = ""
                 if line is None:
                     sender.send("D")
@@ -122,34 +120,96 @@ def run(port: int, token: str, *, reconnect_hint: str = "") -> int:
                 print(f"mldebug pdb: the session {text}", file=sys.stderr)
                 return 1
     finally:
-        restore()
+        ctrl_c.close()
         term.save()
         sock.close()
 
 
-def _ctrl_c_on() -> Callable[[], None]:
-    """Ctrl-C is how a remote command is stopped: on a terminal, a SIGINT this process
-    inherited as ignored (started from a background job or a batch script) raises
-    KeyboardInterrupt while the session lasts. Returns what puts the old disposition back."""
-    import signal
+class _CtrlC:
+    """Ctrl-C is how a remote command is stopped. While a command runs, a SIGINT is counted by
+    a handler that never raises, so it cannot land between two statements of this loop (an
+    output write, a send) and end the session: it wakes the wait for the next frame through
+    a wakeup socket and is sent to the rank as one interrupt frame. At the prompt the handler
+    raises KeyboardInterrupt, as usual (it clears the line), and a press counted after the
+    command ended is dropped: the command it was meant for is over. A SIGINT this process
+    inherited as ignored (a background job, a batch script) counts too when there is a
+    terminal: a person pressed it. Off the main thread, or ignored with no terminal, SIGINT
+    keeps the disposition it had."""
 
-    if not sys.stdin.isatty() or threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    old = signal.getsignal(signal.SIGINT)
-    if old is not signal.SIG_IGN:
-        return lambda: None
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    def __init__(self) -> None:
+        import signal
 
-    def restore() -> None:
-        signal.signal(signal.SIGINT, old)
-    return restore
+        self.pending = 0
+        self.at_prompt = False  # set only inside _read_line's try: there it raises
+        self._signal = signal
+        self._old: Any = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._old_fd = -1
+        if threading.current_thread() is not threading.main_thread():
+            return
+        old = signal.getsignal(signal.SIGINT)
+        if old is signal.SIG_IGN and not sys.stdin.isatty():
+            return
+        r, w = socket.socketpair()
+        r.setblocking(False)
+        w.setblocking(False)
+        self._wake = (r, w)
+        self._old = old
+        self._old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGINT, self._count)
+
+    def _count(self, signum: int, frame: Any) -> None:
+        if self.at_prompt:
+            raise KeyboardInterrupt
+        self.pending += 1
+
+    def _drain(self) -> None:
+        if self._wake is not None:
+            try:
+                while self._wake[0].recv(4096):
+                    pass
+            except OSError:
+                pass
+
+    def wait(self, sock: socket.socket) -> bool:
+        """True when a frame can be read; False for a Ctrl-C to send (counted once)."""
+        import select
+
+        if self._wake is None:
+            return True  # no handler of ours: SIGINT does what it did before
+        poll = select.poll()  # not select(): a descriptor past 1024 is fine
+        poll.register(sock, select.POLLIN)
+        poll.register(self._wake[0], select.POLLIN)
+        while True:
+            if self.pending:
+                self.pending -= 1
+                return False
+            ready = {fd for fd, _ in poll.poll()}
+            if self._wake[0].fileno() in ready:
+                self._drain()
+            if sock.fileno() in ready and not self.pending:
+                return True
+
+    def close(self) -> None:
+        if self._wake is None:
+            return
+        self._signal.signal(self._signal.SIGINT, self._old)
+        self._signal.set_wakeup_fd(self._old_fd)
+        for s in self._wake:
+            s.close()
+        self._wake = None
 
 
-def _read_line(prompt: str) -> str | None:
+def _read_line(prompt: str, ctrl_c: _CtrlC) -> str | None:
     """One input line; None on Ctrl-D. Ctrl-C at the prompt starts a fresh line, as in pdb."""
+    ctrl_c.pending = 0
     while True:
         try:
-            return input(prompt)
+            ctrl_c.at_prompt = True  # inside the try: a press raises only where it is caught
+            try:
+                return input(prompt)
+            finally:
+                ctrl_c.at_prompt = False
         except KeyboardInterrupt:
             sys.stdout.write("\n--KeyboardInterrupt--\n")
         except EOFError:
