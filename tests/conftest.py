@@ -53,6 +53,14 @@ PARALLEL_SAFE = frozenset({
     # its one failure in the parallel part was the interleaved-traceback bug fixed in 05da444)
     "test_hang_gpu", "test_dist_test", "test_debugger_remote", "test_capture_unit",
     "test_cli", "test_dist", "test_hang_early", "test_printing", "test_nccl_log",
+    # jobs that mostly wait (collective timeouts, DDP steps) and reach their ranks only through
+    # their own dump or session directory or by pid; benchmarks that assert no timing
+    # (not test_numerics_sentinel_ddp: beside the parallel part its 4-rank job ended with
+    # "terminate called without an active exception" in rank 0 after every case had passed,
+    # 3 times in about 20 loaded runs - torch's gloo teardown at exit, never seen alone)
+    "test_fr_jobs", "test_fr_targeting", "test_numerics_ddp",
+    "test_trace_jobs", "test_pdb", "test_debugger_ide", "test_debugger_list", "test_views",
+    "test_install", "test_numerics_bench", "test_memory_bench", "test_bench_guard",
 })
 
 

@@ -517,6 +517,7 @@ def test_ctrl_c_while_output_streams_is_sent_never_fatal():
     """A Ctrl-C lands wherever the client is - writing a command's output, sending a frame -
     not only while it waits for the next frame: each press reaches the rank as one interrupt
     frame and the session goes on (CI once saw `mldebug: interrupted` end the connection)."""
+    import select
     import signal
     import threading
 
@@ -524,24 +525,45 @@ def test_ctrl_c_while_output_streams_is_sent_never_fatal():
 
     srv = socket.create_server(("127.0.0.1", 0))
     srv.settimeout(60)
+    # SIGINT at its default in the client: a runner started in the background (`pytest &` in a
+    # script) passes it down ignored, and a client with no terminal leaves an ignored SIGINT be
     proc = subprocess.Popen([sys.executable, "-c", CLIENT, str(srv.getsockname()[1])],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     stop = threading.Event()
     try:
         conn, _ = srv.accept()
-        conn.settimeout(60)
-        assert wire.recv(conn) == ("A", "tok")
+        conn.settimeout(None)  # the flood's sends never time out; the presses wait by select
+        assert select.select([conn], [], [], 60)[0] and wire.recv(conn) == ("A", "tok")
         sender = wire.Sender(conn)
+        ended: list[str] = []
 
-        def flood() -> None:  # a command that prints without pause
-            while not stop.is_set() and sender.send("O", "x" * 300 + "\n"):
-                pass
+        def flood() -> None:  # a command that prints all the time, in bursts
+            try:
+                while not stop.is_set():
+                    for _ in range(50):
+                        if not sender.send("O", "x" * 300 + "\n"):
+                            ended.append("the connection failed")
+                            return
+                    time.sleep(0.001)
+                ended.append("stopped")
+            except BaseException as e:
+                ended.append(repr(e))
+                raise
         thread = threading.Thread(target=flood, daemon=True)
         thread.start()
-        for press in range(40):
+        for press in range(25):  # the client before this fix ended at the first or second
             os.kill(proc.pid, signal.SIGINT)
-            assert wire.recv(conn) == ("I", ""), f"press {press}: {proc.poll()=}"
+            if not select.select([conn], [], [], 60)[0]:
+                spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+                where = subprocess.run([spy, "dump", "--pid", str(proc.pid)],
+                                       capture_output=True, text=True, timeout=60)
+                pytest.fail(f"press {press}: no interrupt frame in 60 s; the flood: "
+                            f"{ended or 'running'}; the client ({proc.poll()=}):\n"
+                            f"{where.stdout}{where.stderr}")
+            frame = wire.recv(conn)
+            assert frame == ("I", ""), f"press {press}: {frame=} {proc.poll()=}"
         stop.set()
         thread.join(30)
         sender.send("E", "the rank continued")
