@@ -450,3 +450,35 @@ def test_a_signal_someone_else_handles_is_refused(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "SIGUSR1 already has a handler" in r.stdout and 'signum="SIGUSR2"' in r.stdout
     assert "ok True" in r.stdout
+
+
+def test_registrations_take_turns_and_a_stopped_holder_never_holds_up_the_job(tmp_path):
+    """The registry's ranks prune and register one at a time (a prune could otherwise unlink
+    a rank's live entry just renamed over a stale one of the same name); a holder stopped
+    mid-registration delays the next rank by the bound, never more."""
+    import fcntl
+    import time
+
+    from mldebug.capture.handler import _registry_lock
+
+    reg = tmp_path / "reg"
+    reg.mkdir(mode=0o700)
+    with _registry_lock(reg):
+        fd = os.open(reg / ".lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # held: another registration waits
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    held = os.open(reg / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a rank stopped while it registers
+        t0 = time.monotonic()
+        with _registry_lock(reg, wait=0.3):
+            waited = time.monotonic() - t0
+        assert 0.3 <= waited < 30, waited
+    finally:
+        os.close(held)
+    with _registry_lock(reg, wait=30):  # released: taken at once
+        pass
+    assert (reg / ".lock").stat().st_mode & 0o777 == 0o600

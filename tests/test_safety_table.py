@@ -607,11 +607,16 @@ def _need_registrations(job: dict, cmd: str) -> None:
     from mldebug.privdir import registry_dir
 
     reg = registry_dir(pwd.getpwuid(os.geteuid()).pw_dir)
-    names = [p.name for p in reg.iterdir()] if reg.is_dir() else []
-    gone = [r for r, own in job["own"].items() if not any(f"-{own}-ns" in n for n in names)]
+    names = {p.name for p in reg.iterdir()} if reg.is_dir() else set()
+    # this job's own entries: killed namespaced jobs leave entries named alike (every fresh
+    # namespace numbers its ranks 5, 6, ...), so the namespace's inode is part of the name
+    inode = "".join(c for c in os.readlink(f"/proc/{job['ranks'][0]}/ns/pid") if c.isdecimal())
+    gone = [r for r, own in job["own"].items()
+            if not any(n.endswith(f"-{own}-ns{inode}.json") for n in names)]
     if gone:
         pytest.skip(f"the registry entries of ranks {gone} were removed by another process "
-                    "(an mldebug without the pid-namespace check in its prune)")
+                    f"(an mldebug without the pid-namespace check in its prune):\n"
+                    f"{_registry_state(job)}")
 
 
 def _run(argv: list[str], timeout: float = 120) -> tuple[int, dict, str]:
@@ -622,9 +627,24 @@ def _run(argv: list[str], timeout: float = 120) -> tuple[int, dict, str]:
     return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
 
 
+def _registry_state(job: dict) -> str:
+    """For a failure: the dump-handler registry's entries of this job's ranks, and its log."""
+    import pwd
+
+    from mldebug.privdir import registry_dir
+
+    reg = registry_dir(pwd.getpwuid(os.geteuid()).pw_dir)
+    lines = []
+    for rank, own in sorted(job["own"].items()):
+        for p in sorted(reg.glob(f"*-{own}-ns*.json")) if reg.is_dir() else []:
+            lines.append(f"rank {rank}: {p.name} {p.read_text(errors='replace')[:300]}")
+    return "\n".join(lines) + "\n" + job["log"].read_text(errors="replace")[-1500:]
+
+
 def _hang_check(doc: dict, job: dict, cmd: str) -> None:
     procs = {p["pid"]: p for p in doc["processes"]}
-    assert sorted(procs) == sorted(job["ranks"].values()), (cmd, sorted(procs), doc["errors"])
+    assert sorted(procs) == sorted(job["ranks"].values()), (cmd, sorted(procs), doc["errors"],
+                                                            _registry_state(job))
     for rank, pid in job["ranks"].items():  # host pids, and the pid the rank knows itself by
         assert procs[pid]["rank"] == rank and procs[pid]["ns_pid"] == job["own"][rank], cmd
     assert len({p["job"] for p in procs.values()}) == 1, cmd  # one job, not four

@@ -19,6 +19,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +113,10 @@ class DumpHandler:
                  "python_path": [p for p in sys.path if p]}
         try:
             reg = own_registry_dir()
-            _prune(reg, self.host)
             path = reg / f"{self.host}-{self.pid}{ns_tag()}.json"
-            write_atomic(path, json.dumps(entry).encode())
+            with _registry_lock(reg):
+                _prune(reg, self.host)
+                write_atomic(path, json.dumps(entry).encode())
             return path
         except Exception as e:  # noqa: BLE001 - dumps still work; only discovery suffers
             _log(f"could not register for 'mldebug hang --signal' ({e})")
@@ -266,6 +269,36 @@ def debug_server_port() -> int | None:
         return int(server.port) if server is not None else None
     except Exception:  # noqa: BLE001 - a changed private API: just not said
         return None
+
+
+@contextmanager
+def _registry_lock(reg: Path, wait: float = 2.0) -> Iterator[None]:
+    """The registry's ranks register one at a time. Without it, rank A's prune could read a
+    stale entry under rank B's file name (the same pid in a recycled pid namespace: every
+    fresh namespace numbers its ranks alike), and unlink it just after B renamed its live
+    entry there; B, frozen, would never register again. Bounded: after ``wait`` s (a holder
+    stopped mid-registration) it goes on unlocked - registering must never hold up the job."""
+    import fcntl
+
+    try:
+        fd = os.open(reg / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _prune(reg: Path, host: str) -> None:
