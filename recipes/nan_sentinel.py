@@ -176,4 +176,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # After destroy_process_group, torch 2.13's teardown at interpreter exit sometimes aborts
+    # a rank with "terminate called without an active exception" (SIGABRT), after every case
+    # has ended and been printed: CI saw it once serial, 3 times in ~20 loaded runs. Nothing
+    # of this job is left to do then, so leave without finalisation once output is flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
