@@ -280,9 +280,10 @@ def _registry_lock(reg: Path, wait: float = 2.0) -> Iterator[None]:
     stopped mid-registration) it goes on unlocked - registering must never hold up the job."""
     import fcntl
 
+    from mldebug.printing import open_lock_file
+
     try:
-        fd = os.open(reg / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = open_lock_file(str(reg / ".lock"))  # ours, a regular file, no link followed
     except OSError:
         yield
         return
