@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import signal
 import socket
 import sys
 import threading
@@ -137,11 +139,8 @@ class _CtrlC:
     keeps the disposition it had."""
 
     def __init__(self) -> None:
-        import signal
-
         self.pending = 0
         self.at_prompt = False  # set only inside _read_line's try: there it raises
-        self._signal = signal
         self._old: Any = None
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._old_fd = -1
@@ -173,8 +172,6 @@ class _CtrlC:
 
     def wait(self, sock: socket.socket) -> bool:
         """True when a frame can be read; False for a Ctrl-C to send (counted once)."""
-        import select
-
         if self._wake is None:
             return True  # no handler of ours: SIGINT does what it did before
         poll = select.poll()  # not select(): a descriptor past 1024 is fine
@@ -193,8 +190,8 @@ class _CtrlC:
     def close(self) -> None:
         if self._wake is None:
             return
-        self._signal.signal(self._signal.SIGINT, self._old)
-        self._signal.set_wakeup_fd(self._old_fd)
+        signal.signal(signal.SIGINT, self._old)
+        signal.set_wakeup_fd(self._old_fd)
         for s in self._wake:
             s.close()
         self._wake = None
