@@ -1,0 +1,495 @@
+"""Run the fault matrix: for each case start a real torchrun job (gloo on CPU) that injects
+one fault on ranks drawn from the seed, run every route that can see it and the tool a user
+would use instead, and score what each said.
+
+    python benchmarks/faults/run.py                     # every class, 2, 4 and 8 ranks
+    python benchmarks/faults/run.py --quick             # one case per class, 4 ranks
+    python benchmarks/faults/run.py --classes sigstop,flock --ranks 4 --seeds 3
+    python benchmarks/faults/run.py --json results.json --markdown
+
+Live routes run while the job hangs (before its collective timeout); dead-job routes read
+what it left when it ended (its output, its flight-recorder dumps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+JOB = HERE / "job.py"
+sys.path.insert(0, str(HERE))
+
+from catalogue import BY_NAME, FAULTS, Fault, job_fault  # noqa: E402
+from score import Outcome  # noqa: E402
+
+PY = sys.executable
+
+# route class -> matrix class (catalogue's vocabulary)
+HANG_CLASSES = {"desync": "desync", "blocked": "blocked", "spinning": "spinning",
+                "outside-collective": "outside", "dead-rank": "dead", "slow": "healthy",
+                "collective-idle": "network", "same-collective": "network",
+                "device-wedge": "network", "stopped": "stopped", "launch": "launch",
+                "debugger": "debugger", "same-place": "same-place", "none": "none"}
+LOG_CLASSES = {
+    "log-first-failure-exception": "exception", "log-first-failure-cuda-oom": "exception",
+    "log-first-failure-cuda-error": "exception", "log-first-failure-nccl-error": "exception",
+    "log-first-failure-overflow": "exception", "log-first-failure-dataloader-killed": "dead",
+    "log-killed": "dead", "log-crash": "dead", "log-exit-no-traceback": "dead",
+    "log-watchdog-stall": "outside", "log-monitored-barrier": "outside",
+    "log-silent-rank": "outside", "log-phase-tiebreak": "outside",
+    "log-size-mismatch": "desync", "log-rank-behind": "desync",
+    "log-collective-mismatch": "desync", "log-fingerprint-mismatch": "desync",
+    "log-launcher-failed": "launch", "log-launcher-root": "launch", "log-launch": "launch",
+    "log-all-waiting": "network", "log-stopped": "stopped", "log-terminated": "healthy",
+}
+
+
+@dataclass
+class Options:
+    timeout: float = 12.0  # the jobs' collective timeout
+    settle: float = 2.0  # after the injection, for the victims to reach their wait
+    watch: float = 2.0
+    duration: float = 14.0  # healthy jobs train this long
+    peers: bool = True
+    routes: tuple[str, ...] = ("hang", "watch", "log", "fr")
+    keep: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class Case:
+    fault: Fault
+    ranks: int
+    seed: int
+    injectors: list[int]
+    truth: list[int]
+
+    @property
+    def name(self) -> str:
+        return f"{self.fault.name}-r{self.ranks}-s{self.seed}"
+
+
+def draw(f: Fault, ranks: int, seed: int) -> Case:
+    """The culprit ranks of one case, drawn from the seed (never a fixed rank)."""
+    rng = random.Random(f"{f.name}/{ranks}/{seed}")
+    pool = list(range(ranks))
+    if f.name == "p2p_wrong_peer":
+        pool = list(range(ranks - 2))  # a sender with a stage two ahead of it
+    if f.name == "rank_never_started":
+        pool = list(range(1, ranks))  # rank 0 hosts the store of an srun-style launch
+    injectors = sorted(rng.sample(pool, f.culprits)) if f.culprits else []
+    truth = [] if f.culprit_is == "none" else injectors
+    return Case(f, ranks, seed, injectors, truth)
+
+
+@dataclass
+class Running:
+    case: Case
+    side: Path
+    procs: list[subprocess.Popen[bytes]]
+    started: float
+    log: Path
+    notes: list[str] = field(default_factory=list)
+
+    def files(self, prefix: str) -> dict[int, str]:
+        out = {}
+        for p in self.side.glob(f"{prefix}-rank*"):
+            try:
+                out[int(p.name.rsplit("rank", 1)[1])] = p.read_text().strip()
+            except (ValueError, OSError):
+                pass
+        return out
+
+    def alive(self) -> bool:
+        return any(p.poll() is None for p in self.procs)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("MLDEBUG_FR_DIR", None)
+    return env
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(case: Case, base: Path, opts: Options) -> Running:
+    f = case.fault
+    side = base / case.name
+    side.mkdir(mode=0o700)
+    args = [str(JOB), "--fault", job_fault(f), "--culprits", ",".join(map(str, case.injectors)),
+            "--side", str(side), "--mode", f.mode, "--timeout", str(opts.timeout)]
+    if f.outcome == "ends" or f.name == "scheduler_sigterm":
+        args += ["--duration", str(opts.duration if f.outcome == "ends" else 600)]
+    log = side / "out.log"
+    out = open(log, "ab")  # noqa: SIM115 - the children's, closed when they end
+    env = _env()
+    procs = []
+    common: dict[str, Any] = dict(stdout=out, stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True, stdin=subprocess.DEVNULL, cwd=side)
+    if f.launcher == "independent":
+        port = _free_port()
+        for r in range(case.ranks):
+            if r in case.injectors:
+                continue  # this rank's process never starts
+            e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(case.ranks),
+                     LOCAL_WORLD_SIZE=str(case.ranks), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([PY, *args], **{**common, "env": e}))
+    elif f.launcher == "rdzv":
+        cmd = [PY, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--nproc_per_node", str(max(1, case.ranks // 2)), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", case.name,
+               "--rdzv-conf", f"join_timeout={int(opts.timeout)}", *args]
+        procs.append(subprocess.Popen(cmd, **common))
+    else:
+        cmd = [PY, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={case.ranks}", *args]
+        procs.append(subprocess.Popen(cmd, **common))
+    out.close()
+    return Running(case, side, procs, time.monotonic(), log)
+
+
+def _wait(cond: Callable[[], bool], timeout: float, run: Running) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        if not run.alive():
+            return cond()
+        time.sleep(0.1)
+    return False
+
+
+def wait_for_fault(run: Running, opts: Options) -> float | None:
+    """Wait until the fault is in place; the monotonic time it was, or None (never was)."""
+    c, f = run.case, run.case.fault
+    n = c.ranks - (len(c.injectors) if f.launcher == "independent" else 0)
+    if f.outcome == "ends" or f.name == "scheduler_sigterm":
+        ok = _wait(lambda: len(run.files("ready")) >= c.ranks, 90, run)
+        time.sleep(1.0)
+        return time.monotonic() if ok else None
+    if f.family == "launch" or f.launcher == "independent":
+        ok = _wait(lambda: len(run.files("started")) >= n, 90, run)
+        if ok and c.injectors and f.launcher != "independent":
+            ok = _wait(lambda: set(c.injectors) <= set(run.files("injected")), 30, run)
+        t = time.monotonic()
+        time.sleep(opts.settle + 1.0)  # the ranks reach their wait in init
+        return t if ok else None
+    ok = _wait(lambda: set(c.injectors) <= set(run.files("injected")), 90, run)
+    t = time.monotonic()
+    time.sleep(opts.settle)
+    return t if ok else None
+
+
+def cli(*args: str, timeout: float = 120) -> tuple[dict[str, Any] | None, float, str]:
+    """Run the real mldebug CLI; its JSON, wall seconds and an error text."""
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([PY, "-m", "mldebug", *args], capture_output=True, text=True,
+                           env=_env(), timeout=timeout, stdin=subprocess.DEVNULL, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return None, time.monotonic() - t0, f"timed out after {timeout:.0f} s"
+    dt = time.monotonic() - t0
+    try:
+        return json.loads(r.stdout), dt, ""
+    except json.JSONDecodeError:
+        return None, dt, f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}"
+
+
+def hang_target(run: Running) -> list[str]:
+    if run.case.fault.launcher == "independent":
+        return ["--pattern", re.escape(str(run.side))]
+    return ["--pid", str(run.procs[0].pid)]
+
+
+def read_hang(doc: dict[str, Any]) -> tuple[list[int], str, str]:
+    jobs = doc.get("jobs") or []
+    ranks = sorted({s["rank"] for j in jobs for s in j.get("suspects", [])
+                    if s.get("rank") is not None})
+    v = doc.get("verdict") or {}
+    kind = v.get("kind")
+    cls = "healthy" if kind == "progress" else HANG_CLASSES.get(v.get("class", ""),
+                                                                v.get("class", "?"))
+    if kind == "no-processes":
+        cls = "none"
+    return ranks, cls, v.get("summary", "")
+
+
+def route_hang(run: Running, watch: float | None) -> tuple[list[int] | None, str | None, float,
+                                                           str, str]:
+    args = ["hang", *hang_target(run), "--json"]
+    if watch:
+        args += ["--watch", str(watch)]
+    doc, dt, err = cli(*args)
+    if doc is None:
+        return None, None, dt, "", err
+    ranks, cls, summary = read_hang(doc)
+    return ranks, cls, dt, summary, ""
+
+
+def route_log(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    doc, dt, err = cli("log", str(run.log), "--json")
+    if doc is None:
+        return None, None, dt, "", err
+    v = doc.get("verdict")
+    cls = "healthy" if not v else LOG_CLASSES.get(v.get("code", ""), v.get("code", "?"))
+    return list(doc.get("culprits") or []), cls, dt, (v or {}).get("title", ""), ""
+
+
+def fr_dumps(run: Running) -> list[Path]:
+    d = run.side / "fr"
+    return sorted(p for p in d.glob("fr_rank*") if p.is_file()) if d.is_dir() else []
+
+
+def route_fr(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    dumps = fr_dumps(run)
+    if not dumps:
+        return None, None, 0.0, "", "no dump written"
+    doc, dt, err = cli("fr", "analyze", *map(str, dumps), "--json")
+    if doc is None:
+        return None, None, dt, "", err
+    ranks = list(doc.get("culprit_ranks") or [])
+    kinds = {m.get("kind") for m in doc.get("mismatches", [])}
+    if doc.get("never_enqueued") and kinds <= {"missing"}:
+        cls = "outside"
+    elif kinds:
+        cls = "desync"
+    elif doc.get("lagging"):
+        cls = "outside"
+    else:
+        cls = "healthy"
+    title = next((f.get("title", "") for f in doc.get("findings", [])), "")
+    return ranks, cls, dt, title, ""
+
+
+# --- the peers: what a user would use instead ----------------------------------------------
+
+def peer_pyspy(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    """Every rank's `py-spy dump`, folded by identical main-thread stacks; the ranks outside
+    the biggest group are the odd ones out (a tie names nobody)."""
+    pids = {r: int(p) for r, p in run.files("started").items()}
+    pyspy = str(Path(PY).with_name("py-spy"))
+    if not Path(pyspy).exists():
+        pyspy = "py-spy"
+    t0 = time.monotonic()
+    stacks: dict[int, str] = {}
+    lock = threading.Lock()
+
+    def one(rank: int, pid: int) -> None:
+        try:
+            r = subprocess.run([pyspy, "dump", "--pid", str(pid), "--json"],
+                               capture_output=True, text=True, timeout=30)
+            threads = json.loads(r.stdout) if r.returncode == 0 else []
+        except (subprocess.TimeoutExpired, json.JSONDecodeError):
+            threads = []
+        main = next((t for t in threads if t.get("thread_name") == "MainThread"),
+                    threads[0] if threads else None)
+        key = "(no stack)" if main is None else "\n".join(
+            f"{fr['name']} {fr['filename']}:{fr['line']}" for fr in main.get("frames", []))
+        with lock:
+            stacks[rank] = key
+
+    ts = [threading.Thread(target=one, args=(r, p)) for r, p in pids.items()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    dt = time.monotonic() - t0
+    if not stacks:
+        return None, None, dt, "", "no rank to dump"
+    groups: dict[str, list[int]] = {}
+    for r, k in stacks.items():
+        groups.setdefault(k, []).append(r)
+    sizes = sorted((len(v) for v in groups.values()), reverse=True)
+    if len(groups) == 1 or (len(sizes) > 1 and sizes[0] == sizes[1]):
+        return [], "same-place" if len(groups) == 1 else "ambiguous", dt, \
+            f"{len(groups)} distinct stack(s)", ""
+    biggest = max(groups.values(), key=len)
+    odd = sorted(r for r in stacks if r not in biggest)
+    return odd, "desync", dt, f"{len(groups)} distinct stacks", ""
+
+
+ROOT_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)"
+                     r".*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def peer_rootcause(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    """torchrun's "Root Cause (first observed failure)": the rank it names, if any."""
+    t0 = time.monotonic()
+    text = run.log.read_text(errors="replace")
+    m = ROOT_RE.search(text)
+    dt = time.monotonic() - t0
+    if not m:
+        return [], "healthy", dt, "no Root Cause section", ""
+    code = int(m.group(2))
+    cls = "dead" if code < 0 else "exception"
+    return [int(m.group(1))], cls, dt, f"rank {m.group(1)} exitcode {code}", ""
+
+
+def peer_torchfr(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    """torch's own flight-recorder analyser on the same dumps: the ranks it reports."""
+    dumps = fr_dumps(run)
+    if not dumps:
+        return None, None, 0.0, "", "no dump written"
+    tfr = Path(PY).with_name("torchfrtrace")
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([str(tfr), str(run.side / "fr"), "-p", "fr_rank"],
+                           capture_output=True, text=True, timeout=120, env=_env())
+    except subprocess.TimeoutExpired:
+        return None, None, time.monotonic() - t0, "", "timed out"
+    dt = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    ranks: set[int] = set()
+    for m in re.finditer(r"(?:[Mm]issing|culprit|not present)[^\n{]*\{([\d, ]+)\}", out):
+        ranks |= {int(x) for x in m.group(1).replace(" ", "").split(",") if x}
+    if r.returncode != 0 and not ranks:
+        return None, None, dt, "", out.strip().splitlines()[-1][:200] if out.strip() else ""
+    cls = "desync" if ranks or "mismatch" in out.lower() else "healthy"
+    return sorted(ranks), cls, dt, out.strip().splitlines()[0][:200] if out.strip() else "", ""
+
+
+LIVE_PEER = ("pyspy", peer_pyspy)
+PEERS = {"hang": "pyspy", "log": "rootcause", "fr": "torchfr"}
+
+
+def kill_tree(procs: list[subprocess.Popen[bytes]]) -> None:
+    import psutil
+
+    victims: list[psutil.Process] = []
+    for p in procs:
+        try:
+            victims += [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for v in victims:
+        try:
+            v.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=30)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run_case(case: Case, base: Path, opts: Options) -> list[Outcome]:
+    f = case.fault
+    out: list[Outcome] = []
+
+    def record(route: str, res: tuple[list[int] | None, str | None, float, str, str],
+               peer: bool = False) -> None:
+        culprits, cls, dt, summary, err = res
+        out.append(Outcome(f.name, route, case.truth, list(f.classes), culprits, cls,
+                           round(dt, 2), summary[:300], err[:300], case.ranks, case.seed, peer))
+
+    run = start(case, base, opts)
+    try:
+        t_fault = wait_for_fault(run, opts) if f.outcome != "dies" or \
+            f.name == "scheduler_sigterm" else None
+        live = f.outcome != "dies" and t_fault is not None
+        if live:
+            if "hang" in f.routes and "hang" in opts.routes:
+                record("hang", route_hang(run, None))
+            if "watch" in f.routes and "watch" in opts.routes:
+                record("watch", route_hang(run, opts.watch))
+            if opts.peers and "hang" in f.routes and "hang" in opts.routes:
+                record("pyspy", peer_pyspy(run), peer=True)
+            if time.monotonic() - t_fault > opts.timeout and f.outcome == "hang":
+                run.notes.append("live routes ran past the collective timeout")
+        elif f.outcome != "dies":
+            for r in ("hang", "watch"):
+                if r in f.routes and r in opts.routes:
+                    record(r, (None, None, 0.0, "", "the fault never took effect"))
+        if f.name == "scheduler_sigterm":
+            run.procs[0].send_signal(signal.SIGTERM)  # what a scheduler's time limit sends
+        limit = (opts.duration + 60 if f.outcome == "ends" else opts.timeout + 45)
+        _wait(lambda: not run.alive(), limit, run)
+    finally:
+        kill_tree(run.procs)
+    if "log" in f.routes and "log" in opts.routes:
+        record("log", route_log(run))
+        if opts.peers:
+            record("rootcause", peer_rootcause(run), peer=True)
+    if "fr" in f.routes and "fr" in opts.routes:
+        record("fr", route_fr(run))
+        if opts.peers:
+            record("torchfr", peer_torchfr(run), peer=True)
+    for o in out:
+        if run.notes:
+            o.error = "; ".join([o.error, *run.notes]).strip("; ")
+    if not opts.keep:
+        import shutil
+
+        shutil.rmtree(run.side, ignore_errors=True)
+    return out
+
+
+def cases(names: list[str] | None, ranks: list[int], seeds: int, first_seed: int = 0) -> list[Case]:
+    faults = [BY_NAME[n] for n in names] if names else list(FAULTS)
+    found = []
+    for f in faults:
+        for n in ranks:
+            if n < f.min_ranks:
+                continue
+            for s in range(first_seed, first_seed + seeds):
+                found.append(draw(f, n, s))
+    return found
+
+
+def run_all(todo: list[Case], opts: Options, jobs: int = 1,
+            progress: Callable[[str], None] | None = None) -> list[Outcome]:
+    base = Path(tempfile.mkdtemp(prefix="mldebug-faults-"))
+    os.chmod(base, 0o700)
+    results: list[Outcome] = []
+    lock = threading.Lock()
+    done = [0]
+
+    def one(c: Case) -> list[Outcome]:
+        got = run_case(c, base, opts)
+        with lock:
+            done[0] += 1
+            if progress:
+                said = ", ".join(f"{o.route}={_brief(o)}" for o in got)
+                progress(f"[{done[0]}/{len(todo)}] {c.name} culprit {c.truth or 'none'}: {said}")
+        return got
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        for got in ex.map(one, todo):
+            results += got
+    if not opts.keep:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def _brief(o: Outcome) -> str:
+    if o.culprits is None:
+        return "no answer"
+    mark = "" if o.exact and o.class_ok else "!"
+    return f"{mark}{sorted(o.culprits) or '-'}/{o.cls}"
