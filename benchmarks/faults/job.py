@@ -39,6 +39,21 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 FOREVER = 3600.0
+# How long a culprit's fault lasts: for ever in a job of its own; in a pool of cases (--pool),
+# long enough for every other rank to time out, then the fault lets go and the next case runs.
+HOLD = FOREVER
+POOLED = False
+
+
+class CaseOver(Exception):
+    """A pooled culprit's fault has let go: its case is over (the others timed out)."""
+
+
+def later(fn: Any) -> None:
+    """Run ``fn`` once HOLD has passed (what ends a blocking call in a pool)."""
+    t = threading.Timer(HOLD, fn)
+    t.daemon = True
+    t.start()
 ARGS: argparse.Namespace
 RANK = -1
 WORLD = 0
@@ -90,7 +105,8 @@ def take_lock_held_by_thread() -> None:
     def holder() -> None:
         _held.acquire()
         ready.set()
-        time.sleep(FOREVER)
+        time.sleep(HOLD)
+        _held.release()
 
     threading.Thread(target=holder, name="cache-refresher", daemon=True).start()
     ready.wait()
@@ -105,17 +121,20 @@ def flock_held_by_child() -> None:
         fd = os.open(path, os.O_RDWR)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(os.open(path.with_suffix(".held"), os.O_WRONLY | os.O_CREAT, 0o600), b"1")
-        time.sleep(FOREVER)
+        time.sleep(HOLD)
         os._exit(0)
     while not path.with_suffix(".held").exists():
         time.sleep(0.01)
     fd = os.open(path, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    os.waitpid(pid, 0)
+    os.close(fd)
 
 
 def read_fifo() -> None:
     path = Path(ARGS.side) / f"control-rank{RANK}.fifo"
     os.mkfifo(path)
+    later(lambda: os.close(os.open(path, os.O_WRONLY)))
     with open(path, "rb") as f:  # open blocks: nobody ever opens it for writing
         f.read()
 
@@ -126,15 +145,17 @@ def read_socket() -> None:
     srv.listen(1)
     cli = socket.create_connection(srv.getsockname())
     conn, _ = srv.accept()
+    later(cli.close)
     conn.recv(1)  # the peer never writes
-    cli.close()
+    conn.close()
+    srv.close()
 
 
 def prompt() -> None:
     r, w = os.pipe()  # a terminal-like stdin that never answers (torchrun gives /dev/null)
     sys.stdin = os.fdopen(r)
-    threading.Thread(target=lambda: time.sleep(FOREVER), args=(), daemon=True).start()
     _keep.append(w)
+    later(lambda: os.write(w, b"n\n"))
     input("Overwrite existing checkpoint? [y/N] ")
 
 
@@ -156,19 +177,22 @@ def queue_dead_producer(with_hook: bool) -> None:
     q.get()
     threading.Thread(target=producer, name="prefetch", daemon=True).start()
     q.get(timeout=0.5)
-    q.get()  # the producer died: nothing more ever comes
+    try:
+        q.get(timeout=HOLD)  # the producer died: nothing more ever comes
+    except queue.Empty:
+        pass
 
 
 def busy_python() -> int:
     n = 0
-    deadline = time.monotonic() + FOREVER
+    deadline = time.monotonic() + HOLD
     while time.monotonic() < deadline:  # polls a flag nobody sets
         n += 1
     return n
 
 
 def busy_forward(model: torch.nn.Module, x: torch.Tensor) -> None:
-    deadline = time.monotonic() + FOREVER
+    deadline = time.monotonic() + HOLD
     with torch.no_grad():
         while time.monotonic() < deadline:  # a forward that never converges
             torch.tanh(model.net[0](torch.randn(64, 32)))  # type: ignore[index]
@@ -177,7 +201,7 @@ def busy_forward(model: torch.nn.Module, x: torch.Tensor) -> None:
 def evaluate(model: torch.nn.Module) -> float:
     """A long evaluation on one rank with no collective in it."""
     total = 0.0
-    deadline = time.monotonic() + FOREVER
+    deadline = time.monotonic() + HOLD
     with torch.no_grad():
         while time.monotonic() < deadline:
             total += float(model(torch.randn(256, 32)).sum())
@@ -187,7 +211,7 @@ def evaluate(model: torch.nn.Module) -> float:
 def save_checkpoint(model: torch.nn.Module) -> None:
     """A slow checkpoint write on one rank (storage that crawls)."""
     path = Path(ARGS.side) / f"ckpt-rank{RANK}.pt"
-    deadline = time.monotonic() + FOREVER
+    deadline = time.monotonic() + HOLD
     with open(path, "wb") as f:
         while time.monotonic() < deadline:
             f.write(b"\0" * 4096)
@@ -196,16 +220,16 @@ def save_checkpoint(model: torch.nn.Module) -> None:
 
 
 class Rows(Dataset):  # type: ignore[type-arg]
-    def __init__(self, stuck: bool = False, crash: bool = False) -> None:
-        self.stuck, self.crash = stuck, crash
+    def __init__(self, stuck: bool = False, crash: bool = False, first: int = 8) -> None:
+        self.stuck, self.crash, self.first = stuck, crash, first  # the first bad record
 
     def __len__(self) -> int:
         return 1 << 20
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self.stuck and i >= 8:
-            time.sleep(FOREVER)  # a worker stuck: the shard's storage never answers
-        if self.crash and i >= 8:
+        if self.stuck and i >= self.first:
+            time.sleep(HOLD)  # a worker stuck: the shard's storage never answers
+        if self.crash and i >= self.first:
             raise ValueError(f"corrupt record {i}: expected 32 features, got 31")
         g = torch.Generator().manual_seed(i)
         return torch.randn(32, generator=g)
@@ -324,7 +348,7 @@ def outside(step: int, model: torch.nn.Module, x: torch.Tensor) -> None:
         "input_prompt": prompt,
         "queue_dead_producer": lambda: queue_dead_producer(False),
         "thread_exception_hook": lambda: queue_dead_producer(True),
-        "gil_hold": lambda: hold_gil(FOREVER),
+        "gil_hold": lambda: hold_gil(HOLD),
         "busy_python": busy_python,
         "busy_forward": lambda: busy_forward(model, x),
         "long_eval": lambda: evaluate(model),
@@ -343,6 +367,8 @@ def outside(step: int, model: torch.nn.Module, x: torch.Tensor) -> None:
         if f == "exit0":
             print("early stopping: validation loss did not improve", flush=True)
         fn()
+        if POOLED:
+            raise CaseOver(f)
 
 
 def batches(step0: int) -> Any:
@@ -351,7 +377,9 @@ def batches(step0: int) -> Any:
     if f in ("dataloader_stuck", "dataloader_crash", "healthy_dataloader"):
         stuck = CULPRIT and f == "dataloader_stuck"
         crash = CULPRIT and f == "dataloader_crash"
-        loader = DataLoader(Rows(stuck=stuck, crash=crash), batch_size=4, num_workers=1,
+        # batch k holds records 4k..4k+3: the fault step's batch is the first bad one
+        loader = DataLoader(Rows(stuck=stuck, crash=crash, first=4 * ARGS.fault_step),
+                            batch_size=4, num_workers=1,
                             prefetch_factor=1)
         it = iter(loader)
         while True:
@@ -387,6 +415,8 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer | None, train_model
         if ARGS.fault in ("dataloader_stuck", "dataloader_crash") and hit(step):
             injected()
         x = next(data)
+        if POOLED and ARGS.fault == "dataloader_stuck" and hit(step):
+            raise CaseOver(ARGS.fault)
         outside(step, model, x)
         if ARGS.fault == "slow_straggler" and CULPRIT:
             time.sleep(ARGS.step_time * 1.5)  # a slower host: late every step, never stuck
@@ -424,7 +454,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fault", default="healthy")
     p.add_argument("--culprits", default="", help="comma-separated ranks that inject the fault")
-    p.add_argument("--side", required=True, help="the runner's side-channel directory")
+    p.add_argument("--side", default="", help="the runner's side-channel directory")
     p.add_argument("--mode", default="manual",
                    choices=["manual", "ddp", "fsdp2", "subgroup", "pipeline"])
     p.add_argument("--timeout", type=float, default=15.0, help="collective timeout, seconds")
@@ -434,30 +464,48 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train at least this long (healthy jobs the live routes watch)")
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--no-fr", action="store_true", help="do not enable the flight recorder")
+    p.add_argument("--pool", help="a JSON list of cases ({fault, culprits, mode, side}) to run "
+                   "one after another in these ranks")
+    p.add_argument("--hold-margin", type=float, default=4.0,
+                   help="pooled: a fault lets go this long after the collective timeout")
     return p.parse_args(argv)
 
 
 def main() -> None:
-    global ARGS, RANK, WORLD, CULPRIT
+    global ARGS, RANK
     ARGS = parse()
-    rank = int(os.environ.get("RANK", "0"))
-    culprits = {int(r) for r in ARGS.culprits.split(",") if r}
-    CULPRIT = rank in culprits
-    RANK = rank
+    RANK = int(os.environ.get("RANK", "0"))
+    if ARGS.pool:
+        pool()
+        return
+    set_case(ARGS.fault, ARGS.culprits, ARGS.mode, ARGS.side)
     side(f"started-rank{RANK}", f"{os.getpid()}\n")
     if not ARGS.no_fr:
         import mldebug.fr
 
         mldebug.fr.enable(dump_dir=str(Path(ARGS.side) / "fr"))
-    timeout = datetime.timedelta(seconds=ARGS.timeout)
     kwargs: dict[str, Any] = {}
     if ARGS.fault == "world_size_hardcoded":
-        kwargs = {"world_size": 2 * int(os.environ["WORLD_SIZE"]), "rank": rank}
+        kwargs = {"world_size": 2 * int(os.environ["WORLD_SIZE"]), "rank": RANK}
     if ARGS.fault == "master_port_mismatch" and CULPRIT:
         injected()
         os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)
-    dist.init_process_group("gloo", timeout=timeout, **kwargs)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=ARGS.timeout), **kwargs)
+    one_case()
+    dist.destroy_process_group()
+
+
+def set_case(fault: str, culprits: str, mode: str, side_dir: str) -> None:
+    global CULPRIT
+    ARGS.fault, ARGS.mode, ARGS.side = fault, mode, side_dir
+    CULPRIT = RANK in {int(r) for r in culprits.split(",") if r}
+
+
+def one_case() -> None:
+    """One case on the current default process group: model, mode, the training loop."""
+    global WORLD
     WORLD = dist.get_world_size()
+    timeout = datetime.timedelta(seconds=ARGS.timeout)
     torch.manual_seed(1234 + RANK)
     if ARGS.fault == "dist_store_error":
         store = dist.distributed_c10d._get_default_store()
@@ -488,7 +536,42 @@ def main() -> None:
         _ddp_skip(train_model, model, opt)
         return
     train(model, opt, train_model, pairs)
-    dist.destroy_process_group()
+
+
+def pool() -> None:
+    """Several cases one after another in the same ranks (the quick subset: torch is imported
+    once, not once per case). Each case gets a fresh default process group on a prefix of
+    torchrun's store; a rank whose collective times out prints its traceback as an uncaught
+    one would; a culprit whose fault let go ends its case quietly; every rank then waits for
+    the others before the next case."""
+    global HOLD, POOLED
+    import json
+
+    POOLED = True
+    HOLD = ARGS.timeout + ARGS.hold_margin
+    cases = json.loads(Path(ARGS.pool).read_text())
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=datetime.timedelta(seconds=600))
+    world = int(os.environ["WORLD_SIZE"])
+    for i, c in enumerate(cases):
+        set_case(c["fault"], c["culprits"], c["mode"], c["side"])
+        ARGS.duration = float(c.get("duration", 0.0))
+        side(f"started-rank{RANK}", f"{os.getpid()}\n")
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"case{i}", base), rank=RANK,
+                                world_size=world,
+                                timeout=datetime.timedelta(seconds=ARGS.timeout))
+        try:
+            one_case()
+        except CaseOver:
+            pass
+        except Exception:
+            sys.excepthook(*sys.exc_info())  # as the uncaught exception prints ([rankN]: ...)
+            sys.stderr.flush()
+        ctl = dist.PrefixStore(f"case{i}/end", base)
+        ctl.set(str(RANK), "1")
+        ctl.wait([str(r) for r in range(world)], datetime.timedelta(seconds=HOLD + 120))
+        side(f"done-rank{RANK}", f"{time.time():.3f}\n")
+        dist.destroy_process_group()
 
 
 def _ddp_skip(train_model: torch.nn.Module, model: torch.nn.Module,

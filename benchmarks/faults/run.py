@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one case per class at 4 ranks")
     p.add_argument("--classes", help="comma-separated fault names (default: all); --list")
     p.add_argument("--list", action="store_true", help="list the fault classes and exit")
+    p.add_argument("--docs", action="store_true", help="print docs/faults.md's table and exit")
     p.add_argument("--ranks", default="2,4,8", help="world sizes (default 2,4,8)")
     p.add_argument("--seeds", type=int, default=1, help="cases per class and world size")
     p.add_argument("--first-seed", type=int, default=0)
@@ -40,7 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write every outcome and the scores here")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--keep", action="store_true", help="keep each case's directory")
+    p.add_argument("--pool", action="store_true",
+                   help="run the poolable cases one after another in shared jobs (ranks start "
+                        "once; their log route reads each case's part of the output; no fr)")
     a = p.parse_args(argv)
+    if a.docs:
+        from runner import docs_table
+
+        print(docs_table())
+        return 0
     if a.list:
         for f in FAULTS:
             print(f"{f.name:24} {f.family:10} {'/'.join(f.routes):18} {f.what}")
@@ -53,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ranks = [4] if a.quick else [int(x) for x in a.ranks.split(",")]
     todo = cases(names, ranks, 1 if a.quick else a.seeds, a.first_seed)
     opts = Options(timeout=a.timeout, peers=not a.no_peers, keep=a.keep,
-                   routes=tuple(a.routes.split(",")))
+                   routes=tuple(a.routes.split(",")), pool=a.pool)
     t0 = time.monotonic()
     print(f"fault matrix: {len(todo)} case(s), {a.jobs} at a time, collective timeout "
           f"{a.timeout:.0f} s", file=sys.stderr)

@@ -69,6 +69,8 @@ class Options:
     routes: tuple[str, ...] = ("hang", "watch", "log", "fr")
     keep: bool = False
     verbose: bool = False
+    pool: bool = False  # run the poolable cases in shared jobs (the quick subset)
+    pool_duration: float = 6.0  # a pooled healthy case trains this long
 
 
 @dataclass
@@ -324,11 +326,10 @@ def peer_pyspy(run: Running) -> tuple[list[int] | None, str | None, float, str, 
         groups.setdefault(k, []).append(r)
     sizes = sorted((len(v) for v in groups.values()), reverse=True)
     if len(groups) == 1 or (len(sizes) > 1 and sizes[0] == sizes[1]):
-        return [], "same-place" if len(groups) == 1 else "ambiguous", dt, \
-            f"{len(groups)} distinct stack(s)", ""
+        return [], None, dt, f"{len(groups)} distinct stack(s), no odd one out", ""
     biggest = max(groups.values(), key=len)
     odd = sorted(r for r in stacks if r not in biggest)
-    return odd, "desync", dt, f"{len(groups)} distinct stacks", ""
+    return odd, None, dt, f"{len(groups)} distinct stacks", ""
 
 
 ROOT_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)"
@@ -397,48 +398,54 @@ def kill_tree(procs: list[subprocess.Popen[bytes]]) -> None:
             pass
 
 
-def run_case(case: Case, base: Path, opts: Options) -> list[Outcome]:
+Record = Callable[..., None]
+
+
+def recorder(case: Case, out: list[Outcome]) -> Record:
     f = case.fault
-    out: list[Outcome] = []
 
     def record(route: str, res: tuple[list[int] | None, str | None, float, str, str],
                peer: bool = False) -> None:
         culprits, cls, dt, summary, err = res
         out.append(Outcome(f.name, route, case.truth, list(f.classes), culprits, cls,
                            round(dt, 2), summary[:300], err[:300], case.ranks, case.seed, peer))
+    return record
 
-    run = start(case, base, opts)
-    try:
-        t_fault = wait_for_fault(run, opts) if f.outcome != "dies" or \
-            f.name == "scheduler_sigterm" else None
-        live = f.outcome != "dies" and t_fault is not None
-        if live:
-            if "hang" in f.routes and "hang" in opts.routes:
-                record("hang", route_hang(run, None))
-            if "watch" in f.routes and "watch" in opts.routes:
-                record("watch", route_hang(run, opts.watch))
-            if opts.peers and "hang" in f.routes and "hang" in opts.routes:
-                record("pyspy", peer_pyspy(run), peer=True)
-            if time.monotonic() - t_fault > opts.timeout and f.outcome == "hang":
-                run.notes.append("live routes ran past the collective timeout")
-        elif f.outcome != "dies":
-            for r in ("hang", "watch"):
-                if r in f.routes and r in opts.routes:
-                    record(r, (None, None, 0.0, "", "the fault never took effect"))
-        if f.name == "scheduler_sigterm":
-            run.procs[0].send_signal(signal.SIGTERM)  # what a scheduler's time limit sends
-        limit = (opts.duration + 60 if f.outcome == "ends" else opts.timeout + 45)
-        _wait(lambda: not run.alive(), limit, run)
-    finally:
-        kill_tree(run.procs)
+
+def live_routes(run: Running, t_fault: float | None, opts: Options, record: Record) -> None:
+    """The routes that read the job while it hangs: they must finish before its timeout."""
+    f = run.case.fault
+    if f.outcome == "dies" and f.name != "scheduler_sigterm":
+        return
+    wanted = [r for r in ("hang", "watch") if r in f.routes and r in opts.routes]
+    if t_fault is None:
+        for r in wanted:
+            record(r, (None, None, 0.0, "", "the fault never took effect"))
+        return
+    if "hang" in wanted:
+        record("hang", route_hang(run, None))
+    if "watch" in wanted:
+        record("watch", route_hang(run, opts.watch))
+    if opts.peers and wanted:
+        record("pyspy", peer_pyspy(run), peer=True)
+    if time.monotonic() - t_fault > opts.timeout and f.outcome == "hang":
+        run.notes.append("live routes ran past the collective timeout")
+
+
+def dead_routes(run: Running, opts: Options, record: Record, fr: bool = True) -> None:
+    """The routes that read what the job left once it ended."""
+    f = run.case.fault
     if "log" in f.routes and "log" in opts.routes:
         record("log", route_log(run))
         if opts.peers:
             record("rootcause", peer_rootcause(run), peer=True)
-    if "fr" in f.routes and "fr" in opts.routes:
+    if fr and "fr" in f.routes and "fr" in opts.routes:
         record("fr", route_fr(run))
         if opts.peers:
             record("torchfr", peer_torchfr(run), peer=True)
+
+
+def _finish(run: Running, out: list[Outcome], opts: Options) -> None:
     for o in out:
         if run.notes:
             o.error = "; ".join([o.error, *run.notes]).strip("; ")
@@ -446,7 +453,97 @@ def run_case(case: Case, base: Path, opts: Options) -> list[Outcome]:
         import shutil
 
         shutil.rmtree(run.side, ignore_errors=True)
+
+
+def run_case(case: Case, base: Path, opts: Options) -> list[Outcome]:
+    """One case in a job of its own: every route, the job's whole output and its dumps."""
+    f = case.fault
+    out: list[Outcome] = []
+    record = recorder(case, out)
+    run = start(case, base, opts)
+    try:
+        t_fault = wait_for_fault(run, opts) if f.outcome != "dies" or \
+            f.name == "scheduler_sigterm" else None
+        live_routes(run, t_fault, opts, record)
+        if f.name == "scheduler_sigterm":
+            run.procs[0].send_signal(signal.SIGTERM)  # what a scheduler's time limit sends
+        limit = (opts.duration + 60 if f.outcome == "ends" else opts.timeout + 45)
+        _wait(lambda: not run.alive(), limit, run)
+    finally:
+        kill_tree(run.procs)
+    dead_routes(run, opts, record)
+    _finish(run, out, opts)
     return out
+
+
+def poolable(f: Fault) -> bool:
+    """Cases whose ranks can run one after another in one job: the fault ends by the
+    collective timeout and leaves every rank alive (no launch, no process fault, no DDP/FSDP
+    wrapper state)."""
+    return (f.family in ("desync", "outside", "no-culprit") and f.launcher == "torchrun"
+            and f.mode in ("manual", "subgroup", "pipeline") and f.name != "scheduler_sigterm"
+            and f.outcome in ("hang", "ends"))
+
+
+def run_pool(pool: list[Case], base: Path, opts: Options, tag: str,
+             done: Callable[[Case, list[Outcome]], None]) -> list[Outcome]:
+    """Several cases in one torchrun job, one after another (job.py --pool): the ranks start
+    once. Each case is read live as in its own job; its log route reads the part of the
+    job's output written while it ran. No flight-recorder route: a pooled rank's buffer
+    holds the earlier cases' collectives too."""
+    pdir = base / f"pool-{tag}"
+    pdir.mkdir(mode=0o700)
+    ranks = pool[0].ranks
+    specs = []
+    for c in pool:
+        sd = base / c.name
+        sd.mkdir(mode=0o700)
+        specs.append({"fault": job_fault(c.fault), "culprits": ",".join(map(str, c.injectors)),
+                      "mode": c.fault.mode, "side": str(sd),
+                      "duration": opts.pool_duration if c.fault.outcome == "ends" else 0})
+    (pdir / "cases.json").write_text(json.dumps(specs))
+    log = pdir / "out.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+             str(JOB), "--pool", str(pdir / "cases.json"), "--timeout", str(opts.timeout),
+             "--side", str(pdir)], stdout=out, stderr=subprocess.STDOUT, env=_env(),
+            start_new_session=True, stdin=subprocess.DEVNULL, cwd=pdir)
+    results: list[Outcome] = []
+    offset = 0
+    try:
+        for c in pool:
+            got: list[Outcome] = []
+            record = recorder(c, got)
+            run = Running(c, base / c.name, [proc], time.monotonic(), log)
+            if proc.poll() is not None:  # an earlier case left the pool dead: said, not dropped
+                for r in ("hang", "watch", "log"):
+                    if r in c.fault.routes and r in opts.routes:
+                        record(r, (None, None, 0.0, "", "the pooled job ended before this case"))
+                done(c, got)
+                results += got
+                continue
+            t_fault = wait_for_fault(run, opts)
+            live_routes(run, t_fault, opts, record)
+            ended = _wait(lambda run=run: len(run.files("done")) >= ranks,  # type: ignore[misc]
+                          opts.pool_duration + 60 if c.fault.outcome == "ends" else
+                          2 * opts.timeout + 60, run)
+            end = log.stat().st_size
+            with open(log, "rb") as f:
+                f.seek(offset)
+                (run.side / "out.log").write_bytes(f.read(end - offset))
+            offset = end
+            run.log = run.side / "out.log"
+            if not ended:
+                run.notes.append("the pooled case did not end: the rest of its pool is skipped")
+                kill_tree([proc])
+            dead_routes(run, opts, record, fr=False)
+            _finish(run, got, opts)
+            done(c, got)
+            results += got
+    finally:
+        kill_tree([proc])
+    return results
 
 
 def cases(names: list[str] | None, ranks: list[int], seeds: int, first_seed: int = 0) -> list[Case]:
@@ -463,23 +560,43 @@ def cases(names: list[str] | None, ranks: list[int], seeds: int, first_seed: int
 
 def run_all(todo: list[Case], opts: Options, jobs: int = 1,
             progress: Callable[[str], None] | None = None) -> list[Outcome]:
+    """Every case; with ``opts.pool`` the poolable ones at each world size share ``jobs``
+    pooled jobs, the rest run in jobs of their own, ``jobs`` at a time."""
     base = Path(tempfile.mkdtemp(prefix="mldebug-faults-"))
     os.chmod(base, 0o700)
     results: list[Outcome] = []
     lock = threading.Lock()
-    done = [0]
+    count = [0]
 
-    def one(c: Case) -> list[Outcome]:
-        got = run_case(c, base, opts)
+    def done(c: Case, got: list[Outcome]) -> None:
         with lock:
-            done[0] += 1
+            count[0] += 1
             if progress:
                 said = ", ".join(f"{o.route}={_brief(o)}" for o in got)
-                progress(f"[{done[0]}/{len(todo)}] {c.name} culprit {c.truth or 'none'}: {said}")
+                progress(f"[{count[0]}/{len(todo)}] {c.name} culprit {c.truth or 'none'}: {said}")
+
+    def single(c: Case) -> list[Outcome]:
+        got = run_case(c, base, opts)
+        done(c, got)
         return got
 
+    tasks: list[Callable[[], list[Outcome]]] = []
+    singles = todo
+    if opts.pool:
+        pooled = [c for c in todo if poolable(c.fault)]
+        singles = [c for c in todo if not poolable(c.fault)]
+        by_size: dict[int, list[Case]] = {}
+        for c in pooled:
+            by_size.setdefault(c.ranks, []).append(c)
+        for n, group in by_size.items():
+            k = max(1, min(jobs, len(group)))
+            for i in range(k):
+                part = group[i::k]
+                tasks.append(lambda part=part, tag=f"r{n}-{i}": run_pool(part, base, opts, tag,
+                                                                         done))
+    tasks += [lambda c=c: single(c) for c in singles]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        for got in ex.map(one, todo):
+        for got in ex.map(lambda t: t(), tasks):
             results += got
     if not opts.keep:
         import shutil
@@ -493,3 +610,14 @@ def _brief(o: Outcome) -> str:
         return "no answer"
     mark = "" if o.exact and o.class_ok else "!"
     return f"{mark}{sorted(o.culprits) or '-'}/{o.cls}"
+
+
+def docs_table() -> str:
+    """The catalogue as docs/faults.md shows it (a test keeps the page in step)."""
+    lines = ["| class | family | what the job does | a right verdict | verdict class | routes |",
+             "|---|---|---|---|---|---|"]
+    for f in FAULTS:
+        mode = f" ({f.mode})" if f.mode != "manual" else ""
+        lines.append(f"| `{f.name}`{mode} | {f.family} | {f.what} | {f.right} | "
+                     f"{' or '.join(f.classes)} | {', '.join(f.routes)} |")
+    return "\n".join(lines)

@@ -36,7 +36,7 @@ class Outcome:
 
     @property
     def class_ok(self) -> bool:
-        if self.cls is None:
+        if self.cls is None or self.culprits is None:
             return False
         return bool(({self.cls} | WIDE.get(self.cls, set())) & set(self.classes))
 
@@ -62,6 +62,7 @@ class RouteScore:
     false_suspect_cases: int = 0
     seconds: list[float] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
+    class_scored: bool = True
 
     @property
     def precision(self) -> float:
@@ -78,7 +79,8 @@ class RouteScore:
     def to_dict(self) -> dict[str, Any]:
         return {"route": self.route, "cases": self.cases, "answered": self.answered,
                 "precision": round(self.precision, 3), "recall": round(self.recall, 3),
-                "exact": self.exact, "class_accuracy": round(self.class_accuracy, 3),
+                "exact": self.exact,
+                "class_accuracy": round(self.class_accuracy, 3) if self.class_scored else None,
                 "no_culprit_cases": self.no_culprit_cases,
                 "false_suspect_cases": self.false_suspect_cases,
                 "median_s": _q(self.seconds, 0.5), "p90_s": _q(self.seconds, 0.9),
@@ -97,8 +99,12 @@ def score(outcomes: Iterable[Outcome]) -> dict[str, RouteScore]:
     """One RouteScore per route, in the order routes first appear. A case the route did not
     answer counts its culprits as missed (recall), never as a precision hit."""
     table: dict[str, RouteScore] = {}
+    outcomes = list(outcomes)
+    # a route whose answers carry no class (the py-spy fold: stacks, not a verdict) is
+    # scored on its culprits alone, and its class column says so
+    classless = {o.route for o in outcomes} - {o.route for o in outcomes if o.cls is not None}
     for o in outcomes:
-        s = table.setdefault(o.route, RouteScore(o.route))
+        s = table.setdefault(o.route, RouteScore(o.route, class_scored=o.route not in classless))
         s.cases += 1
         got = set(o.culprits or [])
         truth = set(o.truth)
@@ -113,7 +119,7 @@ def score(outcomes: Iterable[Outcome]) -> dict[str, RouteScore]:
         if not truth:
             s.no_culprit_cases += 1
             s.false_suspect_cases += bool(got)
-        if not (o.exact and o.class_ok):
+        if not (o.exact and (o.class_ok or not s.class_scored)):
             said = "no answer" if not o.answered else f"{sorted(got) or 'none'}/{o.cls}"
             s.wrong.append(f"{o.case}: {said} (truth {sorted(truth) or 'none'}/{o.classes[0]})")
     return table
@@ -128,7 +134,8 @@ def table_rows(scores: dict[str, RouteScore]) -> list[tuple[str, ...]]:
     for s in scores.values():
         d = s.to_dict()
         rows.append((s.route, str(s.cases), f"{s.precision:.2f}", f"{s.recall:.2f}",
-                     f"{s.exact}/{s.cases}", f"{s.class_accuracy:.2f}",
+                     f"{s.exact}/{s.cases}",
+                     f"{s.class_accuracy:.2f}" if s.class_scored else "-",
                      f"{s.false_suspect_cases}/{s.no_culprit_cases}",
                      _fmt(d["median_s"]), _fmt(d["p90_s"])))
     return rows
