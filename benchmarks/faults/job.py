@@ -402,6 +402,16 @@ def update(model: torch.nn.Module, opt: torch.optim.Optimizer | None) -> None:
                 p.grad = None
 
 
+def more(step: int, steps: int, deadline: float | None) -> bool:
+    """Whether to run another step. A job that trains for a duration agrees on when to stop
+    (one all_reduce of "my time is up", MAX): ranks that stopped a step apart would desync."""
+    if deadline is None:
+        return step < steps
+    flag = torch.tensor([1.0 if step >= steps and time.monotonic() >= deadline else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return not flag.item()
+
+
 def train(model: torch.nn.Module, opt: torch.optim.Optimizer | None, train_model: torch.nn.Module,
           pairs: list[Any]) -> None:
     steps = ARGS.steps
@@ -410,7 +420,7 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer | None, train_model
     deadline = time.monotonic() + ARGS.duration if ARGS.duration else None
     data = batches(0)
     step = 0
-    while step < steps or (deadline is not None and time.monotonic() < deadline):
+    while more(step, steps, deadline):
         side(f"step-rank{RANK}", f"{step}\n")
         if ARGS.fault in ("dataloader_stuck", "dataloader_crash") and hit(step):
             injected()

@@ -368,8 +368,8 @@ def peer_torchfr(run: Running) -> tuple[list[int] | None, str | None, float, str
         ranks |= {int(x) for x in m.group(1).replace(" ", "").split(",") if x}
     if r.returncode != 0 and not ranks:
         return None, None, dt, "", out.strip().splitlines()[-1][:200] if out.strip() else ""
-    cls = "desync" if ranks or "mismatch" in out.lower() else "healthy"
-    return sorted(ranks), cls, dt, out.strip().splitlines()[0][:200] if out.strip() else "", ""
+    # its report names ranks, not a class of fault: scored on its culprits alone
+    return sorted(ranks), None, dt, out.strip().splitlines()[0][:200] if out.strip() else "", ""
 
 
 LIVE_PEER = ("pyspy", peer_pyspy)
