@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from array import array
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -214,6 +215,7 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
             mismatches.append(p)
         lagging.extend(_lags(ds, pg, summary, empty_set))
         summaries.append(summary)
+    _blocked_elsewhere(ds, pgs, mismatches)
     never = sorted({r for m in mismatches if m.kind == "missing" for r in m.culprit_ranks})
     result = Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
                       never_enqueued=never, mismatches=mismatches, lagging=lagging,
@@ -225,6 +227,126 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
     result.stragglers, result.straggler_window = find_stragglers(ds, since, result.arrivals)
     result.findings = build_findings(result)
     return result
+
+
+_Role = tuple[str, int]
+
+
+def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) -> None:
+    """Across groups: a rank that never enqueued group G's #c while its own latest collective
+    is #d of another group H is either blocked in H#d before it ever reaches G#c (a victim:
+    the ranks that recorded both issue H#d first) or went past G#c into H#d without it (it
+    skipped G#c: kind ``skipped``, a desync). The order comes from the other ranks' record
+    order, groups compared by role (description and size), so a rank of pair group 1 tells
+    the order of pair group 2's collectives. Updates ``mismatches`` in place."""
+    todo = [m for m in mismatches if m.kind == "missing" and not m.p2p and m.culprit_ranks
+            and any(g.description == "(not enqueued)" for g in m.groups)]
+    if not todo:
+        return
+    by_name = {pg.name: pg for pg in pgs}
+
+    def role(name: str) -> _Role | None:
+        pg = by_name.get(name)
+        return None if pg is None else (pg.desc, len(pg.ranks))
+
+    roles: dict[_Role, list[str]] = defaultdict(list)
+    for pg in pgs:
+        roles[(pg.desc, len(pg.ranks))].append(pg.name)
+    tl_of = {r: ds.timelines[d.timeline] for r, d in ds.dumps.items()
+             if 0 <= d.timeline < len(ds.timelines)}
+    latest: dict[int, tuple[str, int] | None] = {}
+
+    def last_of(tl: Timeline) -> tuple[str, int] | None:
+        """The group and seq of a timeline's latest collective (by record id)."""
+        best: tuple[int, str, int] | None = None
+        for name, gi in tl.groups.items():
+            if not gi.seqs:
+                continue
+            i = gi.order[-1]
+            if best is None or tl.record_id[i] > best[0]:
+                best = (tl.record_id[i], name, gi.seqs[-1])
+        return None if best is None else (best[1], best[2])
+
+    def record(tl: Timeline, r: _Role, seq: int) -> int | None:
+        for name in roles.get(r, ()):
+            gi = tl.groups.get(name)
+            if gi is None:
+                continue
+            k = bisect_left(gi.seqs, seq)
+            if k < len(gi.seqs) and gi.seqs[k] == seq:
+                return int(tl.record_id[gi.order[gi.starts[k]]])
+        return None
+
+    def order(g: str, c: int, h: str, d: int, skip: set[int]) -> str | None:
+        """'g' when the ranks that recorded both issue g#c first, 'h' when h#d, else None."""
+        rg, rh = role(g), role(h)
+        if rg is None or rh is None:
+            return None
+        votes: dict[str, int] = defaultdict(int)
+        for tl in ds.timelines[:256]:  # a sample: SPMD ranks agree on the order
+            if all(r in skip for r in tl.ranks):
+                continue
+            a, b = record(tl, rg, c), record(tl, rh, d)
+            if a is not None and b is not None:
+                votes["g" if a < b else "h"] += 1
+        if len(votes) != 1:
+            return None
+        (won,) = votes
+        return won
+
+    for m in todo:
+        absent = next(g.ranks for g in m.groups if g.description == "(not enqueued)")
+        if set(m.culprit_ranks) != set(absent):
+            continue
+        skipped: dict[int, tuple[str, int]] = {}
+        blocked: dict[int, tuple[str, int]] = {}
+        verdicts: dict[tuple[str, int], str | None] = {}
+        for r in absent:
+            tl = tl_of.get(r)
+            if tl is None:
+                continue
+            if id(tl) not in latest:
+                latest[id(tl)] = last_of(tl)
+            at = latest[id(tl)]
+            if at is None or at[0] == m.pg:
+                continue
+            if at not in verdicts:
+                if len(verdicts) >= 16:
+                    continue
+                verdicts[at] = order(m.pg, m.seq, at[0], at[1], set(absent))
+            v = verdicts[at]
+            if v == "g":
+                skipped[r] = at
+            elif v == "h":
+                blocked[r] = at
+        if not skipped and not blocked:
+            continue
+        parts = []
+        if blocked:
+            parts.append("; ".join(
+                f"rank(s) {_fold(rs)} wait in group {h} #{d}, which the other ranks issue "
+                f"before this one: blocked there, not a culprit here"
+                for (h, d), rs in _by_place(blocked)))
+        if skipped:
+            parts.append("; ".join(
+                f"rank(s) {_fold(rs)} went on into group {h} #{d}, which the other ranks issue "
+                f"only after this one: they skipped #{m.seq} of group {m.pg}"
+                for (h, d), rs in _by_place(skipped)))
+        m.reasoning += " Across groups: " + "; ".join(parts) + "."
+        m.blocked_elsewhere = sorted(blocked)
+        left = [r for r in m.culprit_ranks if r not in blocked]
+        if skipped:
+            m.kind = "skipped"
+            m.culprit_ranks = sorted(skipped)
+        else:
+            m.culprit_ranks = left
+
+
+def _by_place(ranks: dict[int, tuple[str, int]]) -> list[tuple[tuple[str, int], list[int]]]:
+    out: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for r, at in sorted(ranks.items()):
+        out[at].append(r)
+    return sorted(out.items())
 
 
 class SeqMap(Mapping[int, list[Entry]]):

@@ -14,6 +14,7 @@ _KIND_TITLE = {
     "dtype": "dtype mismatch",
     "syntax": "shape/dtype rule broken",
     "missing": "not every rank enqueued the collective",
+    "skipped": "a rank skipped a collective of its group",
     "p2p": "send/recv mismatch",
     "state": "state mismatch",
 }
@@ -26,6 +27,9 @@ _KIND_FIX = {
     "syntax": "Fix the tensor shapes at the call site so they satisfy the collective's rule.",
     "missing": "Find why the culprit ranks never reached this collective: run 'mldebug hang' "
                "to see where they are, or look for an early return/skip on those ranks.",
+    "skipped": "Make every member of the group issue this collective: look for a branch or an "
+               "early exit on the culprit ranks between their previous collective in this group "
+               "and the later one they wait in now.",
     "p2p": "Pair every send with a recv of the same size on the peer, in the same order.",
     "state": "Some ranks completed this collective and others did not: inspect the "
              "non-completed ranks with 'mldebug hang'.",
@@ -44,7 +48,7 @@ def mismatch_finding(m: Mismatch) -> Finding:
     return Finding(
         Severity.ERROR,
         f"{_KIND_TITLE.get(m.kind, m.kind)} at {seq} in {where}: culprit rank(s) "
-        f"{fold_ints(m.culprit_ranks) or '?'}",
+        f"{fold_ints(m.culprit_ranks) or ('none here: rank(s) ' + fold_ints(m.blocked_elsewhere) + ' wait in an earlier collective of another group' if m.blocked_elsewhere else '?')}",
         "\n".join(lines), _KIND_FIX.get(m.kind, ""), code=f"fr-{m.kind}")
 
 

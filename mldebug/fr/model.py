@@ -301,17 +301,20 @@ class Mismatch:
     pg: str
     pg_desc: str
     seq: int
-    kind: str  # type | size | dtype | syntax | missing | p2p
+    kind: str  # type | size | dtype | syntax | missing | skipped | p2p
     culprit_ranks: list[int]
     reasoning: str
     groups: list[SignatureGroup]
     p2p: bool = False
     began_at: int | None = None  # earlier seq where the culprit's call sites start to differ
+    # ranks that never enqueued it because they wait in another group's earlier collective
+    blocked_elsewhere: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "pg": self.pg, "pg_desc": self.pg_desc, "seq": self.seq, "p2p": self.p2p,
             "kind": self.kind, "culprit_ranks": self.culprit_ranks, "began_at": self.began_at,
+            "blocked_elsewhere": self.blocked_elsewhere,
             "reasoning": self.reasoning,
             "call_sites": [{"ranks": g.ranks, "frames": g.call_site} for g in self.groups
                            if g.call_site],
