@@ -44,6 +44,9 @@ class Fault:
     culprit_is: str = "injector"  # injector | none
     notes: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    # whether its ranks survive it (the quick subset runs such cases one after another in
+    # shared jobs): gloo aborts a rank on some mismatches (SIGABRT), which ends the job
+    survivable: bool = True
 
 
 def F(*args: object, **kw: object) -> Fault:
@@ -67,10 +70,10 @@ FAULTS: tuple[Fault, ...] = (
     F("other_op", "desync", "the culprit calls all_gather where the others all_reduce",
       "the culprit is in another op at the same sequence number", ("desync",), DESYNC_LIVE),
     F("dtype_mismatch", "desync", "the culprit all_reduces float64 where the others use float32",
-      "the culprit's collective differs in dtype", ("desync",), DESYNC_LIVE),
+      "the culprit's collective differs in dtype", ("desync",), DESYNC_LIVE, survivable=False),
     F("shape_mismatch", "desync", "the culprit's gradient all_reduce has 5 more elements",
       "the culprit's collective differs in size; gloo may return wrong sums before it hangs, "
-      "and no NCCL advice applies", ("desync",), DESYNC_LIVE),
+      "and no NCCL advice applies", ("desync",), DESYNC_LIVE, survivable=False),
     F("wrong_broadcast_src", "desync", "the culprit broadcasts from itself where the rest use "
       "rank 0", "the culprit's broadcast names another source", ("desync",), DESYNC_LIVE),
     F("p2p_wrong_peer", "desync", "a pipeline stage sends its activation to the wrong stage",

@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -575,7 +576,9 @@ def pool() -> None:
         except CaseOver:
             pass
         except Exception:
-            sys.excepthook(*sys.exc_info())  # as the uncaught exception prints ([rankN]: ...)
+            # as torch prints an uncaught exception in a rank: every line behind [rankN]:
+            text = "".join(traceback.format_exc().splitlines(keepends=True))
+            sys.stderr.write("".join(f"[rank{RANK}]: {ln}" for ln in text.splitlines(True)))
             sys.stderr.flush()
         ctl = dist.PrefixStore(f"case{i}/end", base)
         ctl.set(str(RANK), "1")

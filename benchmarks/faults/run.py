@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write every outcome and the scores here")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--keep", action="store_true", help="keep each case's directory")
+    p.add_argument("--cluster", action="store_true",
+                   help="run each case across 2 nodes of a local sshd cluster (root, pdsh, "
+                        "sshd; one case at a time)")
     p.add_argument("--pool", action="store_true",
                    help="run the poolable cases one after another in shared jobs (ranks start "
                         "once; their log route reads each case's part of the output; no fr)")
@@ -66,7 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     print(f"fault matrix: {len(todo)} case(s), {a.jobs} at a time, collective timeout "
           f"{a.timeout:.0f} s", file=sys.stderr)
-    outcomes = run_all(todo, opts, jobs=a.jobs, progress=lambda s: print(s, file=sys.stderr))
+    if a.cluster:
+        from runner import run_cluster
+
+        todo = [c for c in todo if c.fault.launcher == "torchrun" and c.ranks % 2 == 0
+                and c.ranks >= 2 * max(1, c.fault.min_ranks // 2)]
+        outcomes = run_cluster(todo, opts, progress=lambda s: print(s, file=sys.stderr))
+    else:
+        outcomes = run_all(todo, opts, jobs=a.jobs,
+                           progress=lambda s: print(s, file=sys.stderr))
     wall = time.monotonic() - t0
     scores = score(outcomes)
     commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"],

@@ -107,6 +107,8 @@ class Running:
     started: float
     log: Path
     notes: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)  # cross-node: the cluster nodes it runs on
+    logs: list[Path] = field(default_factory=list)  # cross-node: each node's output
 
     def files(self, prefix: str) -> dict[int, str]:
         out = {}
@@ -118,6 +120,8 @@ class Running:
         return out
 
     def alive(self) -> bool:
+        if self.nodes:
+            return True  # ranks in other pid namespaces: the side files and the clock decide
         return any(p.poll() is None for p in self.procs)
 
 
@@ -205,12 +209,16 @@ def wait_for_fault(run: Running, opts: Options) -> float | None:
     return t if ok else None
 
 
+CLI_ENV: dict[str, str] = {}  # the cluster's ssh settings, in cross-node runs
+
+
 def cli(*args: str, timeout: float = 120) -> tuple[dict[str, Any] | None, float, str]:
     """Run the real mldebug CLI; its JSON, wall seconds and an error text."""
     t0 = time.monotonic()
     try:
         r = subprocess.run([PY, "-m", "mldebug", *args], capture_output=True, text=True,
-                           env=_env(), timeout=timeout, stdin=subprocess.DEVNULL, cwd=REPO)
+                           env={**_env(), **CLI_ENV}, timeout=timeout,
+                           stdin=subprocess.DEVNULL, cwd=REPO)
     except subprocess.TimeoutExpired:
         return None, time.monotonic() - t0, f"timed out after {timeout:.0f} s"
     dt = time.monotonic() - t0
@@ -221,6 +229,8 @@ def cli(*args: str, timeout: float = 120) -> tuple[dict[str, Any] | None, float,
 
 
 def hang_target(run: Running) -> list[str]:
+    if run.nodes:
+        return ["--nodes", ",".join(run.nodes)]
     if run.case.fault.launcher == "independent":
         return ["--pattern", re.escape(str(run.side))]
     return ["--pid", str(run.procs[0].pid)]
@@ -252,7 +262,7 @@ def route_hang(run: Running, watch: float | None) -> tuple[list[int] | None, str
 
 
 def route_log(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
-    doc, dt, err = cli("log", str(run.log), "--json")
+    doc, dt, err = cli("log", *map(str, run.logs or [run.log]), "--json")
     if doc is None:
         return None, None, dt, "", err
     v = doc.get("verdict")
@@ -337,9 +347,10 @@ ROOT_RE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)
 
 
 def peer_rootcause(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
-    """torchrun's "Root Cause (first observed failure)": the rank it names, if any."""
+    """torchrun's "Root Cause (first observed failure)": the rank it names, if any (across
+    nodes, each node's torchrun names its own: the first node's that names one)."""
     t0 = time.monotonic()
-    text = run.log.read_text(errors="replace")
+    text = "".join(p.read_text(errors="replace") for p in (run.logs or [run.log]) if p.exists())
     m = ROOT_RE.search(text)
     dt = time.monotonic() - t0
     if not m:
@@ -482,7 +493,7 @@ def poolable(f: Fault) -> bool:
     wrapper state)."""
     return (f.family in ("desync", "outside", "no-culprit") and f.launcher == "torchrun"
             and f.mode in ("manual", "subgroup", "pipeline") and f.name != "scheduler_sigterm"
-            and f.outcome in ("hang", "ends"))
+            and f.outcome in ("hang", "ends") and f.survivable)
 
 
 def run_pool(pool: list[Case], base: Path, opts: Options, tag: str,
@@ -621,3 +632,84 @@ def docs_table() -> str:
         lines.append(f"| `{f.name}`{mode} | {f.family} | {f.what} | {f.right} | "
                      f"{' or '.join(f.classes)} | {', '.join(f.routes)} |")
     return "\n".join(lines)
+
+
+# --- across nodes: the local sshd cluster (tests/cluster.py) ---------------------------------
+
+def start_on_cluster(case: Case, base: Path, opts: Options, cluster: Any) -> Running:
+    """The case as one torchrun per node (--nnodes 2, ranks split evenly), each node an sshd
+    in its own pid and UTS namespace: its ranks are visible only on that node."""
+    f = case.fault
+    side = base / case.name
+    side.mkdir(mode=0o700)
+    nodes = list(cluster.nodes)[:2]
+    master = cluster.nodes[nodes[0]].address
+    port = _free_port()
+    args = [str(JOB), "--fault", job_fault(f), "--culprits", ",".join(map(str, case.injectors)),
+            "--side", str(side), "--mode", f.mode, "--timeout", str(opts.timeout)]
+    if f.outcome == "ends":
+        args += ["--duration", str(opts.duration)]
+    logs = []
+    for i, node in enumerate(nodes):
+        log = side / f"out-{node}.log"
+        logs.append(log)
+        cluster.spawn(node, (
+            f"env PYTHONPATH={REPO} GLOO_SOCKET_IFNAME=lo {PY} -m torch.distributed.run "
+            f"--nnodes 2 --nproc_per_node {case.ranks // 2} --node_rank {i} "
+            f"--master_addr {master} --master_port {port} {' '.join(args)}"), str(log))
+    return Running(case, side, [], time.monotonic(), logs[0], nodes=nodes, logs=logs)
+
+
+def run_on_cluster(case: Case, base: Path, opts: Options, cluster: Any) -> list[Outcome]:
+    f = case.fault
+    out: list[Outcome] = []
+    record = recorder(case, out)
+    run = start_on_cluster(case, base, opts, cluster)
+    try:
+        t_fault = wait_for_fault(run, opts) if f.outcome != "dies" else None
+        live_routes(run, t_fault, opts, record)
+        # every rank ends by its timeout (or the job by its duration); then stop what is left
+        end = time.monotonic() + (opts.duration + 20 if f.outcome == "ends" else
+                                  opts.timeout + 25)
+        while time.monotonic() < end:
+            if all("training done" in p.read_text(errors="replace") or "Root Cause" in
+                   p.read_text(errors="replace") for p in run.logs if p.exists()):
+                break
+            time.sleep(0.5)
+    finally:
+        for node in run.nodes:
+            cluster.ssh(node, f"pkill -9 -f {run.side} || true", check=False)
+    dead_routes(run, opts, record)
+    _finish(run, out, opts)
+    return out
+
+
+def run_cluster(todo: list[Case], opts: Options,
+                progress: Callable[[str], None] | None = None) -> list[Outcome]:
+    """Every case across two nodes of a local sshd cluster, one at a time (the live routes
+    read the nodes with --nodes, which sees every rank there)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from cluster import LocalCluster
+
+    base = Path(tempfile.mkdtemp(prefix="mldebug-faults-"))
+    os.chmod(base, 0o700)
+    cluster = LocalCluster(base / "cluster", ["node1", "node2"])
+    cluster.start()
+    CLI_ENV.update({k: v for k, v in cluster.env().items() if k.startswith("PDSH")})
+    results: list[Outcome] = []
+    try:
+        for i, c in enumerate(todo):
+            got = run_on_cluster(c, base, opts, cluster)
+            results += got
+            if progress:
+                said = ", ".join(f"{o.route}={_brief(o)}" for o in got)
+                progress(f"[{i + 1}/{len(todo)}] {c.name} (2 nodes) culprit "
+                         f"{c.truth or 'none'}: {said}")
+    finally:
+        cluster.stop()
+        CLI_ENV.clear()
+        if not opts.keep:
+            import shutil
+
+            shutil.rmtree(base, ignore_errors=True)
+    return results
