@@ -424,6 +424,109 @@ def fingerprint_mismatch(facts: Facts) -> Verdict | None:
     return None
 
 
+def _site(ev: Event) -> str:
+    return f"{ev.api or 'a collective'} at {ev.frame}"
+
+
+def wait_sites(facts: Facts) -> dict[str, list[int]]:
+    """The waiting ranks grouped by where their own timeout traceback stood: the collective
+    (``all_reduce``, ``broadcast``, ``send``, ...) and the user frame that called it."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for r in sorted(facts.waited):
+        st = facts.ranks[r]
+        if st.first_primary is None and st.wait_site is not None:
+            groups[_site(st.wait_site)].append(r)
+    return dict(groups)
+
+
+def _line_of(frame: str) -> tuple[str, int] | None:
+    """("file.py in func", line) of a "file.py:12 in func" frame."""
+    head, sep, func = frame.partition(" in ")
+    file, _, line = head.rpartition(":")
+    return (f"{file} in {func}", int(line)) if sep and line.isdecimal() else None
+
+
+def _behind_all(facts: Facts, groups: list[list[int]]) -> list[int] | None:
+    """Among several odd groups, the one still waiting at a line every other waiting rank has
+    passed: the same callers, the same function, an earlier line (straight-line code within
+    one call). It cannot be waiting for a slower peer; the others can be waiting for it."""
+    stacks = {r: st.wait_site.stack for r, st in facts.ranks.items()
+              if st.wait_site is not None and r in facts.waited and st.first_primary is None}
+    if not stacks or any(not s for s in stacks.values()) or len({s[:-1] for s in stacks.values()}) != 1:
+        return None
+    where = {r: _line_of(s[-1]) for r, s in stacks.items()}
+    lines = {r: w[1] for r, w in where.items() if w is not None}
+    if len(lines) != len(where) or len({w[0] for w in where.values() if w}) != 1:
+        return None
+    low = min(lines.values())
+    first = sorted(r for r, n in lines.items() if n == low)
+    return first if any(set(first) == set(g) for g in groups) else None
+
+
+def call_sites(facts: Facts) -> Verdict | None:
+    """Every rank timed out, but their own tracebacks stand at different call sites (another
+    collective, or the same one called from another line): the ranks left the common order.
+    The minority is the culprit; two sides of one size are a tie (cannot tell)."""
+    groups = wait_sites(facts)
+    if len(groups) < 2:
+        return None
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    (major, majority), rest = ordered[0], ordered[1:]
+    tie = len(rest[0][1]) == len(majority)
+    listing = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {fold_ints(rs)} in {site}"
+                        for site, rs in ordered[:8])
+    fr = [c for c in facts.parsed.evidence if c.startswith("mldebug fr analyze")]
+    tell = ("TORCH_DISTRIBUTED_DEBUG=DETAIL (it checks each collective's op, shape and dtype "
+            "across ranks before it runs and names the odd rank)"
+            + (f", or the flight-recorder dumps the ranks wrote: `{fr[0]}`" if fr else
+               ", or flight-recorder dumps (`mldebug fr analyze`)"))
+    fix = ("Collectives must be called in the same order, from the same code path, on every "
+           "rank: find the branch that only the odd rank took (a skipped or extra collective, "
+           "another op, a rank-dependent condition such as a NaN skip, uneven data, evaluation "
+           "or logging on one rank). ")
+    if tie:
+        sides = [rs for _, rs in ordered if len(rs) == len(majority)]
+        return Verdict(Finding(
+            Severity.ERROR,
+            f"the ranks waited at different call sites: {' vs '.join(fold_ints(rs) for rs in sides)} "
+            "(no majority: cannot tell which side is out of step)",
+            f"Their own timeout tracebacks stand at: {listing}. No call site holds a majority, "
+            f"so these lines do not say which side left the common order. What would tell: {tell}.",
+            fix + f"To find which side: {tell}.", code="log-collective-mismatch"), [],
+            "the call sites of the ranks' own timeout tracebacks (a tie)", "low")
+    odd_groups = [rs for _, rs in rest]
+    culprits = sorted(r for rs in odd_groups for r in rs)
+    how = "the call sites of the ranks' own timeout tracebacks: the minority"
+    sure = "high" if len(majority) >= 2 and len(culprits) < len(majority) else "medium"
+    extra = ""
+    if len(odd_groups) > 1:
+        first = _behind_all(facts, odd_groups)
+        if first is not None:
+            others = sorted(set(culprits) - set(first))
+            extra = (f" Rank{'s' if len(first) > 1 else ''} {fold_ints(first)} still "
+                     f"wait{'' if len(first) > 1 else 's'} at a line every other rank passed "
+                     f"(same callers, same function): out of step; rank"
+                     f"{'s' if len(others) > 1 else ''} {fold_ints(others)} wait"
+                     f"{'' if len(others) > 1 else 's'} further on, for {'them' if len(first) > 1 else 'it'}.")
+            culprits = first
+            how += ", then the one still at a line every other rank passed"
+            sure = "medium"
+        else:
+            sure = "low"
+    site = next(site for site, rs in ordered if set(culprits) <= set(rs)) \
+        if any(set(culprits) <= set(rs) for _, rs in ordered) else None
+    title = (f"rank{'s' if len(culprits) > 1 else ''} {fold_ints(culprits)} waited in "
+             + (site if site else "other collectives")
+             + f" while {'the others' if len(majority) > 1 else f'rank {majority[0]}'} waited in {major}")
+    detail = (f"Their own timeout tracebacks stand at: {listing}. The ranks did not call the "
+              f"same collective from the same place: the odd one{'s' if len(culprits) > 1 else ''} "
+              "left the common order, the others timed out waiting." + extra)
+    return Verdict(Finding(
+        Severity.ERROR, title, detail,
+        fix + f"To confirm: {tell}.", code="log-collective-mismatch",
+        hosts=_hosts(facts, culprits)), culprits, how, sure)
+
+
 def silent(facts: Facts) -> Verdict | None:
     """Ranks that said nothing while the others timed out: they never reached the collective."""
     if not facts.waited:
@@ -524,7 +627,7 @@ def exit_only(facts: Facts) -> Verdict | None:
 
 
 RULES: list[Rule] = [fingerprint_mismatch, monitored_barrier, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
-                     silent, exit_only, launcher_failed, phase_tiebreak, all_waiting]
+                     silent, call_sites, exit_only, launcher_failed, phase_tiebreak, all_waiting]
 
 
 def _nccl_findings(parsed: ParsedLogs) -> list[Finding]:

@@ -24,10 +24,15 @@ class Event:
     time: float | None = None  # seconds since the start of the year, when the line had a time
     frame: str | None = None  # the user frame of its traceback: "file.py:12 in func"
     primary: bool = True
+    # where the traceback stood: the torch.distributed call below the user frame (all_reduce,
+    # broadcast, send, barrier, ...) and the user frames above it, outermost first (up to 8)
+    api: str | None = None
+    stack: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": self.message, "source": self.source,
-                "time": self.time, "frame": self.frame, "primary": self.primary}
+                "time": self.time, "frame": self.frame, "primary": self.primary,
+                "api": self.api}
 
 
 @dataclass
@@ -58,6 +63,7 @@ class RankLog:
     exit_time: str | None = None
     nccl_warns: int = 0
     phase: tuple[str, str] | None = None  # the last phase it entered (validation, checkpoint, ...) and the line
+    wait_site: Event | None = None  # its first timeout / lost peer that came with a traceback
 
     def add(self, ev: Event) -> None:
         if self.first_event is None:
@@ -67,6 +73,8 @@ class RankLog:
                 self.first_primary = ev
         else:
             self.consequences += 1
+            if self.wait_site is None and ev.frame is not None:
+                self.wait_site = ev
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +86,8 @@ class RankLog:
             "last_enqueued": self.enqueued, "last_completed": self.completed,
             "exitcode": self.exitcode, "nccl_warns": self.nccl_warns,
             "last_phase": self.phase[0] if self.phase else None,
+            "wait_site": ({"frame": self.wait_site.frame, "api": self.wait_site.api}
+                          if self.wait_site else None),
         }
 
 

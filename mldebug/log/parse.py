@@ -112,6 +112,7 @@ _EXC_CLASS = re.compile(r"\.[A-Z]\w*$|^[A-Z]\w*(?:Error|Exception|Exit|Interrupt
                         r"|Timeout|Warning|Iteration|Abort|Aborted)$")
 # lines of other output a traceback stays open through (stdout between stderr's lines)
 MAX_FOREIGN = 200
+MAX_STACK = 8  # user frames of a traceback kept (the innermost)
 
 _TABLE_ENTRY = re.compile(r"^\[(?P<idx>\d{1,7})\]:\s*$")
 _TABLE_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<val>.*)$")
@@ -233,6 +234,8 @@ class _Stream:
     any_frame: str | None = None
     foreign: int = 0  # lines of other output read since the traceback's last frame
     mixed: bool = False  # other output came between this traceback's lines
+    api: str | None = None  # the first torch.distributed frame below the last user frame
+    stack: list[str] = field(default_factory=list)  # user frames, outermost first (capped)
 
 
 @dataclass
@@ -398,7 +401,8 @@ class LogParser:
             if not stream.in_tb:
                 self._open_tb += 1
             stream.in_tb, stream.frame, stream.any_frame = True, None, None
-            stream.foreign, stream.mixed = 0, False
+            stream.foreign, stream.mixed, stream.api = 0, False, None
+            stream.stack.clear()
             return
         if stream.in_tb:
             m = _TB_FILE.match(text)
@@ -406,7 +410,12 @@ class LogParser:
                 uf = _user_frame(m["file"], m["line"], m["func"])
                 stream.any_frame = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']} in {m['func']}"
                 if uf:
-                    stream.frame = uf
+                    stream.frame, stream.api = uf, None
+                    if len(stream.stack) >= MAX_STACK:
+                        del stream.stack[0]
+                    stream.stack.append(uf)
+                elif stream.api is None and m["file"].endswith("distributed_c10d.py"):
+                    stream.api = m["func"]  # the collective the user frame called
                 stream.foreign = 0
                 return
             if text.startswith((" ", "\t")) or not text.strip():
@@ -429,7 +438,8 @@ class LogParser:
                 if m["type"].endswith("ChildFailedError"):
                     return  # the launcher's own traceback; its table follows
                 msg = f"{m['type'].rsplit('.', 1)[-1]}: {m['msg'] or ''}".strip().rstrip(":")
-                self._event(rank, msg, where, when, stream.frame or stream.any_frame)
+                self._event(rank, msg, where, when, stream.frame or stream.any_frame,
+                            api=stream.api, stack=tuple(stream.stack))
                 if m["msg"]:
                     self._mldebug_lines(rank, m["msg"], where, when)
                 return
@@ -633,12 +643,13 @@ class LogParser:
             ranks.append(rank)
 
     def _event(self, rank: int | None, msg: str, where: str, when: float | None,
-               frame: str | None, *, kind: str | None = None, primary: bool | None = None) -> None:
+               frame: str | None, *, kind: str | None = None, primary: bool | None = None,
+               api: str | None = None, stack: tuple[str, ...] = ()) -> None:
         k, prim = classify(msg)
         msg = sanitize(_SRC_TAG.sub("", msg), limit=500)  # outside text: controls shown escaped
         ev = Event(kind or k, msg[:500], self.parsed.lines, where,
                    when if when is not None else self._last_time.get(rank), frame,
-                   prim if primary is None else primary)
+                   prim if primary is None else primary, api, stack)
         if rank is None:
             if len(self.parsed.launcher_events) < 1000:
                 self.parsed.launcher_events.append(ev)
