@@ -242,3 +242,99 @@ def test_a_node_answering_under_another_name_is_not_dead():
     assert any("answered as host" in e["error"] and e["host"] == "10.0.0.1"
                for e in rep["notes"])  # a note on the collection, never an error
     assert not any("answered as host" in e["error"] for e in rep["errors"])
+
+
+# -- the fault matrix's real node documents (tests/fixtures/hang/faults, see its README) --
+FAULTS = FIX / "faults"
+
+
+def fault_collection(name: str, *, first_dump_only: bool = False) -> Collection:
+    import json
+
+    from mldebug.fanout import NodeResult
+    from mldebug.hang.collect import collection_from_results
+
+    doc = json.loads((FAULTS / f"{name}.json").read_text())
+    if first_dump_only:  # as the node answered before the re-check existed
+        for p in doc["processes"]:
+            p.update(dump_later=None, recheck=None, samples=p["samples"][:2])
+    return collection_from_results([NodeResult(doc["host"], data=doc)])
+
+
+@pytest.mark.parametrize("name", ["healthy", "healthy_dataloader", "healthy_ddp",
+                                  "slow_straggler"])
+def test_matrix_a_training_job_is_progress_after_the_recheck_not_a_suspect(name):
+    """Ranks between steps stand at different places in one snapshot; the re-check's second
+    dump shows every rank moved, so the verdict is progress with no suspect."""
+    first = analyze(fault_collection(name, first_dump_only=True))
+    assert first.suspects, "the first dump alone names someone: the re-check decides"
+    report = analyze(fault_collection(name))
+    assert report.suspects == [] and report.verdict_kind == "progress"
+    assert report.jobs[0].hang_class.value == "slow"
+    assert "0.5s apart" in report.verdict and "nothing is stuck" in report.verdict
+    assert {g.state for g in report.groups} == {"moving"}
+    assert not any(h.code.startswith("wait-") for h in report.hints)  # nothing waits
+
+
+@pytest.mark.parametrize("name,culprit,cls,wait,needle", [
+    ("flock", 1, "blocked", "file-lock", "flock on "),
+    ("thread_lock", 2, "blocked", "lock", "a futex"),
+    ("gil_hold", 3, "blocked", "lock", "a futex"),
+    ("queue_dead_producer", 0, "blocked", "queue", "Queue.get"),
+    ("dataloader_stuck", 2, "blocked", "dataloader", "_get_data"),
+    ("fifo_read", 0, "blocked", "fifo-open", "open of a FIFO"),
+    ("socket_read", 3, "blocked", "socket-read", "recvfrom on a socket"),
+    ("input_prompt", 1, "blocked", "pipe-read", "read on a pipe"),
+    ("busy_python", 3, "spinning", None, "spinning"),
+    ("busy_forward", 1, "spinning", None, "spinning"),
+])
+def test_matrix_a_rank_outside_the_collective_is_named_with_what_it_waits_in(
+        name, culprit, cls, wait, needle):
+    report = analyze(fault_collection(name))
+    assert [s.rank for s in report.suspects] == [culprit]
+    assert report.jobs[0].hang_class.value == cls
+    assert needle in report.suspects[0].reason
+    g = next(g for g in report.groups if culprit in g.ranks)
+    assert g.wait == wait
+    # the victims did not move in the re-check: they wait, they are no suspects
+    assert {x.state for x in report.groups if culprit not in x.ranks} == {"stuck"}
+    if wait is not None:
+        assert any(h.code == f"wait-{wait}" for h in report.hints)
+
+
+def test_matrix_flock_names_the_holder_of_the_lock():
+    report = analyze(fault_collection("flock"))
+    s = report.suspects[0]
+    holder = report.processes[1].kernel
+    assert holder is not None and holder.lock_holder
+    assert f"held by pid {holder.lock_holder}" in s.reason and "ckpt-rank1.lock" in s.reason
+    hint = next(h for h in report.hints if h.code == "wait-file-lock")
+    assert f"held by pid {holder.lock_holder}" in hint.title
+
+
+def test_matrix_a_busy_suspect_is_said_busy_and_what_would_tell_slow_from_stuck():
+    report = analyze(fault_collection("busy_python"))
+    hint = next(h for h in report.hints if h.code == "recheck-suspect-busy")
+    assert "Rank 3 kept running" in hint.title and "--watch 30" in hint.fix
+
+
+def test_matrix_sigstop_rank_is_stopped_named_and_resumed_with_its_pid():
+    coll = fault_collection("sigstop")
+    ((_, r), (host, pid)), = coll.stopped.items()
+    assert r == 0
+    report = analyze(coll)
+    assert [(s.rank, s.pid, s.activity) for s in report.suspects] == [(0, pid, "stopped")]
+    assert report.jobs[0].hang_class.value == "stopped"
+    assert report.verdict.startswith("Stopped rank: Rank 0 of 4 is alive")
+    assert f"kill -CONT {pid}" in report.verdict_finding.fix
+    assert "desync" not in report.to_dict()["verdict"]["class"]
+
+
+def test_matrix_all_threads_text_shows_the_lock_holder_thread():
+    from mldebug.hang.report import render_text
+
+    text = render_text(analyze(fault_collection("thread_lock"), all_threads=True))
+    assert "other threads of rank 2" in text
+    assert "thread 'cache-refresher'" in text and "take_lock_held_by_thread.<locals>.holder" in text
+    assert "of mldebug itself (mldebug-fr-signal, mldebug-fr-trigger) not shown" in text
+    assert "cache-refresher" not in render_text(analyze(fault_collection("thread_lock")))

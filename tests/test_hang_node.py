@@ -228,3 +228,66 @@ def test_run_many_gives_code_and_both_streams_and_kills_at_the_timeout():
     assert isinstance(got[1], TimeoutError)
     assert isinstance(got[2], OSError)
     assert got[3] == (-9, "", "")
+
+
+def _wait_state(pid: int, want: str, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (proc_status(pid).get("State") or "").startswith(want):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"pid {pid} never reached state {want}")
+
+
+def test_kernel_wait_names_a_flock_and_its_holder_from_proc_locks(tmp_path):
+    """A real holder and a real waiter on one file: the waiter's system call, the file its fd
+    names, and the holder's pid from /proc/locks (the fault matrix's flock class)."""
+    import time
+
+    from mldebug.hang.node import kernel_all
+
+    lock = tmp_path / "ckpt.lock"
+    lock.touch()
+    take = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); open(sys.argv[1] + '.' + sys.argv[2], 'w').close(); "
+            "time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", take, str(lock), "held"])
+    waiter = None
+    try:
+        while not (tmp_path / "ckpt.lock.held").exists():
+            time.sleep(0.02)
+        waiter = subprocess.Popen([sys.executable, "-c", take, str(lock), "second"])
+        _wait_state(waiter.pid, "S")
+        time.sleep(0.3)  # into flock
+        targets = [{"pid": waiter.pid}, {"pid": holder.pid}]
+        kernel_all(targets)
+        k = targets[0]["kernel"]
+        assert k["syscall"] in ("flock", "syscall 73"), k
+        assert k["file"] == str(lock)
+        assert k["lock"]["holder"] == holder.pid and k["lock"]["kind"] == "FLOCK"
+        assert k["lock"]["holder_comm"].startswith("python")
+        # the holder sleeps: a nanosleep, and it waits on no lock
+        assert targets[1]["kernel"]["syscall"] in ("clock_nanosleep", "nanosleep")
+        assert "lock" not in targets[1]["kernel"]
+    finally:
+        for p in (holder, waiter):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_recheck_only_when_one_snapshot_would_name_someone():
+    from mldebug.hang.node import needs_recheck
+
+    def t(pid: int, *frames: tuple[str, str, int]) -> dict:
+        return {"pid": pid, "dump": [{"thread_name": "MainThread", "os_thread_id": pid, "frames": [
+            {"name": n, "filename": f, "line": line} for n, f, line in frames]}]}
+
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    same = [t(p, ("all_reduce", c10d, 3252), ("step", "/w/train.py", 40)) for p in (1, 2)]
+    assert not needs_recheck(same)  # every rank waits in one collective: nothing to re-check
+    assert needs_recheck([*same, t(3, ("all_reduce", c10d, 3252), ("step", "/w/train.py", 44))])
+    assert needs_recheck([t(4, ("load", "/w/train.py", 9))])  # outside any collective
+    assert not needs_recheck([{"pid": 5, "dump": None}])

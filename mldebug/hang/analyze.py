@@ -29,6 +29,7 @@ from mldebug.hang.model import (
     Collection,
     Group,
     Job,
+    KernelWait,
     Process,
     Report,
     StackFrame,
@@ -101,6 +102,57 @@ def ours_note(p: Process) -> str | None:
     role = our_role(mt.frames)
     if role and role.startswith("the debugger"):
         return "in mldebug: stopped in a debugger session (mldebug.breakpoint)"
+    return None
+
+
+# -- where a rank waits in the kernel (mldebug.hang.node.kernel_wait) ---------------------
+_READS = frozenset({"read", "readv", "pread64", "recvfrom", "recvmsg"})
+
+
+def kernel_label(k: KernelWait | None) -> tuple[str, str] | None:
+    """(wait label, what it waits in) from the main thread's system call and kernel wait
+    point, for a rank whose Python frames do not say (the call is written in C:
+    ``fcntl.flock``, ``Lock.acquire``, ``socket.recv``, ``input``). None when it is not
+    blocked in a call worth naming."""
+    if k is None:
+        return None
+    sc, f, wchan = k.syscall or "", k.file or "", k.wchan or ""
+    fd = f"fd {k.fd}" if k.fd is not None else "an fd"
+    if sc == "flock" or (sc == "fcntl" and k.lock_holder) or "lock_inode_wait" in wchan \
+            or "flock_lock" in wchan:
+        what = f"{sc or 'a file lock'} on {f or fd}"
+        if k.lock_holder:
+            comm = f", {k.lock_holder_comm}" if k.lock_holder_comm else ""
+            what += f", held by pid {k.lock_holder}{comm}"
+        return "file-lock", what
+    if sc in _READS or sc == "poll" and f:
+        if f.startswith("socket:"):
+            return "socket-read", f"{sc} on a socket ({fd}: {f}) whose peer sends nothing"
+        if f.startswith("pipe:"):
+            if k.fd == 0:
+                return "stdin", (f"{sc} on stdin ({fd}: a pipe): input() or sys.stdin waiting "
+                                 "for a line nobody types")
+            return "pipe-read", f"{sc} on a pipe ({fd}: {f}) nobody writes"
+        if k.fd == 0:
+            return "stdin", f"{sc} on stdin ({fd}: {f or 'unknown'})"
+        if "pipe" in wchan or "fifo" in wchan:
+            return "pipe-read", f"{sc} on the FIFO {f or fd}, which nobody writes"
+        return "fs-read", f"{sc} of {f or fd}"
+    if sc in ("open", "openat"):
+        if "fifo" in wchan or "wait_for_partner" in wchan or "pipe" in wchan:
+            return "fifo-open", "open of a FIFO that no process opens for writing"
+        return "fs-read", f"{sc} (a file system that does not answer, wchan {wchan or '?'})"
+    if sc == "futex" or "futex" in wchan:
+        return "lock", "a futex: a lock or condition waited on in C code (Lock.acquire, a C " \
+                       "extension's mutex)"
+    if sc in ("nanosleep", "clock_nanosleep") or "nanosleep" in wchan:
+        return "sleep", sc or "nanosleep"
+    if sc in ("wait4", "waitid"):
+        return "subprocess", f"{sc}: waiting for a child process"
+    if sc in ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait"):
+        return "poll", f"{sc} on file descriptors that never become ready"
+    if sc in ("accept", "accept4", "connect"):
+        return "socket-read", f"{sc} on a socket ({fd}: {f or '?'})"
     return None
 
 
@@ -183,16 +235,23 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
         w = wait_of(frames)
         note = ours_note(members[0])
         mt = members[0].main_thread()
+        coll = collective_of(frames)
+        wait, wait_at = ("debugger", note) if note else (w[0], w[1].location) if w else \
+            (None, None)
+        if wait is None and coll is None and frames:  # the call is in C: the kernel says
+            kw = kernel_label(members[0].kernel)
+            if kw is not None:
+                wait, wait_at = kw
         groups.append(Group(
             ranks=ranks,
             pids=sorted((p.host, p.pid) for p in members),
             hosts=sorted({p.host for p in members}),
             where=where(frames),
-            collective=collective_of(frames),
+            collective=coll,
             frames=frames,
             locals_key=lkey,
-            wait="debugger" if note else w[0] if w else None,
-            wait_at=note if note else w[1].location if w else None,
+            wait=wait,
+            wait_at=wait_at,
             ours=note,
             hidden=len(mt.frames) - len(frames) if mt else 0,
         ))
@@ -274,17 +333,64 @@ def _order(p: Process) -> tuple[int, str, int]:
     return (p.rank if p.rank is not None else 1 << 62, p.host, p.pid)
 
 
+def _stopped_pid(why: str) -> int | None:
+    """The pid of an undumped rank's reason (``pid N on HOST: ...``)."""
+    head = why.split(" ", 2)
+    return int(head[1]) if len(head) > 2 and head[0] == "pid" and head[1].isdigit() else None
+
+
+def is_stopped_reason(why: str) -> bool:
+    """An undumped rank's reason says its process is stopped (mldebug.hang.node's wording)."""
+    return "the process is stopped" in why
+
+
+def _absent_suspects(key: str, sit: Any, stopped: dict[int, tuple[str, int | None]],
+                     others: str, with_gone: bool) -> list[Suspect]:
+    """The ranks without stacks that the others wait for: a stopped rank always, a rank whose
+    process is gone when no rank present is odd (``with_gone``)."""
+    out = []
+    for r in sit.missing:
+        host = sit.expected.get(r, "")
+        if r in stopped:
+            h, pid = stopped[r]
+            out.append(Suspect(rank=r, host=h or host, pid=pid, job=key, activity="stopped",
+                               reason="stopped (state T: SIGSTOP or a job-control stop), so it "
+                                      f"cannot run{others}"))
+        elif with_gone and r not in sit.undumped:
+            out.append(Suspect(rank=r, host=host, pid=None, job=key,
+                               reason="its process is absent (it exited, was killed or never "
+                                      f"started){others}"))
+    return out
+
+
+def _others_text(sit: Any) -> str:
+    from mldebug.hang import rules
+
+    if not sit.places:
+        return ""
+    return " while " + "; ".join(f"{rules.ranks_text(sit.groups, idx)} "
+                                 f"{'wait' if sit.size(idx) > 1 else 'waits'} "
+                                 f"{rules.place(sit.groups[idx[0]])}" for idx in sit.places[:3])
+
+
 def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                 watch: float | None = None, answered: frozenset[str] = frozenset(),
                 gpu: dict[str, list[dict[str, Any]]] | None = None,
-                undumped: dict[int, str] | None = None) -> Job:
-    """One job's groups, suspects and verdict (see mldebug.hang.rules)."""
+                undumped: dict[int, str] | None = None,
+                stopped: dict[int, tuple[str, int | None]] | None = None,
+                recheck: float | None = None) -> Job:
+    """One job's groups, suspects and verdict (see mldebug.hang.rules).
+
+    ``recheck``: the seconds between the first dump and the one-snapshot re-check (every
+    rank dumped and sampled again because one snapshot would have named a suspect); its
+    evidence is read as --watch's: a job whose every rank moved makes progress."""
     from mldebug.hang import rules
 
     procs = sorted(procs, key=_order)
     world, missing, expected = missing_ranks(procs)
     groups = group_processes(procs, all_threads)
-    if watch is not None:
+    window = watch if watch is not None else recheck
+    if window is not None:
         _apply_watch(procs, groups, all_threads)
     # A "place" is where a rank is, for the verdict: the collective and the user call site.
     # Groups whose stacks differ only inside torch (rank 0 hosting the store during init,
@@ -295,11 +401,16 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     places = sorted(place_of.values(), key=lambda idx: -sum(len(groups[i].pids) for i in idx))
     acts = {(p.host, p.pid): a for p in procs if (a := activity(p)) is not None}
     job_hosts = {p.host for p in procs}
+    undumped_here = {r: why for r, why in (undumped or {}).items() if r in missing}
+    stopped_here = {r: hp for r, hp in (stopped or {}).items() if r in missing}
+    for r, why in undumped_here.items():  # the reason says so: a saved or older document
+        if r not in stopped_here and is_stopped_reason(why):
+            stopped_here[r] = (expected.get(r, ""), _stopped_pid(why))
     sit = rules.Situation(procs, groups, places, world, missing, expected, answered, watch,
                           all_threads, activity=acts,
                           gpu={h: v for h, v in (gpu or {}).items() if h in job_hosts},
-                          undumped={r: why for r, why in (undumped or {}).items()
-                                    if r in missing})
+                          undumped=undumped_here, stopped=sorted(stopped_here),
+                          recheck=recheck)
     v = rules.verdict(sit)
     by_key = {(p.host, p.pid): p for p in procs}
     suspects = []
@@ -313,29 +424,45 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                                                      else ""),
                                     call_site=call_site(g.frames), job=key,
                                     activity=act[0] if act else None))
-    suspects.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host, s.pid))
     text, kind = v.text, v.kind
+    # the ranks with no stacks that the others wait for: stopped ones, gone ones
+    absent = _absent_suspects(key, sit, stopped_here, _others_text(sit),
+                              with_gone=not suspects and kind is not VerdictKind.AMBIGUOUS)
+    suspects += absent
+    suspects.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host,
+                                 s.pid or 0))
     if not text and suspects:
         names = join_labels(s_label(s) for s in suspects)
         text = (f"Suspect{'s' if len(suspects) > 1 else ''}: {names} - "
                 f"{suspects[0].reason}.")
-    # --watch saw every rank move (stack or data): progress, never a suspect headline
-    if watch is not None and not missing and groups and all(g.state == "moving" for g in groups):
+    # every rank moved (stack or data) between the two dumps: progress, never a suspect
+    if window is not None and not missing and groups and all(g.state == "moving" for g in groups):
         slowest = ""
         if suspects:
             names = join_labels(s_label(s) for s in suspects)
             slowest = (f" At the first dump {names} {'were' if len(suspects) > 1 else 'was'} "
                        f"elsewhere ({suspects[0].reason}): the slowest, not stuck.")
-        text = (f"Every rank moved within {watch:g}s (its stack changed or it sent or received "
-                f"data): the job makes progress.{slowest}")
+        if watch is not None:
+            text = (f"Every rank moved within {watch:g}s (its stack changed or it sent or "
+                    f"received data): the job makes progress.{slowest}")
+        else:  # which rank was elsewhere at one instant says nothing of who is slowest
+            text = (f"Every rank moved between two dumps {window:g}s apart (its stack changed "
+                    "or it sent or received data): the job makes progress, nothing is stuck. "
+                    "The first dump had them at different places, as ranks between steps are.")
         suspects, kind = [], VerdictKind.PROGRESS
     sit.suspects = suspects
+    sit.progress = kind is VerdictKind.PROGRESS
     if missing:
         miss = fold_ranks(missing)
         hosts = sorted({expected[r] for r in missing if r in expected})
         where_txt = f" (expected on {collapse(hosts)})" if hosts else ""
         alive = [r for r in missing if r in sit.undumped]
-        if alive and len(alive) == len(missing):  # stopped or traced: there, not readable
+        if stopped_here and len(stopped_here) == len(missing):
+            text = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
+                    f"{'are' if len(missing) > 1 else 'is'} alive{where_txt} but stopped "
+                    "(state T: SIGSTOP or a job-control stop), and the others wait for it. "
+                    + text)
+        elif alive and len(alive) == len(missing):  # stopped or traced: there, not readable
             text = (f"Rank{'s' if len(missing) > 1 else ''} {miss} of {world} "
                     f"{'are' if len(missing) > 1 else 'is'} alive{where_txt} but could not be "
                     "read (see the hint), and the others may be waiting for it. " + text)
@@ -347,8 +474,12 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
             kind = VerdictKind.SUSPECTS
     cls = rules.hang_class(sit, kind, [groups[i] for i in v.reasons])
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
-    verdict = Finding(kind.severity, f"{cls.headline}: {text.strip()}", "",
-                      rules.CLASS_FIXES.get(cls) or rules.FIXES[kind], kind.value,
+    fix = rules.CLASS_FIXES.get(cls) or rules.FIXES[kind]
+    if cls is rules.HangClass.STOPPED:
+        pids = sorted({x.pid for x in suspects if x.activity == "stopped" and x.pid})
+        fix = fix.replace("kill -CONT PID", "kill -CONT " + " ".join(map(str, pids))
+                          if pids else "kill -CONT PID")
+    verdict = Finding(kind.severity, f"{cls.headline}: {text.strip()}", "", fix, kind.value,
                       rules._hosts(suspect_hosts))
     launcher = _most_common_str(p.job_launcher or p.launcher for p in procs)
     return Job(key=key, launcher=launcher, processes=procs, groups=groups, suspects=suspects,
@@ -382,7 +513,10 @@ def analyze(collection: Collection, *, all_threads: bool = False,
     jobs = [analyze_job(k, v, all_threads=all_threads, watch=collection.watch,
                         answered=answered | (asked - no_answer), gpu=collection.gpu,
                         undumped={r: why for (jk, r), why in collection.undumped.items()
-                                  if jk == k})
+                                  if jk == k},
+                        stopped={r: (h, pid) for (jk, r), (h, pid) in collection.stopped.items()
+                                 if jk == k},
+                        recheck=collection.recheck if collection.watch is None else None)
             for k, v in jobs_procs.items()]
     jobs.sort(key=lambda j: (-len(j.processes), j.key))
     if len(jobs) > 1:  # several jobs: every hint names its job
@@ -437,7 +571,7 @@ def analyze(collection: Collection, *, all_threads: bool = False,
         findings.append(route)
     return Report(jobs=jobs, errors=errors, lone=sorted(lone, key=_order), findings=findings,
                   watch=collection.watch, dead_hosts=dead, gpu=collection.gpu,
-                  notes=list(collection.notes))
+                  notes=list(collection.notes), all_threads=all_threads)
 
 
 def route_finding(processes: Sequence[Process]) -> Finding | None:
@@ -469,6 +603,8 @@ def route_finding(processes: Sequence[Process]) -> Finding | None:
 
 def s_label(s: Suspect) -> str:
     own = f", {s.ns_pid} in its pid namespace" if s.ns_pid is not None else ""
+    if s.pid is None:  # a rank with no process: its expected node
+        return (f"rank {s.rank} (no process" + (f"; expected on {s.host})" if s.host else ")"))
     if s.rank is not None:
         return (f"rank {s.rank} ({s.host}, pid {s.pid}{own})" if s.host
                 else f"rank {s.rank} (pid {s.pid}{own})")

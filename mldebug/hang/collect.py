@@ -14,7 +14,14 @@ from typing import Any
 from mldebug.abortnotes import NOTE_FORMAT, missing_notes
 from mldebug.errors import UsageError
 from mldebug.fanout import FanoutOptions, NodeJob, NodeResult, OnResult, run
-from mldebug.hang.model import IDENTITY_FIELDS, CollectError, Collection, Process, ProcSample
+from mldebug.hang.model import (
+    IDENTITY_FIELDS,
+    CollectError,
+    Collection,
+    KernelWait,
+    Process,
+    ProcSample,
+)
 from mldebug.hang.options import CollectOptions, options_from_args
 from mldebug.hang.pyspy import parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
@@ -62,15 +69,19 @@ def _opt_str(v: Any) -> str | None:
 
 
 def _undumped(host: str, p: dict[str, Any], error: str,
-              out: dict[tuple[str, int], str]) -> None:
+              out: dict[tuple[str, int], str],
+              stopped: dict[tuple[str, int], tuple[str, int]] | None = None) -> None:
     """Remember a live rank py-spy could not read (stopped, traced, ptrace denied), keyed by
-    its job and rank, so the analysis says so instead of calling the rank gone."""
+    its job and rank, so the analysis says so instead of calling the rank gone; a rank whose
+    /proc state was T (stopped) at a sample goes in ``stopped`` too."""
     try:
         proc = process_from_node(host, dict(p, dump=None, dump_later=None, workers=[]))
     except ValueError:
         return
     if proc.rank is not None and not proc.lone:
         out[(proc.job_key, proc.rank)] = f"pid {proc.pid} on {host}: {error}"[:400]
+        if stopped is not None and any(x.state == "T" for x in proc.samples):
+            stopped[(proc.job_key, proc.rank)] = (host, proc.pid)
 
 
 def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Process:
@@ -113,8 +124,36 @@ def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Proce
     proc.route = route if isinstance(route, str) and len(route) <= 32 else None
     detail = p.get("route_detail")
     proc.route_detail = detail if isinstance(detail, str) and len(detail) <= 64 else None
+    proc.kernel = kernel_from_node(p.get("kernel"))
+    recheck = p.get("recheck")
+    proc.recheck = (float(recheck) if isinstance(recheck, (int, float))
+                    and not isinstance(recheck, bool) and 0 < recheck <= 60
+                    and proc.threads_later is not None else None)
     proc.clk_tck = clk_tck
     return proc
+
+
+def _short_str(v: Any, limit: int) -> str | None:
+    return v[:limit] if isinstance(v, str) and v else None
+
+
+def kernel_from_node(raw: Any) -> KernelWait | None:
+    """A process entry's ``kernel`` (mldebug.hang.node.kernel_wait); malformed parts dropped
+    (it only refines the verdict's wording)."""
+    if not isinstance(raw, dict):
+        return None
+    lock_raw = raw.get("lock")
+    lock: dict[str, Any] = lock_raw if isinstance(lock_raw, dict) else {}
+    fd, holder = raw.get("fd"), lock.get("holder")
+    k = KernelWait(syscall=_short_str(raw.get("syscall"), 32),
+                   file=_short_str(raw.get("file"), 300),
+                   fd=fd if isinstance(fd, int) and not isinstance(fd, bool) else None,
+                   wchan=_short_str(raw.get("wchan"), 64),
+                   lock_kind=_short_str(lock.get("kind"), 16),
+                   lock_holder=holder if isinstance(holder, int)
+                   and not isinstance(holder, bool) and holder > 0 else None,
+                   lock_holder_comm=_short_str(lock.get("holder_comm"), 64))
+    return k if k != KernelWait() else None
 
 
 def samples_from_node(raw: Any) -> list[ProcSample]:
@@ -152,6 +191,7 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
     procs: list[Process] = []
     errors: list[CollectError] = []
     undumped: dict[tuple[str, int], str] = {}
+    stopped: dict[tuple[str, int], tuple[str, int]] = {}
     tck = doc.get("clk_tck")
     tck = tck if isinstance(tck, int) and 1 <= tck <= 10000 else 100
     claim = check_host(r.host, doc)
@@ -165,7 +205,7 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
                 errors.append(CollectError(host, _opt_int(p.get("pid")), str(p["error"])))
             if p.get("dump") is None:
                 if p.get("error"):
-                    _undumped(host, p, str(p["error"]), undumped)
+                    _undumped(host, p, str(p["error"]), undumped, stopped)
                 continue
             procs.append(process_from_node(host, p, tck))
     except (AttributeError, TypeError, ValueError, RecursionError) as e:
@@ -175,6 +215,10 @@ def add_node_result(coll: Collection, r: NodeResult) -> None:
     coll.errors.extend(errors)
     coll.processes.extend(procs)
     coll.undumped.update(undumped)
+    coll.stopped.update(stopped)
+    rechecks = [p.recheck for p in procs if p.recheck is not None]
+    if rechecks:
+        coll.recheck = max(rechecks + [coll.recheck or 0.0])
     if doc.get("gpu") is not None:
         from mldebug.hang.gpu import SignalError, check_polls
 
@@ -426,7 +470,10 @@ def _load(paths: Iterable[str]) -> Collection:
                 except (AttributeError, TypeError, ValueError) as e:
                     coll.errors.append(CollectError(f.name, None, f"malformed dump: {e}"))
                     continue
-                watch = watch or proc.threads_later is not None
+                if proc.recheck is not None:
+                    coll.recheck = max(proc.recheck, coll.recheck or 0.0)
+                else:
+                    watch = watch or proc.threads_later is not None
                 coll.processes.append(proc)
                 by_dir.setdefault(f.parent.parent if f.parent.name == "dumps" else f.parent,
                                   []).append(proc)

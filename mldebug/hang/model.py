@@ -56,6 +56,21 @@ class ProcSample:
     io: int | None = None
 
 
+@dataclass(frozen=True)
+class KernelWait:
+    """Where a rank's main thread waits in the kernel (mldebug.hang.node.kernel_wait): the
+    system call it is blocked in, the file its fd argument names, the kernel function it
+    sleeps in, and for a file lock the process holding it (from /proc/locks)."""
+
+    syscall: str | None = None  # "futex", "read", "flock", "openat", ...
+    file: str | None = None  # "socket:[123]", "pipe:[45]", "/data/ckpt.lock"
+    fd: int | None = None
+    wchan: str | None = None  # "pipe_read", "futex_wait_queue", "locks_lock_inode_wait"
+    lock_kind: str | None = None  # "FLOCK", "POSIX" (the lock it waits for)
+    lock_holder: int | None = None  # the pid holding that lock
+    lock_holder_comm: str | None = None
+
+
 # What a Process knows of its place in the job: mldebug.dist.Identity's fields (host aside),
 # copied flat so the JSON of a dump stays one level deep.
 IDENTITY_FIELDS = tuple(f for f in Identity.FIELDS if f != "host")
@@ -91,6 +106,10 @@ class Process:
     # the pid the process has in its own pid namespace (a container, unshare --pid) when it
     # differs from ``pid`` (this node's): what the rank prints and names its files with
     ns_pid: int | None = None
+    kernel: KernelWait | None = None  # where the main thread waits in the kernel
+    # the second dump (threads_later) was the one-snapshot re-check, this many seconds after
+    # the first, not --watch's
+    recheck: float | None = None
 
     @property
     def label(self) -> str:
@@ -166,6 +185,10 @@ class Collection:
     # what a node's answer says about the node without being an error: it answered under
     # another name (an IP, an ssh alias; ``nodetrust.check_host``) - it did answer
     notes: list[CollectError] = field(default_factory=list)
+    # (job key, rank) -> (host, pid) of a live rank that is stopped (state T: SIGSTOP, job
+    # control); such a rank is also in ``undumped``
+    stopped: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    recheck: float | None = None  # the one-snapshot re-check's interval, when one ran
 
 
 class VerdictKind(str, enum.Enum):
@@ -200,6 +223,8 @@ class HangClass(str, enum.Enum):
     SAME_COLLECTIVE = "same-collective"  # all in one collective, CPU not sampled
     DEVICE_WEDGE = "device-wedge"  # GPU signals (not collected yet: reserved)
     DEAD_RANK = "dead-rank"  # a rank's process is gone or never started
+    STOPPED = "stopped"  # a rank's process is stopped (state T: SIGSTOP, job control)
+    LAUNCH = "launch"  # ranks stuck in start-up: init_process_group, the store, rendezvous
     SLOW = "slow"  # --watch saw every rank make progress
     SAME_PLACE = "same-place"  # all ranks at one place outside any collective
     NONE = "none"  # no rank processes
@@ -219,6 +244,8 @@ CLASS_TITLES = {
     HangClass.SAME_COLLECTIVE: "Every rank in the same collective",
     HangClass.DEVICE_WEDGE: "Device-side wedge",
     HangClass.DEAD_RANK: "Dead or missing rank",
+    HangClass.STOPPED: "Stopped rank",
+    HangClass.LAUNCH: "Stuck in start-up",
     HangClass.SLOW: "Slow, not stuck",
     HangClass.SAME_PLACE: "Every rank at the same place",
     HangClass.NONE: "No ranks",
@@ -245,11 +272,11 @@ class Group:
 class Suspect:
     rank: int | None
     host: str
-    pid: int
+    pid: int | None  # None: a rank with no process (gone, never started)
     reason: str
     call_site: str | None = None
     job: str = ""
-    activity: str | None = None  # "spinning" / "blocked", from the /proc samples
+    activity: str | None = None  # "spinning" / "blocked" / "stopped", from the /proc samples
     ns_pid: int | None = None  # its pid inside its own pid namespace, when that differs
 
 
@@ -290,6 +317,7 @@ class Report:
     dead_hosts: list[str] = field(default_factory=list)  # asked, never answered
     gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> GPU polls
     notes: list[CollectError] = field(default_factory=list)  # Collection.notes
+    all_threads: bool = False  # --all-threads: the text report shows every thread
 
     # The single-job view most callers (and the first schema) use; with several jobs the
     # first job's verdict leads and processes/suspects are every job's.

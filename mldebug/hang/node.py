@@ -35,6 +35,10 @@ NODE_VERSION = 1
 # No floor between the two /proc samples: the dumps' own time is the interval (a spinning
 # main thread is runnable at both samples; ticks of 10 ms confirm it when there are some).
 MIN_SAMPLE_INTERVAL = 0.0
+# One snapshot cannot tell slow from stuck: when it would name a rank (ranks at different
+# places, or one outside any collective), every rank is dumped and sampled once more after
+# this pause (without --watch, which does it with its own interval).
+RECHECK_SECONDS = 0.5
 
 
 def sample_all(targets: list[dict[str, Any]]) -> None:
@@ -44,6 +48,124 @@ def sample_all(targets: list[dict[str, Any]]) -> None:
             s = proc_sample(info["pid"])
             if s is not None:
                 info.setdefault("samples", []).append(s)
+
+
+def _main_frames(dump: Any, pid: int) -> list[Any]:
+    if not isinstance(dump, list):
+        return []
+    for t in dump:
+        if isinstance(t, dict) and (t.get("thread_name") == "MainThread"
+                                    or t.get("os_thread_id") == pid):
+            return list(t.get("frames") or ())
+    return list(dump[0].get("frames") or ()) if dump and isinstance(dump[0], dict) else []
+
+
+def needs_recheck(targets: list[dict[str, Any]]) -> bool:
+    """Whether one snapshot would name a suspect: the ranks' main threads stand at different
+    places, or one of them is outside torch.distributed (between steps, or stuck there)."""
+    places = set()
+    for t in targets:
+        if t.get("dump") is None:
+            continue
+        frames = _main_frames(t["dump"], t["pid"])
+        if not any("torch/distributed/" in str(f.get("filename", "")).replace("\\", "/")
+                   for f in frames if isinstance(f, dict)):
+            return True
+        places.add(tuple((f.get("filename"), f.get("name"), f.get("line")) for f in frames
+                         if isinstance(f, dict) and not f.get("module")))
+    return len(places) > 1
+
+
+# Syscall numbers of the waits worth naming (Linux x86_64 and aarch64's generic table).
+_SYSCALLS = {
+    "x86_64": {0: "read", 1: "write", 2: "open", 7: "poll", 17: "pread64", 19: "readv",
+               23: "select", 34: "pause", 35: "nanosleep", 42: "connect", 43: "accept",
+               45: "recvfrom", 47: "recvmsg", 61: "wait4", 72: "fcntl", 73: "flock",
+               202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 247: "waitid",
+               257: "openat", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait",
+               288: "accept4"},
+    "aarch64": {63: "read", 64: "write", 56: "openat", 98: "futex", 101: "nanosleep",
+                115: "clock_nanosleep", 32: "flock", 25: "fcntl", 207: "recvfrom",
+                212: "recvmsg", 73: "ppoll", 72: "pselect6", 22: "epoll_pwait", 260: "wait4",
+                67: "pread64", 65: "readv", 202: "accept", 242: "accept4", 203: "connect",
+                95: "waitid"},
+}
+_FD_SYSCALLS = frozenset({"read", "write", "pread64", "readv", "recvfrom", "recvmsg", "flock",
+                          "fcntl", "accept", "accept4", "connect"})
+
+
+def kernel_wait(pid: int) -> dict[str, Any] | None:
+    """Where the main thread waits in the kernel: the system call it is blocked in (from
+    /proc/PID/syscall, readable with the same rights py-spy needs), the file its first
+    argument names for an fd call, and the kernel function it sleeps in (wchan). None when
+    it runs or nothing is readable. Three small reads."""
+    import platform
+
+    out: dict[str, Any] = {}
+    wchan = read_text(f"/proc/{pid}/wchan")
+    if wchan and wchan.strip() not in ("", "0"):
+        out["wchan"] = wchan.strip()[:64]
+    raw = read_text(f"/proc/{pid}/syscall")
+    parts = (raw or "").split()
+    if parts and parts[0].lstrip("-").isdigit() and int(parts[0]) >= 0:
+        nr = int(parts[0])
+        name = _SYSCALLS.get(platform.machine(), {}).get(nr)
+        out["syscall"] = name or f"syscall {nr}"
+        if name in _FD_SYSCALLS and len(parts) > 1:
+            try:
+                fd = int(parts[1], 16)
+                out["fd"] = fd
+                out["file"] = os.readlink(f"/proc/{pid}/fd/{fd}")[:300]
+            except (ValueError, OSError):
+                pass
+    return out or None
+
+
+def lock_holders(waiters: list[dict[str, Any]]) -> None:
+    """For each target blocked in flock/fcntl (its ``kernel`` entry), the lock it waits for
+    from /proc/locks: a blocked request is a ``->`` line under the lock that holds it, both
+    on the same device:inode; the holder's pid and command are added to ``kernel["lock"]``."""
+    text = read_text("/proc/locks")
+    if not text:
+        return
+    held: dict[str, tuple[str, int, str]] = {}  # lock id -> (kind, holder pid, dev:inode)
+    blocked: dict[int, tuple[str, str]] = {}  # waiting pid -> (lock id, dev:inode)
+    for line in text.splitlines()[:20000]:
+        parts = line.split()
+        if len(parts) < 6 or not parts[0].endswith(":"):
+            continue
+        lid = parts[0][:-1]
+        if parts[1] == "->":
+            try:
+                blocked.setdefault(int(parts[5]), (lid, parts[6] if len(parts) > 6 else ""))
+            except (ValueError, IndexError):
+                pass
+            continue
+        try:
+            held.setdefault(lid, (parts[1], int(parts[4]), parts[5]))
+        except ValueError:
+            pass
+    for t in waiters:
+        k = t.get("kernel") or {}
+        hit = blocked.get(t["pid"])
+        if hit is None or hit[0] not in held:
+            continue
+        kind, holder, inode = held[hit[0]]
+        comm = (read_text(f"/proc/{holder}/comm") or "").strip()[:64] if holder > 0 else ""
+        k["lock"] = {"kind": kind, "holder": holder, "holder_comm": comm, "inode": inode}
+        t["kernel"] = k
+
+
+def kernel_all(targets: list[dict[str, Any]]) -> None:
+    """Every target's kernel wait (``kernel_wait``), and the holder of a lock it waits on."""
+    for t in targets:
+        k = kernel_wait(t["pid"])
+        if k is not None:
+            t["kernel"] = k
+    waiting = [t for t in targets if (t.get("kernel") or {}).get("syscall") in ("flock", "fcntl")
+               or "lock" in (t.get("kernel") or {}).get("wchan", "")]
+    if waiting:
+        lock_holders(waiting)
 
 
 def explain_pyspy_error(pid: int, stderr: str, rc: int,
@@ -367,6 +489,7 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             dump_all(targets, py_spy, opts, "dump", started=dumping)
             time.sleep(max(0.0, MIN_SAMPLE_INTERVAL - (time.monotonic() - first)))
             sample_all(targets)
+            kernel_all(targets)
             for t in targets:
                 if t.get("dump") is not None:
                     t["route"] = "py-spy"
@@ -388,6 +511,13 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             from mldebug.hang import debugserver
 
             debugserver.again(targets, opts, "dump_later")
+        elif targets and needs_recheck(targets):  # slow or stuck? look once more
+            time.sleep(RECHECK_SECONDS)
+            alive = [t for t in targets if t.get("route") == "py-spy"]
+            dump_all(alive, py_spy, opts, "dump_later")
+            sample_all(alive)
+            for t in alive:
+                t["recheck"] = RECHECK_SECONDS
     for t in targets:
         doc["processes"].append({
             "pid": t["pid"], "ppid": t["ppid"], "cmdline": t["cmdline"], "ns_pid": t.get("ns_pid"),
@@ -395,6 +525,7 @@ def collect(opts: argparse.Namespace, dumping: Callable[[], None] | None = None
             "dump_later": t.get("dump_later"), "error": t.get("error"),
             "samples": t.get("samples", []), "route": t.get("route"),
             "route_detail": t.get("route_detail"), "pyspy_error": t.get("pyspy_error"),
+            "kernel": t.get("kernel"), "recheck": t.get("recheck"),
             "workers": [{"pid": w["pid"], "ppid": w["ppid"], "cmdline": w["cmdline"],
                          "identity": w["identity"], "dump": w.get("dump"),
                          "samples": w.get("samples", []),

@@ -90,7 +90,45 @@ def _who(ranks: list[int], pids: list[tuple[str, int]]) -> str:
     return join_labels((proc_label(h, p) for h, p in pids), 6)
 
 
-def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> list[Line]:
+def thread_lines(job: Job, pids: list[tuple[str, int]], *, show_all: bool = False
+                 ) -> list[Line]:
+    """With --all-threads: the other threads of the group's first process, each with where it
+    is and its stack (the holder of a lock, the producer of a queue, a stuck helper)."""
+    from mldebug.hang.frames import is_background, where
+
+    first = next((p for p in job.processes if (p.host, p.pid) == pids[0]), None) if pids else None
+    if first is None:
+        return []
+    mt = first.main_thread()
+    others = [t for t in first.threads if t is not mt]
+    ours = [t for t in others if t.name.startswith("mldebug") or (
+        t.frames and all(frame_kind(f) in ("mldebug", "library", "native") for f in t.frames)
+        and any(frame_kind(f) == "mldebug" for f in t.frames))]
+    others = [t for t in others if t not in ours]
+    if not others and not ours:
+        return []
+    lines: list[Line] = [[(f"  other threads of {first.label} (pid {first.pid}):", "bold")]]
+    if ours:
+        lines.append([(f"  {len(ours)} thread{'s' if len(ours) != 1 else ''} of mldebug itself "
+                       f"({join_labels((t.name or '?' for t in ours), 4)}) not shown", "dim")])
+    cap = None if show_all else MAX_WORKER_FRAMES
+    for t in others:
+        shown = [f for f in t.frames if not (f.native and f.name.startswith("0x"))]
+        tag = " (background)" if is_background(t) else ""
+        state = " active" if t.active else " idle" if t.active is False else ""
+        tid = t.os_thread_id if t.os_thread_id is not None else t.thread_id
+        lines.append([(f"  thread {t.name or '?'!r} (tid {tid}{state}){tag}", "bold magenta"),
+                      (f"  at {where(shown)}", "")])
+        for f in shown[:cap]:
+            line = _frame_line(f)
+            lines.append([("  " + line[0][0], line[0][1])])
+        if cap is not None and len(shown) > cap:
+            lines.append([(f"      ... {len(shown) - cap} more frames (--all)", "dim")])
+    return lines
+
+
+def job_lines(job: Job, *, show_all: bool = False, heading: bool = False,
+              all_threads: bool = False) -> list[Line]:
     lines: list[Line] = []
     if heading:
         lines.append([])
@@ -152,6 +190,8 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False) -> lis
         if g.hidden:
             lines.append([(f"    ({g.hidden} frame{'s' if g.hidden != 1 else ''} of mldebug "
                            "itself hidden)", "dim")])
+        if all_threads:
+            lines.extend(thread_lines(job, s.pids, show_all=show_all))
         lines.extend(worker_lines(job, s.pids, show_all=show_all))
     if gcap is not None and len(shown) > gcap:
         rest_pids = sum(len(s.pids) for s in shown[gcap:])
@@ -219,7 +259,8 @@ def report_lines(report: Report, *, show_all: bool = False) -> list[Line]:
     for job in report.jobs:
         if len(report.jobs) == 1:
             lines.append([])
-        lines.extend(job_lines(job, show_all=show_all, heading=len(report.jobs) > 1))
+        lines.extend(job_lines(job, show_all=show_all, heading=len(report.jobs) > 1,
+                               all_threads=report.all_threads))
     if report.notes:
         lines.append([])
         lines.append([(f"Notes ({len(report.notes)}):", "bold")])

@@ -44,6 +44,9 @@ class Situation:
     activity: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     gpu: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # host -> two polls
     undumped: dict[int, str] = field(default_factory=dict)  # missing rank alive, unreadable: why
+    stopped: list[int] = field(default_factory=list)  # missing ranks alive but stopped (state T)
+    recheck: float | None = None  # seconds to the one-snapshot re-check's dumps, when it ran
+    progress: bool = False  # the verdict: every rank moved (filled after the verdict)
 
     def wedged(self) -> dict[str, list[int]]:
         """Per host, the GPUs busy at ~100% with flat power in both polls."""
@@ -71,6 +74,12 @@ class Situation:
 
     def size(self, idx: list[int]) -> int:
         return sum(len(self.groups[i].pids) for i in idx)
+
+    @property
+    def in_startup(self) -> bool:
+        """Every rank present waits in start-up (init_process_group: the store, rendezvous)."""
+        return bool(self.groups) and all(g.collective == "init_process_group"
+                                         for g in self.groups)
 
     @property
     def in_coll(self) -> list[list[int]]:
@@ -143,7 +152,9 @@ def outside_while_others_wait(s: Situation) -> Verdict | None:
     wait_desc = "; ".join(f"{ranks_text(s.groups, idx)} {_verb(s, idx)} {place(s.groups[idx[0]])}"
                           for idx in s.in_coll[:3])
     reasons = {i: f"not in any collective (at {s.groups[i].where}"
-                  + (f"; {s.groups[i].ours}" if s.groups[i].ours else "") + f") while {wait_desc}"
+                  + (f"; {s.groups[i].ours}" if s.groups[i].ours else
+                     f"; waits in {s.groups[i].wait_at}" if s.groups[i].wait_at else "")
+                  + f") while {wait_desc}"
                for idx in s.out_coll for i in idx}
     return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
 
@@ -214,8 +225,15 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
         return HangClass.SLOW
     if kind is VerdictKind.NO_PROCESSES:
         return HangClass.NONE
-    if any(r not in s.undumped for r in s.missing) or (s.gpu and s.ras()["dead"]):
+    gone = [r for r in s.missing if r not in s.undumped]
+    if gone and s.in_startup:
+        return HangClass.LAUNCH  # never joined: the others still wait in start-up
+    if gone or (s.gpu and s.ras()["dead"]):
         return HangClass.DEAD_RANK  # a stopped or traced rank is alive: not this class
+    if s.stopped:
+        return HangClass.STOPPED
+    if s.in_startup and kind is not VerdictKind.SUSPECTS:
+        return HangClass.LAUNCH
     if kind is VerdictKind.AMBIGUOUS:
         return HangClass.DESYNC
     if kind is VerdictKind.SUSPECTS:
@@ -258,6 +276,13 @@ CLASS_FIXES = {
                             "trigger + analyze for the collective.",
     HangClass.DEAD_RANK: "Find why the rank's process ended: its log, dmesg for OOM kills, the "
                          "node's health; the others wait for it.",
+    HangClass.STOPPED: "Resume the stopped rank: kill -CONT PID (a SIGSTOP, a shell's Ctrl-Z, "
+                       "a debugger or a scheduler's suspend stopped it); the others run on "
+                       "once it does.",
+    HangClass.LAUNCH: "Start-up never completed: compare the world size passed to "
+                      "init_process_group (and WORLD_SIZE, RANK) with the ranks launched, and "
+                      "check that every rank reaches MASTER_ADDR:MASTER_PORT (mldebug env "
+                      "--check-port); --locals shows the arguments init_process_group got.",
 }
 
 
@@ -334,12 +359,41 @@ def _gone_hint(s: Situation, gone: list[int]) -> list[Finding]:
                hosts, Severity.WARNING)]
 
 
+def recheck_hint(s: Situation) -> list[Finding]:
+    """What the one-snapshot re-check (a second dump ``recheck`` seconds later) says when it
+    did not show progress: suspects that moved while the others stood still are busy - a
+    long step or a loop - and whether they would ever reach the collective cannot be told
+    from a second; suspects that did not move are stuck for that long at least."""
+    if s.recheck is None or s.progress or not s.suspects:
+        return []
+    state = {hp: g.state for g in s.groups for hp in g.pids}
+    moving = [x for x in s.suspects if x.pid is not None
+              and (state.get((x.host, x.pid)) == "moving" or x.activity == "spinning")]
+    keys = {(x.host, x.pid) for x in moving}
+    stuck = [g for g in s.groups if g.state == "stuck" and not keys & set(g.pids)]
+    if not moving or not stuck:
+        return []
+    who = join_labels(x.host + ":" + str(x.pid) if x.rank is None else f"rank {x.rank}"
+                      for x in moving)
+    pid = moving[0].pid
+    return [_f("recheck-suspect-busy", f"{_upper_first(who)} kept running (its stack or CPU "
+               f"time moved) over the {s.recheck:g}s re-check while "
+               f"{ranks_text(s.groups, [s.groups.index(g) for g in stuck])} did not: busy, "
+               "not asleep.",
+               "A rank busy outside the collective the others wait in is either in a long "
+               "step (an evaluation, a checkpoint, a slow batch) or in a loop that never ends; "
+               f"{s.recheck:g}s cannot tell which.",
+               f"Watch longer than a step: mldebug hang --watch 30; py-spy top --pid {pid} shows "
+               "where its time goes.", {x.host for x in moving})]
+
+
 def watch_hint(s: Situation) -> list[Finding]:
     if s.watch is None:
         return []
     state = {(h, pid): g.state for g in s.groups for h, pid in g.pids}
     out = []
-    if s.suspects and all(state.get((x.host, x.pid)) == "moving" for x in s.suspects):
+    if s.suspects and all(x.pid is not None and state.get((x.host, x.pid)) == "moving"
+                          for x in s.suspects):
         out.append(_f("suspects-moving", "The suspects' stacks changed between the two dumps: "
                       "they are slow, not stuck.", "",
                       "Profile them (py-spy top --pid PID) instead of looking for a deadlock.",
@@ -392,6 +446,34 @@ WAIT_HINTS: dict[str, tuple[str, str, str]] = {
         "time.sleep() in a rank: a polling loop waiting for a condition that never comes, a "
         "retry back-off, or a debugging pause left in.",
         "Look at the loop around the sleep at the call site: what condition is it waiting for?"),
+    "file-lock": (
+        "{who}: waiting for a file lock ({at}).",
+        "flock()/fcntl() blocks until the process holding the lock on that file releases it "
+        "(from /proc/locks: the holder of the lock on the same inode).",
+        "See what the holder does (py-spy dump --pid HOLDER; cat /proc/HOLDER/cmdline): end it or "
+        "make it release the lock; take the lock with a timeout (LOCK_NB in a retry loop)."),
+    "socket-read": (
+        "{who}: waiting on a socket ({at}).",
+        "A recv/accept/connect on a socket outside torch.distributed: a peer (a server, a "
+        "metrics or data service, another rank's side channel) that never answers.",
+        "Find the peer (ss -tnp | grep PID); give the socket a timeout (settimeout)."),
+    "stdin": (
+        "{who}: waiting for input on stdin ({at}).",
+        "input() or a read of sys.stdin in a rank: a prompt nobody answers (launchers give "
+        "ranks no terminal).",
+        "Remove the prompt from the job (a flag or config value instead of input())."),
+    "pipe-read": (
+        "{who}: waiting to read a pipe or FIFO ({at}).",
+        "A read on a pipe blocks until a writer writes or every writer closes it.",
+        "Find the writer (lsof on the pipe or FIFO) and why it does not write."),
+    "fifo-open": (
+        "{who}: waiting to open a FIFO ({at}).",
+        "Opening a FIFO for reading blocks until some process opens it for writing.",
+        "Start the writer, or open with O_NONBLOCK."),
+    "poll": (
+        "{who}: waiting in poll/select ({at}).",
+        "The rank waits for file descriptors (sockets, pipes) that never become ready.",
+        "Find which descriptors (ls -l /proc/PID/fd) and who should write them."),
     "fs-read": (
         "{who}: waiting in a file read or open ({at}).",
         "A read/open system call that does not return: usually a network file system (NFS, "
@@ -402,7 +484,10 @@ WAIT_HINTS: dict[str, tuple[str, str, str]] = {
 
 
 def wait_hints(s: Situation) -> list[Finding]:
-    """A hint for each kind of wait that is not a collective (see WAIT_HINTS)."""
+    """A hint for each kind of wait that is not a collective (see WAIT_HINTS); none when
+    every rank moved (nothing waits for long)."""
+    if s.progress:
+        return []
     by_label: dict[str, list[int]] = {}
     for i, g in enumerate(s.groups):
         if g.wait and not g.collective and g.wait in WAIT_HINTS:
@@ -502,7 +587,7 @@ def gpu_hints(s: Situation) -> list[Finding]:
 HINT_RULES: list[Callable[[Situation], list[Finding]]] = [
     gpu_hints,
     missing_hint, below_python, no_majority_hint, wait_hints, needs_native, thread_deadlock,
-    watch_hint,
+    watch_hint, recheck_hint,
 ]
 
 
