@@ -81,13 +81,13 @@ FAULTS: tuple[Fault, ...] = (
       DESYNC_LIVE, mode="pipeline", min_ranks=4),
     F("pg_creation_order", "desync", "the culprit creates the pair groups in another order",
       "the culprit's group creation order differs; the others wait in new_group",
-      ("desync", "launch"), ("hang", "watch", "log"), mode="subgroup", min_ranks=4),
+      ("desync", "launch"), ("hang", "watch", "log"), mode="subgroup", min_ranks=4, survivable=False),
     F("new_group_not_all", "desync", "the culprit does not call new_group for the last pair",
       "the culprit never joined the group creation the others wait in", ("desync", "launch"),
-      ("hang", "watch", "log"), mode="subgroup", min_ranks=4),
+      ("hang", "watch", "log"), mode="subgroup", min_ranks=4, survivable=False),
     F("subgroup_skip", "desync", "the culprit skips its pair group's all_reduce",
       "the culprit, not its pair partner left waiting alone in the subgroup", ("desync",),
-      DESYNC_LIVE, mode="subgroup", min_ranks=4),
+      DESYNC_LIVE, mode="subgroup", min_ranks=4, survivable=False),
     F("ddp_skip_backward", "desync", "DDP: the culprit's step calls the unwrapped module, so "
       "its backward runs no gradient bucket all_reduce", "the culprit is in another collective "
       "than DDP's gradient all_reduce the others wait in", ("desync",), DESYNC_LIVE,

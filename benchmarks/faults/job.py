@@ -475,6 +475,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train at least this long (healthy jobs the live routes watch)")
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--no-fr", action="store_true", help="do not enable the flight recorder")
+    p.add_argument("--trace", action="store_true",
+                   help="record each rank's execution ring (mldebug.trace.enable)")
     p.add_argument("--pool", help="a JSON list of cases ({fault, culprits, mode, side}) to run "
                    "one after another in these ranks")
     p.add_argument("--hold-margin", type=float, default=4.0,
@@ -495,6 +497,10 @@ def main() -> None:
         import mldebug.fr
 
         mldebug.fr.enable(dump_dir=str(Path(ARGS.side) / "fr"))
+    if ARGS.trace:
+        import mldebug.trace
+
+        mldebug.trace.enable(events="calls", ring=2048, dir=str(Path(ARGS.side) / "trace"))
     kwargs: dict[str, Any] = {}
     if ARGS.fault == "world_size_hardcoded":
         kwargs = {"world_size": 2 * int(os.environ["WORLD_SIZE"]), "rank": RANK}

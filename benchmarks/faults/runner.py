@@ -66,11 +66,12 @@ class Options:
     watch: float = 2.0
     duration: float = 14.0  # healthy jobs train this long
     peers: bool = True
-    routes: tuple[str, ...] = ("hang", "watch", "log", "fr")
+    routes: tuple[str, ...] = ("hang", "watch", "log", "fr", "trace")
     keep: bool = False
     verbose: bool = False
     pool: bool = False  # run the poolable cases in shared jobs (the quick subset)
     pool_duration: float = 6.0  # a pooled healthy case trains this long
+    hold_margin: float = 4.0  # a pooled fault lets go this long after the timeout (job.py)
 
 
 @dataclass
@@ -148,6 +149,8 @@ def start(case: Case, base: Path, opts: Options) -> Running:
             "--side", str(side), "--mode", f.mode, "--timeout", str(opts.timeout)]
     if f.outcome == "ends" or f.name == "scheduler_sigterm":
         args += ["--duration", str(opts.duration if f.outcome == "ends" else 600)]
+    if "trace" in opts.routes and "hang" in f.routes:
+        args.append("--trace")
     log = side / "out.log"
     out = open(log, "ab")  # noqa: SIM115 - the children's, closed when they end
     env = _env()
@@ -268,6 +271,26 @@ def route_log(run: Running) -> tuple[list[int] | None, str | None, float, str, s
     v = doc.get("verdict")
     cls = "healthy" if not v else LOG_CLASSES.get(v.get("code", ""), v.get("code", "?"))
     return list(doc.get("culprits") or []), cls, dt, (v or {}).get("title", ""), ""
+
+
+POOLED_RUN: dict[int, bool] = {}  # runs of pooled cases (their ranks record no ring)
+
+
+def route_trace(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    """`mldebug trace show --pid`: the live ranks write their execution rings now; the ranks
+    of the divergence the fewest ranks share, when they are a minority, are its culprits."""
+    doc, dt, err = cli("trace", "show", "--pid", str(run.procs[0].pid), "--json")
+    if doc is None:
+        return None, None, dt, "", err
+    world = len(doc.get("ranks") or []) or run.case.ranks
+    divs = [d for d in doc.get("divergences") or [] if d.get("ranks")]
+    ranks: list[int] = []
+    summary = "no divergence"
+    if divs and len(divs[0]["ranks"]) < world / 2:
+        ranks = sorted(divs[0]["ranks"])
+        left = divs[0].get("left_at") or {}
+        summary = f"ranks {ranks} left at {left.get('file', '?')}:{left.get('line', '?')}"
+    return ranks, None, dt, summary, ""
 
 
 def fr_dumps(run: Running) -> list[Path]:
@@ -437,6 +460,9 @@ def live_routes(run: Running, t_fault: float | None, opts: Options, record: Reco
         record("hang", route_hang(run, None))
     if "watch" in wanted:
         record("watch", route_hang(run, opts.watch))
+    if "trace" in opts.routes and "hang" in wanted and not run.nodes and \
+            f.launcher == "torchrun" and not POOLED_RUN.get(id(run)):
+        record("trace", route_trace(run))
     if opts.peers and wanted:
         record("pyspy", peer_pyspy(run), peer=True)
     if time.monotonic() - t_fault > opts.timeout and f.outcome == "hang":
@@ -501,59 +527,76 @@ def run_pool(pool: list[Case], base: Path, opts: Options, tag: str,
     """Several cases in one torchrun job, one after another (job.py --pool): the ranks start
     once. Each case is read live as in its own job; its log route reads the part of the
     job's output written while it ran. No flight-recorder route: a pooled rank's buffer
-    holds the earlier cases' collectives too."""
-    pdir = base / f"pool-{tag}"
-    pdir.mkdir(mode=0o700)
+    holds the earlier cases' collectives too. A case that leaves its ranks stuck (they never
+    end it, or never start the next) costs that pool: it is stopped, said in the case's
+    outcomes, and a fresh pool takes the cases after it."""
     ranks = pool[0].ranks
-    specs = []
     for c in pool:
-        sd = base / c.name
-        sd.mkdir(mode=0o700)
-        specs.append({"fault": job_fault(c.fault), "culprits": ",".join(map(str, c.injectors)),
-                      "mode": c.fault.mode, "side": str(sd),
-                      "duration": opts.pool_duration if c.fault.outcome == "ends" else 0})
-    (pdir / "cases.json").write_text(json.dumps(specs))
-    log = pdir / "out.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-             str(JOB), "--pool", str(pdir / "cases.json"), "--timeout", str(opts.timeout),
-             "--side", str(pdir)], stdout=out, stderr=subprocess.STDOUT, env=_env(),
-            start_new_session=True, stdin=subprocess.DEVNULL, cwd=pdir)
+        (base / c.name).mkdir(mode=0o700)
     results: list[Outcome] = []
-    offset = 0
-    try:
-        for c in pool:
-            got: list[Outcome] = []
-            record = recorder(c, got)
-            run = Running(c, base / c.name, [proc], time.monotonic(), log)
-            if proc.poll() is not None:  # an earlier case left the pool dead: said, not dropped
-                for r in ("hang", "watch", "log"):
-                    if r in c.fault.routes and r in opts.routes:
-                        record(r, (None, None, 0.0, "", "the pooled job ended before this case"))
+    todo = list(pool)
+    restarts = 0
+    while todo:
+        pdir = base / f"pool-{tag}-{restarts}"
+        pdir.mkdir(mode=0o700)
+        specs = [{"fault": job_fault(c.fault), "culprits": ",".join(map(str, c.injectors)),
+                  "mode": c.fault.mode, "side": str(base / c.name),
+                  "duration": opts.pool_duration if c.fault.outcome == "ends" else 0}
+                 for c in todo]
+        (pdir / "cases.json").write_text(json.dumps(specs))
+        log = pdir / "out.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [PY, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc_per_node={ranks}", str(JOB), "--pool", str(pdir / "cases.json"),
+                 "--timeout", str(opts.timeout), "--side", str(pdir)],
+                stdout=out, stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
+                stdin=subprocess.DEVNULL, cwd=pdir)
+        offset = 0
+        first = True
+        try:
+            while todo:
+                c = todo[0]
+                got: list[Outcome] = []
+                record = recorder(c, got)
+                run = Running(c, base / c.name, [proc], time.monotonic(), log)
+                POOLED_RUN[id(run)] = True
+                began = _wait(lambda run=run: len(run.files("started")) >= ranks,  # type: ignore[misc]
+                              90 if first else 30, run)
+                first = False
+                if not began:  # the case before left the ranks stuck: a fresh pool runs it
+                    if restarts >= 3 or proc.poll() is not None and len(todo) == len(pool):
+                        for r in ("hang", "watch", "log"):
+                            if r in c.fault.routes and r in opts.routes:
+                                record(r, (None, None, 0.0, "", "the pooled job never began it"))
+                        done(c, got)
+                        results += got
+                        todo.pop(0)
+                    break
+                todo.pop(0)
+                t_fault = wait_for_fault(run, opts)
+                live_routes(run, t_fault, opts, record)
+                ended = _wait(lambda run=run: len(run.files("done")) >= ranks,  # type: ignore[misc]
+                              opts.pool_duration + 40 if c.fault.outcome == "ends" else
+                              opts.timeout + opts.hold_margin + 30, run)
+                end = log.stat().st_size
+                with open(log, "rb") as f:
+                    f.seek(offset)
+                    (run.side / "out.log").write_bytes(f.read(end - offset))
+                offset = end
+                run.log = run.side / "out.log"
+                if not ended:
+                    run.notes.append("its ranks did not end the pooled case (a fresh pool "
+                                     "took the cases after it)")
+                dead_routes(run, opts, record, fr=False)
+                _finish(run, got, opts)
                 done(c, got)
                 results += got
-                continue
-            t_fault = wait_for_fault(run, opts)
-            live_routes(run, t_fault, opts, record)
-            ended = _wait(lambda run=run: len(run.files("done")) >= ranks,  # type: ignore[misc]
-                          opts.pool_duration + 60 if c.fault.outcome == "ends" else
-                          2 * opts.timeout + 60, run)
-            end = log.stat().st_size
-            with open(log, "rb") as f:
-                f.seek(offset)
-                (run.side / "out.log").write_bytes(f.read(end - offset))
-            offset = end
-            run.log = run.side / "out.log"
-            if not ended:
-                run.notes.append("the pooled case did not end: the rest of its pool is skipped")
-                kill_tree([proc])
-            dead_routes(run, opts, record, fr=False)
-            _finish(run, got, opts)
-            done(c, got)
-            results += got
-    finally:
-        kill_tree([proc])
+                if not ended:
+                    break
+        finally:
+            kill_tree([proc])
+        restarts += 1
     return results
 
 
