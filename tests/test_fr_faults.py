@@ -50,3 +50,84 @@ def test_a_rank_stuck_outside_any_collective_stays_missing():
     assert verdict_class(a) == "outside"
     (m,) = a.mismatches
     assert m.kind == "missing" and m.blocked_elsewhere == []
+
+
+def test_p2p_wrong_peer_names_the_sender_from_where_each_rank_waits():
+    # stage 0 sends to stage 2 instead of 1; gloo records no send/recv, but each dump says
+    # where its main thread waited: 0 in send to 2, 1 in recv from 0, 2 from 1, 3 from 2
+    a = run("p2p_wrong_peer")
+    assert [(r, a_.op, a_.peer) for r, a_ in
+            ((r, load([FIX / "p2p_wrong_peer"]).dumps[r].blocked_in) for r in range(4))] == [
+        (0, "send", 2), (1, "recv", 0), (2, "recv", 1), (3, "recv", 2)]
+    (m,) = a.mismatches
+    assert m.kind == "p2p" and m.p2p and m.culprit_ranks == [0]
+    assert "rank 0 is blocked sending to rank 2" in m.reasoning
+    assert "rank(s) 1 wait to receive from rank 0" in m.reasoning
+    assert a.culprits == [0] and verdict_class(a) == "desync"
+    # gloo's pg_status counts its sends and receives: stages 1-2 (which do both) are not
+    # "ahead" of stages 0 and 3 in the collectives
+    assert a.lagging == []
+
+
+def test_wrong_broadcast_src_is_a_root_disagreement_and_a_tie_says_so():
+    # rank 2 broadcasts from itself where the others pass 0: ranks 0 and 2 each act as the
+    # root and stay in the broadcast; 1 and 3 completed it. Nothing in the dumps says which
+    # root ranks 1 and 3 passed, so it is a tie between 0 and 2, and the report says so
+    a = run("wrong_broadcast_src")
+    (m,) = a.mismatches
+    assert m.kind == "root" and m.culprit_ranks == [0, 2]
+    assert [(g.ranks, g.description) for g in m.groups] == [
+        ([0], "broadcast with root 0"), ([2], "broadcast with root 2")]
+    assert "cannot be told from these dumps" in m.reasoning
+    assert "What would tell" in m.reasoning
+    assert verdict_class(a) == "desync"
+
+
+def test_root_majority_names_the_rank_with_the_odd_root(tmp_path):
+    # the same dumps with a third rank blocked in the broadcast passing root 0: 2 against 1
+    import pickle
+
+    for r in range(4):
+        doc = pickle.loads((FIX / "wrong_broadcast_src" / f"fr_rank{r}").read_bytes())
+        if r == 3:
+            doc["entries"] = doc["entries"][:-1]  # never enqueued #12 either
+            doc["mldebug"]["blocked_in"] = dict(doc["mldebug"]["blocked_in"], op="broadcast",
+                                                peer=0)
+            doc["pg_status"]["0"]["last_enqueued_collective"] = 11
+        (tmp_path / f"fr_rank{r}").write_bytes(pickle.dumps(doc))
+    a = analyze(load([tmp_path]))
+    (m,) = a.mismatches
+    assert m.kind == "root" and m.culprit_ranks == [2], m.reasoning
+    assert "Majority vote on the root: 0" in m.reasoning
+
+
+def test_the_recorder_reads_the_blocking_call_and_its_peer_from_the_stack(tmp_path):
+    # a stand-in for torch's distributed_c10d.py: send() calls isend(), which waits; the
+    # recorder names the outermost public call, its global peer and the user's frames
+    import importlib.util
+    import sys
+
+    from mldebug.fr.recorder import _stack, call_in
+
+    (tmp_path / "distributed_c10d.py").write_text(
+        "import sys\n"
+        "def isend(tensor, dst=None, group=None, tag=0, group_dst=None):\n"
+        "    return sys._getframe()\n"
+        "def send(tensor, dst=None, group=None, tag=0, group_dst=None):\n"
+        "    return isend(tensor, dst=dst)\n"
+        "def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):\n"
+        "    return sys._getframe()\n")
+    spec = importlib.util.spec_from_file_location("fake_c10d", tmp_path / "distributed_c10d.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules.pop("fake_c10d", None)
+
+    def pipeline_step():
+        return mod.send(None, dst=2)
+
+    got = call_in(_stack(pipeline_step()))
+    assert got is not None and got["op"] == "send" and got["peer"] == 2
+    assert got["frames"][0][0] == "pipeline_step"
+    assert call_in(_stack(mod.broadcast(None, src=0)))["peer"] == 0
+    assert call_in(_stack(sys._getframe())) is None  # not in any torch.distributed call

@@ -216,6 +216,17 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
         lagging.extend(_lags(ds, pg, summary, empty_set))
         summaries.append(summary)
     _blocked_elsewhere(ds, pgs, mismatches)
+    from mldebug.fr.waits import p2p_waits, root_votes
+
+    for i, m in enumerate(mismatches):
+        rooted = root_votes(ds, m)
+        if rooted is not None:
+            mismatches[i] = rooted
+    if pgs and not any(m.p2p for m in mismatches):
+        world_pg = next((pg for pg in pgs if _default_group(pg.name, pg.desc)), pgs[0])
+        waits = p2p_waits(ds, world_pg.name, world_pg.desc)
+        if waits is not None:
+            mismatches.append(waits)
     never = sorted({r for m in mismatches if m.kind == "missing" for r in m.culprit_ranks})
     result = Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
                       never_enqueued=never, mismatches=mismatches, lagging=lagging,
@@ -809,12 +820,14 @@ def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[L
     completed = ds.states.index("completed") if "completed" in ds.states else -1
     for tl in ds.timelines:
         gi = tl.groups.get(pg.name)
+        whole_gloo = False  # every collective since #1 recorded, on gloo
         if gi is None or not gi.order:
             ids: set[int] = set()
             last_e = last_c = None
         else:
-            ids = {i for i in (ds.statics[s].pg_id for s in set(pick(tl.sid, gi.order)))
-                   if i is not None}
+            used = set(pick(tl.sid, gi.order))
+            ids = {i for i in (ds.statics[s].pg_id for s in used) if i is not None}
+            whole_gloo = gi.seqs[0] == 1 and all(ds.statics[s].backend == "gloo" for s in used)
             last_e = gi.seqs[-1]
             last_c = next((tl.seq[i] for i in reversed(gi.order) if tl.state[i] == completed),
                           None)
@@ -830,8 +843,13 @@ def _lags(ds: DumpSet, pg: _Pg, summary: GroupSummary, skip: set[int]) -> list[L
             e_val = st.last_enqueued if st and st.last_enqueued is not None else last_e
             if e_val is None:
                 continue
-            enq[r] = e_val
             c_val = st.last_completed if st and st.last_completed is not None else last_c
+            if whole_gloo and last_e is not None and e_val > last_e:
+                # gloo's pg_status counts its send/recv too, which it never records: a
+                # pipeline stage that receives as well as sends is "ahead" by its receives
+                e_val = last_e
+                c_val = min(c_val, last_e) if c_val is not None else None
+            enq[r] = e_val
             done[r] = c_val
             if c_val is not None and c_val < e_val:
                 summary.waiting_in[r] = c_val + 1

@@ -15,6 +15,7 @@ _KIND_TITLE = {
     "syntax": "shape/dtype rule broken",
     "missing": "not every rank enqueued the collective",
     "skipped": "a rank skipped a collective of its group",
+    "root": "ranks disagree on a collective's root",
     "p2p": "send/recv mismatch",
     "state": "state mismatch",
 }
@@ -30,6 +31,8 @@ _KIND_FIX = {
     "skipped": "Make every member of the group issue this collective: look for a branch or an "
                "early exit on the culprit ranks between their previous collective in this group "
                "and the later one they wait in now.",
+    "root": "Pass the same src/dst (root) to this collective on every rank: look for a "
+            "rank-dependent expression in the root argument at the culprit's call site.",
     "p2p": "Pair every send with a recv of the same size on the peer, in the same order.",
     "state": "Some ranks completed this collective and others did not: inspect the "
              "non-completed ranks with 'mldebug hang'.",
@@ -38,7 +41,7 @@ _KIND_FIX = {
 
 def mismatch_finding(m: Mismatch) -> Finding:
     where = f"process group {m.pg}" + (f" ({m.pg_desc})" if m.pg_desc and m.pg_desc != "undefined" else "")
-    seq = f"p2p #{m.seq}" if m.p2p else f"collective #{m.seq}"
+    seq = (f"p2p #{m.seq}" if m.seq > 0 else "a send/recv") if m.p2p else f"collective #{m.seq}"
     lines = [m.reasoning]
     for g in m.groups:
         lines.append(f"rank(s) {fold_ints(g.ranks)}: {g.description}"

@@ -33,6 +33,7 @@ from typing import Any
 from mldebug.fr.model import (
     NOT_RECORDED,
     P2P_OPS,
+    BlockedIn,
     CallFrame,
     DumpSet,
     Entry,
@@ -682,7 +683,8 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
                     host=_text(meta["host"]) if isinstance(meta.get("host"), str) else None,
                     pid=_int(meta.get("pid")),
                     world_size=world if world is not None and 0 < world <= MAX_WORLD else None,
-                    reason=_text(meta["reason"]) if isinstance(meta.get("reason"), str) else None)
+                    reason=_text(meta["reason"]) if isinstance(meta.get("reason"), str) else None,
+                    blocked_in=_blocked_in(meta.get("blocked_in")))
     cfg = doc.get("pg_config") or {}
     if isinstance(cfg, dict):
         for key, val in cfg.items():
@@ -706,6 +708,23 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
                     _num(val.get("last_started_collective")),
                     _num(val.get("last_completed_collective")))
     return dump
+
+
+def _blocked_in(v: Any) -> BlockedIn | None:
+    """mldebug's ``blocked_in`` block (``{"op", "peer", "frames": [[name, file, line]]}``),
+    bounded; None when absent or malformed."""
+    if not isinstance(v, dict) or not isinstance(v.get("op"), str):
+        return None
+    peer = _int(v.get("peer"))
+    frames = []
+    raw = v.get("frames")
+    if isinstance(raw, list):
+        for f in raw[:8]:
+            if (isinstance(f, (list, tuple)) and len(f) == 3 and isinstance(f[0], str)
+                    and isinstance(f[1], str) and _int(f[2]) is not None):
+                frames.append(CallFrame(_text(f[0], 256), _text(f[1], 4096), int(f[2])))
+    return BlockedIn(_text(v["op"], 64), peer if peer is not None and 0 <= peer < MAX_WORLD
+                     else None, tuple(frames))
 
 
 def _int(v: Any) -> int | None:

@@ -74,6 +74,17 @@ class PgStatus:
     last_completed: int | None = None
 
 
+@dataclass(frozen=True)
+class BlockedIn:
+    """The torch.distributed call the rank's main thread was in when it dumped (mldebug's
+    recorder reads it from the stack): the op, the peer or root it names (a global rank,
+    None when not given) and the user frames that called it, innermost first."""
+
+    op: str
+    peer: int | None
+    frames: tuple[CallFrame, ...] = ()
+
+
 @dataclass
 class RankDump:
     """What one rank's dump says about itself (entries live in its Timeline)."""
@@ -85,6 +96,7 @@ class RankDump:
     pid: int | None = None
     world_size: int | None = None
     reason: str | None = None
+    blocked_in: BlockedIn | None = None
     rank_from: str = "content"  # "content" or "filename"
     # pg name -> (desc, ranks or None when the dump does not say)
     pg_config: dict[str, tuple[str, tuple[int, ...] | None]] = field(default_factory=dict)

@@ -115,7 +115,8 @@ class Recorder:
         return self.rank if self.rank is not None else 0
 
     # -- dumping -------------------------------------------------------------------------
-    def dump(self, reason: str, token: str | None = None) -> Path | None:
+    def dump(self, reason: str, token: str | None = None,
+             where: dict[str, Any] | None = None) -> Path | None:
         """Write this rank's dump now; never raises (a failed dump must not hurt the job).
 
         With a trigger ``token`` the dump goes to ``<dir>/triggered/<token>/fr_rank<R>`` (one
@@ -127,7 +128,9 @@ class Recorder:
         with self._lock:
             self._dumping_thread = me
             try:
-                path = self._dump(reason, token)
+                if where is None and me != threading.main_thread().ident:
+                    where = main_thread_call()
+                path = self._dump(reason, token, where)
                 if token is not None:
                     _atomic_write(self.done, json.dumps(
                         {"token": token, "file": str(path) if path else None,
@@ -147,7 +150,8 @@ class Recorder:
                 if self._terminate_after:
                     _die_by(signal.SIGTERM)
 
-    def _dump(self, reason: str, token: str | None = None) -> Path:
+    def _dump(self, reason: str, token: str | None = None,
+              where: dict[str, Any] | None = None) -> Path:
         folder = self.dump_dir
         if token is not None:
             if not _TOKEN.match(token):
@@ -166,6 +170,8 @@ class Recorder:
         doc["rank"] = rank
         doc["mldebug"] = {"rank": rank, "world_size": _world_size(), "host": self.host,
                           "pid": self.pid, "reason": reason, "time": time.time()}
+        if where:
+            doc["mldebug"]["blocked_in"] = where
         _fill_pg_config(doc)
         path = folder / f"{PREFIX}{rank}"
         _atomic_write(path, pickle.dumps(doc, protocol=4))
@@ -233,7 +239,13 @@ class Recorder:
     def _excepthook(self, tp: type[BaseException], value: BaseException,
                     tb: TracebackType | None) -> None:
         if not issubclass(tp, KeyboardInterrupt):
-            self.dump(f"uncaught {tp.__name__}: {str(value).splitlines()[0][:200] if str(value) else ''}")
+            frames = []
+            t = tb
+            while t is not None:
+                frames.append(t.tb_frame)
+                t = t.tb_next
+            self.dump(f"uncaught {tp.__name__}: {str(value).splitlines()[0][:200] if str(value) else ''}",
+                      where=call_in(frames[::-1]))
         (self._prev_excepthook or sys.__excepthook__)(tp, value, tb)
 
     def _thread_excepthook(self, args: threading.ExceptHookArgs) -> None:
@@ -246,7 +258,7 @@ class Recorder:
         if self._dumping_thread is not None:
             self._terminate_after = True  # the dump in progress re-raises when it ends
             return
-        self.dump("SIGTERM")
+        self.dump("SIGTERM", where=call_in(_stack(frame)))
         _die_by(signum)
 
     def _watch_wakeup_fd(self) -> None:
@@ -287,6 +299,80 @@ class Recorder:
                     os._exit(128 + signal.SIGTERM)
 
         threading.Thread(target=watch, name="mldebug-fr-signal", daemon=True).start()
+
+
+# torch.distributed calls a rank can be blocked in, and the arguments that name a peer or root
+_C10D_CALLS = {
+    "send": ("dst", "group_dst"), "recv": ("src", "group_src"),
+    "isend": ("dst", "group_dst"), "irecv": ("src", "group_src"),
+    "broadcast": ("src", "group_src"), "reduce": ("dst", "group_dst"),
+    "gather": ("dst", "group_dst"), "scatter": ("src", "group_src"),
+    "all_reduce": None, "all_gather": None, "all_gather_into_tensor": None,
+    "reduce_scatter": None, "reduce_scatter_tensor": None, "all_to_all": None,
+    "all_to_all_single": None, "barrier": None, "monitored_barrier": None,
+    "batch_isend_irecv": None, "all_reduce_coalesced": None,
+}
+
+
+def _stack(frame: FrameType | None) -> list[FrameType]:
+    """A frame and its callers, innermost first (bounded)."""
+    out: list[FrameType] = []
+    while frame is not None and len(out) < 256:
+        out.append(frame)
+        frame = frame.f_back
+    return out
+
+
+def main_thread_call() -> dict[str, Any] | None:
+    """What the main thread is in now (read from another thread: a trigger or SIGTERM)."""
+    try:
+        frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    except Exception:
+        return None
+    return call_in(_stack(frame))
+
+
+def call_in(frames: list[FrameType]) -> dict[str, Any] | None:
+    """The torch.distributed call a stack (innermost first) is in, with the peer or root it
+    names as a global rank, and the user's frames that called it: ``{"op", "peer",
+    "frames": [[name, file, line], ...]}``; None when it is in none. Where a rank waits and
+    for whom is what the flight recorder lacks for gloo's send/recv (never recorded) and for
+    a broadcast's root (no field)."""
+    try:
+        outer = None
+        for i, f in enumerate(frames):
+            if (f.f_code.co_name in _C10D_CALLS
+                    and f.f_code.co_filename.endswith("distributed_c10d.py")):
+                outer = i  # the outermost public call (send, not the isend it calls)
+        if outer is None:
+            return None
+        f = frames[outer]
+        op = f.f_code.co_name
+        out: dict[str, Any] = {"op": op, "peer": None, "frames": []}
+        names = _C10D_CALLS[op]
+        if names:
+            loc = f.f_locals
+            glob, local = loc.get(names[0]), loc.get(names[1])
+            if isinstance(glob, int) and not isinstance(glob, bool):
+                out["peer"] = glob
+            elif isinstance(local, int) and not isinstance(local, bool):
+                try:
+                    import torch.distributed as dist
+
+                    group: Any = loc.get("group")
+                    out["peer"] = int(dist.get_global_rank(group, local))
+                except Exception:
+                    pass
+        for g in frames[outer + 1:]:
+            name = g.f_code.co_filename
+            if "/torch/" in name.replace("\\", "/") or name.endswith("typing_extensions.py"):
+                continue
+            out["frames"].append([g.f_code.co_name, name, g.f_lineno])
+            if len(out["frames"]) >= 4:
+                break
+        return out
+    except Exception:  # noqa: BLE001 - a dump never fails for this
+        return None
 
 
 def _die_by(signum: int) -> None:
