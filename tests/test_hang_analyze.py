@@ -287,6 +287,8 @@ def test_matrix_a_training_job_is_progress_after_the_recheck_not_a_suspect(name)
     ("input_prompt", 1, "blocked", "pipe-read", "read on a pipe"),
     ("busy_python", 3, "spinning", None, "spinning"),
     ("busy_forward", 1, "spinning", None, "spinning"),
+    ("long_eval", 2, "spinning", None, "spinning"),
+    ("long_checkpoint", 2, "blocked", "sleep", "clock_nanosleep"),
 ])
 def test_matrix_a_rank_outside_the_collective_is_named_with_what_it_waits_in(
         name, culprit, cls, wait, needle):
@@ -338,3 +340,48 @@ def test_matrix_all_threads_text_shows_the_lock_holder_thread():
     assert "thread 'cache-refresher'" in text and "take_lock_held_by_thread.<locals>.holder" in text
     assert "of mldebug itself (mldebug-fr-signal, mldebug-fr-trigger) not shown" in text
     assert "cache-refresher" not in render_text(analyze(fault_collection("thread_lock")))
+
+
+def test_matrix_a_rank_that_cannot_reach_the_store_is_named_in_start_up():
+    """master_port_mismatch: rank 2 still connects to its (wrong) store while the others got
+    there and wait for every rank in process-group creation."""
+    report = analyze(fault_collection("master_port_mismatch"))
+    assert [s.rank for s in report.suspects] == [2]
+    assert report.jobs[0].hang_class.value == "launch"
+    assert "still reaching the job's store" in report.suspects[0].reason
+    assert "MASTER_PORT" in report.suspects[0].reason
+
+
+@pytest.mark.parametrize("name,culprits", [("world_size_hardcoded", []),
+                                           ("rank_never_started", [3])])
+def test_matrix_start_up_that_never_completes_is_class_launch(name, culprits):
+    report = analyze(fault_collection(name))
+    assert [s.rank for s in report.suspects] == culprits
+    assert report.jobs[0].hang_class.value == "launch"
+    assert "init_process_group" in report.verdict_finding.fix
+    if culprits:  # the missing rank is the suspect, with no process
+        assert report.suspects[0].pid is None and "never started" in report.suspects[0].reason
+        assert report.missing_ranks == culprits
+
+
+def test_matrix_a_rank_exiting_is_the_dead_rank_not_the_ranks_reacting_to_it():
+    """exit0: rank 1's interpreter runs no Python code any more (exiting) while ranks 0 and 2,
+    whose gloo pair with it closed, are busy raising; rank 3 still waits."""
+    first = analyze(fault_collection("exit0"))
+    assert [s.rank for s in first.suspects] == [1]
+    assert first.jobs[0].hang_class.value == "dead-rank"
+    assert "it is exiting" in first.suspects[0].reason
+
+
+def test_matrix_every_rank_at_one_line_names_nobody():
+    """dist_store_error: every rank waits in store.wait for a key rank 1 never set, at the
+    same line: the stacks cannot tell the culprit, and the verdict does not guess."""
+    report = analyze(fault_collection("dist_store_error"))
+    assert report.suspects == [] and report.verdict_kind == "same-place"
+    assert report.groups[0].wait == "poll"
+
+
+def test_matrix_a_pipeline_stage_sending_to_the_wrong_peer_is_the_one_named():
+    report = analyze(fault_collection("p2p_wrong_peer"))
+    assert [s.rank for s in report.suspects] == [0]
+    assert "in send" in report.suspects[0].reason and "wait in recv" in report.suspects[0].reason

@@ -117,6 +117,9 @@ def kernel_label(k: KernelWait | None) -> tuple[str, str] | None:
     if k is None:
         return None
     sc, f, wchan = k.syscall or "", k.file or "", k.wchan or ""
+    if sc == "restart_syscall" or sc.startswith("syscall "):  # a call resumed after a stop
+        sc = ("futex" if "futex" in wchan else "nanosleep" if "nanosleep" in wchan
+              else "poll" if "poll" in wchan or "select" in wchan else sc)
     fd = f"fd {k.fd}" if k.fd is not None else "an fd"
     if sc == "flock" or (sc == "fcntl" and k.lock_holder) or "lock_inode_wait" in wchan \
             or "flock_lock" in wchan:
@@ -149,7 +152,8 @@ def kernel_label(k: KernelWait | None) -> tuple[str, str] | None:
         return "sleep", sc or "nanosleep"
     if sc in ("wait4", "waitid"):
         return "subprocess", f"{sc}: waiting for a child process"
-    if sc in ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait"):
+    if sc in ("poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait") or (
+            sc == "restart_syscall" and "poll" in wchan):
         return "poll", f"{sc} on file descriptors that never become ready"
     if sc in ("accept", "accept4", "connect"):
         return "socket-read", f"{sc} on a socket ({fd}: {f or '?'})"

@@ -181,6 +181,35 @@ def collective_of(frames: Sequence[StackFrame]) -> str | None:
     return native_wait
 
 
+# The two stages of torch.distributed's start-up a rank can wait in: reaching the job's store
+# (rendezvous: MASTER_ADDR:MASTER_PORT, the elastic agent's store) and, once there, building
+# the process group (every rank publishes its address and waits for the others').
+_STORE_STAGE = frozenset({"_create_c10d_store", "_env_rendezvous_handler", "_tcp_rendezvous_handler",
+                          "rendezvous", "next_rendezvous", "_rendezvous_helper"})
+_GROUP_STAGE = frozenset({"_new_process_group_helper", "_store_based_barrier",
+                          "_create_process_group_wrapper", "_new_group_with_tag"})
+
+
+def startup_stage(frames: Sequence[StackFrame]) -> tuple[str, StackFrame] | None:
+    """("store", frame) for a rank still reaching the job's store in init_process_group,
+    ("group", frame) for one past it, building the process group; None otherwise. The
+    innermost such torch frame below the user's code decides."""
+    for f in frames:
+        if f.native:
+            continue
+        if frame_kind(f) == "user":
+            return None
+        path = (f.short or f.filename).replace("\\", "/")
+        if "torch/distributed/" not in path:
+            continue
+        name = f.name.rsplit(".", 1)[-1]
+        if name in _STORE_STAGE:
+            return "store", f
+        if name in _GROUP_STAGE:
+            return "group", f
+    return None
+
+
 # What a frame waits in, checked on the frames inside libraries (before the first user
 # frame); the outermost match names the wait (Queue.get, not the Condition.wait inside it).
 # (label, native symbol prefixes, (python file fragment, function names))

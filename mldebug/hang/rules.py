@@ -135,6 +135,55 @@ def loop_note(g: Group, ref: Group) -> str:
 
 
 # -- verdict rules (first match wins) --------------------------------------------------------
+def startup_behind(s: Situation) -> Verdict | None:
+    """Every rank in init_process_group, a minority still reaching the job's store while the
+    rest got there and wait in process-group creation for every rank: the minority cannot
+    reach the store (another MASTER_ADDR/MASTER_PORT, a firewall) and the rest wait for it."""
+    from mldebug.hang.frames import startup_stage
+
+    if not s.in_startup or s.missing:  # a rank absent explains every wait: missing_hint
+        return None
+    stage = {i: startup_stage(g.frames) for i, g in enumerate(s.groups)}
+    behind = [i for i, st in stage.items() if st is not None and st[0] == "store"]
+    past = [i for i, st in stage.items() if st is not None and st[0] == "group"]
+    lines = {stage[i][1].line for i in behind}  # type: ignore[index]
+    if len(lines) > 1:  # rank 0 hosting the store (another line) waits for the others there
+        behind = [i for i in behind if s.groups[i].ranks != [0]]
+    if not behind or not past or s.size(behind) >= s.size(past):
+        return None
+    at = stage[past[0]][1].location  # type: ignore[index]
+    reasons = {i: f"still reaching the job's store in init_process_group (at "
+                  f"{stage[i][1].location}) while {ranks_text(s.groups, past)} "  # type: ignore[index]
+                  f"{_verb(s, past)} past it, building the process group ({at}) for every "
+                  "rank: its MASTER_ADDR/MASTER_PORT or rendezvous endpoint differs, or it "
+                  "cannot reach it" for i in behind}
+    return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
+
+
+def no_python_left(s: Situation) -> Verdict | None:
+    """A rank whose every thread has no Python frame while the others have stacks: its
+    interpreter runs no Python code any more - it is exiting (sys.exit, the end of main, an
+    uncaught exception unwinding) - and the others will wait for it."""
+    empty = [i for i, g in enumerate(s.groups) if _python_gone(s, g)]
+    if not empty or len(empty) == len(s.groups):
+        return None
+    others = [i for i in range(len(s.groups)) if i not in empty]
+    desc = "; ".join(f"{ranks_text(s.groups, [i])} {_verb(s, [i])} {place(s.groups[i])}"
+                     for i in others[:3])
+    reasons = {i: "runs no Python code any more (no thread has a Python frame): it is exiting - "
+                  "sys.exit, the end of its main, or an exception unwinding to the top - while "
+                  + desc for i in empty}
+    return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
+
+
+def _python_gone(s: Situation, g: Group) -> bool:
+    if g.frames:
+        return False
+    procs = {(p.host, p.pid): p for p in s.procs}
+    return all((p := procs.get(hp)) is not None and p.threads
+               and not any(t.frames for t in p.threads) for hp in g.pids)
+
+
 def one_place(s: Situation) -> Verdict | None:
     if len(s.places) != 1:
         return None
@@ -193,7 +242,7 @@ def minority(s: Situation) -> Verdict | None:
 
 
 VERDICT_RULES: list[Callable[[Situation], Verdict | None]] = [
-    one_place, outside_while_others_wait, missing_and_all_waiting, no_majority, minority,
+    no_python_left, startup_behind, one_place, outside_while_others_wait, missing_and_all_waiting, no_majority, minority,
 ]
 
 
@@ -232,11 +281,13 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
         return HangClass.DEAD_RANK  # a stopped or traced rank is alive: not this class
     if s.stopped:
         return HangClass.STOPPED
-    if s.in_startup and kind is not VerdictKind.SUSPECTS:
+    if s.in_startup:  # every rank still in init_process_group: start-up never completed
         return HangClass.LAUNCH
     if kind is VerdictKind.AMBIGUOUS:
         return HangClass.DESYNC
     if kind is VerdictKind.SUSPECTS:
+        if suspect_groups and all(_python_gone(s, g) for g in suspect_groups):
+            return HangClass.DEAD_RANK  # exiting: as good as gone for the others
         if not suspect_groups or any(g.collective for g in suspect_groups):
             return HangClass.DESYNC
         if any(g.wait == "debugger" for g in suspect_groups):
