@@ -131,3 +131,26 @@ def test_the_recorder_reads_the_blocking_call_and_its_peer_from_the_stack(tmp_pa
     assert got["frames"][0][0] == "pipeline_step"
     assert call_in(_stack(mod.broadcast(None, src=0)))["peer"] == 0
     assert call_in(_stack(sys._getframe())) is None  # not in any torch.distributed call
+
+
+def test_shape_mismatch_ranks_that_died_in_cpp_are_named_as_dead_and_undecided():
+    # rank 1's all_reduce has 5 more elements: gloo aborts ranks 0 and 1 from C++ (no dump);
+    # 2 and 3 end at once (a connection reset, torchrun's SIGTERM), not at the timeout
+    a = run("shape_mismatch")
+    (m,) = a.mismatches
+    assert m.kind == "missing" and m.culprit_ranks == [0, 1] and a.missing_ranks == [0, 1]
+    assert "They did not hang" in m.reasoning
+    assert "cannot be told from these dumps" in m.reasoning
+
+
+def test_a_rank_without_a_dump_while_the_others_timed_out_is_the_prime_suspect(tmp_path):
+    # thread_lock's dumps without the culprit's: the others waited their whole timeout, so
+    # nothing says the missing rank died; it is the one they wait for
+    for r in (0, 1, 3):
+        (tmp_path / f"fr_rank{r}").write_bytes((FIX / "thread_lock" / f"fr_rank{r}").read_bytes())
+    a = analyze(load([tmp_path]))
+    (m,) = a.mismatches
+    assert m.kind == "missing" and m.culprit_ranks == [2] and a.missing_ranks == [2]
+    assert "only candidates for holding it up" in m.reasoning
+    assert "did not hang" not in m.reasoning
+    assert verdict_class(a) == "outside"

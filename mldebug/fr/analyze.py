@@ -493,11 +493,45 @@ def _analyze_collectives(ds: DumpSet, pg: _Pg, frames: int,
         why = (f"every rank with a dump agrees up to collective #{end} ({ents[0].op}), which "
                f"rank(s) {_fold(rs)} enqueued; rank(s) {_fold(nodump)} left no dump (dead, "
                "frozen, or mldebug.fr.enable() not called there), so if the job hangs they "
-               "are the only candidates for holding it up.")
+               "are the only candidates for holding it up.") + _died_early(ds, rs, ents, nodump)
         return Mismatch(pg.name, pg.desc, end, "missing", nodump, why,
                         [_sig_group(rs, ents, frames),
                          SignatureGroup(nodump, "(no dump)")]), summary
     return None, summary
+
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _died_early(ds: DumpSet, rs: list[int], ents: list[Entry], nodump: list[int]) -> str:
+    """When every rank with a dump ended before its collective's timeout - SIGTERMed (the
+    launcher stopping them because another rank ended) or with its connection reset by a
+    peer - the ranks without a dump did not hang: they died, in a way that runs no Python.
+    Which of them caused it, these dumps cannot tell."""
+    e = ents[0]
+    if e.time_created_ns is None or not e.timeout_ms:
+        return ""
+    how: set[str] = set()
+    for r in rs:
+        d = ds.dumps[r]
+        reason = d.reason or ""
+        gap = d.dumped_at - e.time_created_ns / 1e9 if d.dumped_at is not None else None
+        if gap is None or not 0 <= gap < 0.9 * e.timeout_ms / 1000:
+            return ""
+        if reason == "SIGTERM":
+            how.add("terminated by SIGTERM, what a launcher sends when another rank ended")
+        elif any(p in reason for p in _PEER_GONE):
+            how.add("a peer's connection reset")
+        else:
+            return ""
+    return (f" They did not hang: rank(s) {_fold(rs)} ended ({'; '.join(sorted(how))}) "
+            f"before #{e.seq}'s {e.timeout_ms / 1000:.0f} s timeout, so rank(s) "
+            f"{_fold(nodump)} died without running Python: a crash in C++, such as gloo's "
+            "abort when a rank receives more bytes than it expects (a size mismatch), a "
+            "segfault or a SIGKILL. Which of them caused it cannot be told from these dumps: "
+            "their exit signals and the job's log (gloo's 'Received data size doesn't match "
+            "expected size', read by 'mldebug log') would tell; on NCCL the recorder holds the "
+            "sizes.")
 
 
 def _entries_at(items: list[tuple[list[int], SeqMap]],

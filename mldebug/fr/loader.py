@@ -684,7 +684,8 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
                     pid=_int(meta.get("pid")),
                     world_size=world if world is not None and 0 < world <= MAX_WORLD else None,
                     reason=_text(meta["reason"]) if isinstance(meta.get("reason"), str) else None,
-                    blocked_in=_blocked_in(meta.get("blocked_in")))
+                    blocked_in=_blocked_in(meta.get("blocked_in")),
+                    dumped_at=_when(meta.get("time")))
     cfg = doc.get("pg_config") or {}
     if isinstance(cfg, dict):
         for key, val in cfg.items():
@@ -708,6 +709,13 @@ def _rank_dump(doc: dict[str, Any], rank: int, rank_from: str, name: str,
                     _num(val.get("last_started_collective")),
                     _num(val.get("last_completed_collective")))
     return dump
+
+
+def _when(v: Any) -> float | None:
+    """A wall-clock time in seconds (mldebug's dump time), or None when not a sane one."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e11:
+        return float(v)
+    return None
 
 
 def _blocked_in(v: Any) -> BlockedIn | None:

@@ -97,6 +97,7 @@ class RankDump:
     world_size: int | None = None
     reason: str | None = None
     blocked_in: BlockedIn | None = None
+    dumped_at: float | None = None  # mldebug's "time": when the rank dumped (its clock)
     rank_from: str = "content"  # "content" or "filename"
     # pg name -> (desc, ranks or None when the dump does not say)
     pg_config: dict[str, tuple[str, tuple[int, ...] | None]] = field(default_factory=dict)
