@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # Not the default: those tests start CPU-bound torchrun jobs or read every process.
 XDIST ?=
 
-.PHONY: venv demo test lint unit bench clean
+.PHONY: venv demo test lint unit bench faults clean
 
 TORCH_VERSION ?= 2.13.0
 # The CPU-only torch build (~200 MB) instead of PyPI's default CUDA build (several GB).
@@ -53,6 +53,12 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(VENV)/bin/python $$b || exit 1; done
+
+# The fault matrix's scoreboard (docs/faults.md): every class at 2, 4 and 8 ranks, every
+# route beside its peer. FAULTS_ARGS=--quick for one case per class at 4 ranks.
+FAULTS_ARGS ?=
+faults: $(STAMP)
+	$(VENV)/bin/python benchmarks/faults/run.py $(FAULTS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -185,6 +185,15 @@ FAULTS: tuple[Fault, ...] = (
     F("healthy_ddp", "no-culprit", "DDP trains normally", "no suspect, no hang", ("healthy",),
       ("hang", "watch", "log"), culprits=0, mode="ddp", outcome="ends",
       extra={"fault": "healthy"}),
+    F("network_stall", "no-culprit", "the network below the collective stalls mid-step (the "
+      "job's loopback taken down in its own network namespace)", "no rank is the culprit: "
+      "every rank idle in the same collective; look below it (network, device)", ("network",),
+      ("hang", "watch", "log", "fr"), culprits=0, launcher="netns", survivable=False),
+    F("two_jobs_one_hung", "desync", "two jobs on one node: one trains normally, the other's "
+      "culprit skips a collective; `mldebug hang` looks at both", "the hung job's culprit "
+      "alone; no suspect in the healthy job", ("desync",), ("hang", "watch"),
+      launcher="two-jobs", survivable=False,
+      extra={"fault": "skip_collective", "min_timeout": "30"}),
     F("scheduler_sigterm", "no-culprit", "the scheduler SIGTERMs the whole job mid-training",
       "no rank is the culprit: the job was terminated from outside", ("healthy", "launch"),
       ("log",), culprits=0, outcome="dies"),

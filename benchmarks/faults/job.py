@@ -260,6 +260,10 @@ def sync_manual(model: torch.nn.Module, step: int, loss: torch.Tensor) -> None:
     f = ARGS.fault if hit(step) else ""
     if f:
         injected()
+    if ARGS.fault == "network_stall" and step == ARGS.fault_step:
+        if RANK == 0:
+            injected()  # the runner takes the network down now
+        time.sleep(1.0)
     if f == "reordered_collectives":
         dist.broadcast(ctrl, src=0)
         dist.all_reduce(g)

@@ -141,12 +141,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def timeout_of(f: Fault, opts: Options) -> float:
+    """The case's collective timeout: the run's, or longer where the live routes read more
+    ranks than the job has (two jobs)."""
+    return max(opts.timeout, float(f.extra.get("min_timeout", 0)))
+
+
 def start(case: Case, base: Path, opts: Options) -> Running:
     f = case.fault
     side = base / case.name
     side.mkdir(mode=0o700)
     args = [str(JOB), "--fault", job_fault(f), "--culprits", ",".join(map(str, case.injectors)),
-            "--side", str(side), "--mode", f.mode, "--timeout", str(opts.timeout)]
+            "--side", str(side), "--mode", f.mode, "--timeout", str(timeout_of(f, opts))]
     if f.outcome == "ends" or f.name == "scheduler_sigterm":
         args += ["--duration", str(opts.duration if f.outcome == "ends" else 600)]
     if "trace" in opts.routes and "hang" in f.routes:
@@ -175,7 +181,19 @@ def start(case: Case, base: Path, opts: Options) -> Running:
     else:
         cmd = [PY, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={case.ranks}", *args]
+        if f.launcher == "netns":  # its own network namespace: loopback only, ours to stall
+            cmd = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', *cmd]
         procs.append(subprocess.Popen(cmd, **common))
+        if f.launcher == "two-jobs":  # a healthy job of another user's beside the hung one
+            other = side / "healthy-neighbour"
+            other.mkdir(mode=0o700)
+            with open(other / "out.log", "ab") as o:
+                procs.append(subprocess.Popen(
+                    [PY, "-m", "torch.distributed.run", "--standalone",
+                     f"--nproc_per_node={case.ranks}", str(JOB), "--fault", "healthy",
+                     "--side", str(other), "--timeout", str(opts.timeout),
+                     "--duration", str(opts.duration + 30)],
+                    **{**common, "stdout": o, "cwd": other}))
     out.close()
     return Running(case, side, procs, time.monotonic(), log)
 
@@ -206,6 +224,19 @@ def wait_for_fault(run: Running, opts: Options) -> float | None:
         t = time.monotonic()
         time.sleep(opts.settle + 1.0)  # the ranks reach their wait in init
         return t if ok else None
+    if f.launcher == "netns":
+        ok = _wait(lambda: bool(run.files("injected")), 90, run)
+        if ok:  # the network below the collective stalls: every rank idle in it
+            subprocess.run(["nsenter", "-t", str(run.procs[0].pid), "-n", "ip", "link", "set",
+                            "lo", "down"], check=True, capture_output=True)
+        t = time.monotonic()
+        time.sleep(opts.settle)
+        return t if ok else None
+    if f.launcher == "two-jobs":
+        neighbour = Running(c, run.side / "healthy-neighbour", run.procs[1:], run.started,
+                            run.side / "healthy-neighbour" / "out.log")
+        if not _wait(lambda: len(neighbour.files("ready")) >= c.ranks, 90, neighbour):
+            return None
     ok = _wait(lambda: set(c.injectors) <= set(run.files("injected")), 90, run)
     t = time.monotonic()
     time.sleep(opts.settle)
@@ -231,9 +262,14 @@ def cli(*args: str, timeout: float = 120) -> tuple[dict[str, Any] | None, float,
         return None, dt, f"exit {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}"
 
 
+NEIGHBOUR = 1000  # a suspect in the healthy job beside a hung one: a false suspect, never a culprit
+
+
 def hang_target(run: Running) -> list[str]:
     if run.nodes:
         return ["--nodes", ",".join(run.nodes)]
+    if run.case.fault.launcher == "two-jobs":  # both jobs, as a plain `mldebug hang` sees them
+        return ["--pattern", re.escape(str(run.side))]
     if run.case.fault.launcher == "independent":
         return ["--pattern", re.escape(str(run.side))]
     return ["--pid", str(run.procs[0].pid)]
@@ -261,6 +297,21 @@ def route_hang(run: Running, watch: float | None) -> tuple[list[int] | None, str
     if doc is None:
         return None, None, dt, "", err
     ranks, cls, summary = read_hang(doc)
+    if run.case.fault.launcher == "two-jobs":
+        # the verdict of the hung job; any suspect of the healthy one is a false suspect
+        healthy = {int(p) for p in Running(run.case, run.side / "healthy-neighbour", [], 0,
+                                           run.log).files("started").values()}
+        ranks = []
+        for j in doc.get("jobs") or []:
+            mine = not any(p.get("pid") in healthy for p in j.get("suspects", []))
+            for sp in j.get("suspects", []):
+                if sp.get("rank") is not None:
+                    ranks.append(sp["rank"] + (0 if mine and sp.get("pid") not in healthy
+                                               else NEIGHBOUR))
+            if j.get("suspects") and mine:
+                v = j.get("verdict") or {}
+                cls = HANG_CLASSES.get(v.get("class", ""), v.get("class", "?"))
+        ranks = sorted(set(ranks))
     return ranks, cls, dt, summary, ""
 
 
