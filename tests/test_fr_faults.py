@@ -36,7 +36,7 @@ def test_subgroup_skip_names_the_rank_that_skipped_its_pair_collective():
     assert world.kind == "missing" and world.culprit_ranks == [] and world.blocked_elsewhere == [2]
     assert "wait in group 2 #4" in world.reasoning
     assert pair.kind == "skipped" and pair.culprit_ranks == [3]
-    assert "went on into group 0 #4" in pair.reasoning
+    assert "skipped #4 of this group: their latest collective is group 0 #4" in pair.reasoning
     assert a.never_enqueued == []
     d = a.to_dict()
     assert d["mismatches"][0]["blocked_elsewhere"] == [2]
@@ -154,3 +154,17 @@ def test_a_rank_without_a_dump_while_the_others_timed_out_is_the_prime_suspect(t
     assert "only candidates for holding it up" in m.reasoning
     assert "did not hang" not in m.reasoning
     assert verdict_class(a) == "outside"
+
+
+def test_subgroup_skip_is_seen_in_the_skipper_s_own_order_when_its_partner_left_no_dump():
+    # 8 ranks: rank 0 skipped pair group 1's all_reduce #4; its partner rank 1 left no dump.
+    # Rank 0's own record (pair #3, world #3, world #4) against the others' (pair #4 before
+    # world #4) says it skipped; rank 1, missing from the world's #4, must wait in the pair's
+    a = run("subgroup_skip_r8")
+    assert a.missing_ranks == [1]
+    assert a.culprits == [0] and verdict_class(a) == "desync"
+    pair = next(m for m in a.mismatches if m.pg == "1")
+    world = next(m for m in a.mismatches if m.pg == "0")
+    assert pair.kind == "skipped" and pair.culprit_ranks == [0] and pair.blocked_elsewhere == [1]
+    assert world.culprit_ranks == [] and world.blocked_elsewhere == [1]
+    assert "must wait in group 1 #4" in world.reasoning and "rank(s) 0 skipped" in world.reasoning

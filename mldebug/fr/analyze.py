@@ -244,28 +244,26 @@ _Role = tuple[str, int]
 
 
 def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) -> None:
-    """Across groups: a rank that never enqueued group G's #c while its own latest collective
-    is #d of another group H is either blocked in H#d before it ever reaches G#c (a victim:
-    the ranks that recorded both issue H#d first) or went past G#c into H#d without it (it
-    skipped G#c: kind ``skipped``, a desync). The order comes from the other ranks' record
-    order, groups compared by role (description and size), so a rank of pair group 1 tells
-    the order of pair group 2's collectives. Updates ``mismatches`` in place."""
-    todo = [m for m in mismatches if m.kind == "missing" and not m.p2p and m.culprit_ranks
-            and any(g.description == "(not enqueued)" for g in m.groups)]
-    if not todo:
+    """Across groups. A rank whose latest collective is #d of group H, while its last one in
+    another group G is #c-1 and the other ranks issue G#c (G compared by role: description
+    and size, so pair group 1 tells the order of pair group 2) before H#d, went on past G#c
+    without it: it skipped G#c (kind ``skipped``, a desync), whether or not its partners left
+    a dump. A rank that never enqueued G's #c while it waits in another group's collective
+    that the others issue first is blocked there, a victim (``blocked_elsewhere``); so is a
+    member of a group whose collective another member skipped. Updates ``mismatches`` in
+    place; the ranks examined are the culprits of 'missing' mismatches and their groups'
+    members with a dump, each distinct timeline once."""
+    todo = [m for m in mismatches if m.kind == "missing" and not m.p2p and m.culprit_ranks]
+    if not todo or len(pgs) < 2:
         return
     by_name = {pg.name: pg for pg in pgs}
+    roles: dict[_Role, list[str]] = defaultdict(list)
+    for pg in pgs:
+        roles[(pg.desc, len(pg.ranks))].append(pg.name)
 
     def role(name: str) -> _Role | None:
         pg = by_name.get(name)
         return None if pg is None else (pg.desc, len(pg.ranks))
-
-    roles: dict[_Role, list[str]] = defaultdict(list)
-    for pg in pgs:
-        roles[(pg.desc, len(pg.ranks))].append(pg.name)
-    tl_of = {r: ds.timelines[d.timeline] for r, d in ds.dumps.items()
-             if 0 <= d.timeline < len(ds.timelines)}
-    latest: dict[int, tuple[str, int] | None] = {}
 
     def last_of(tl: Timeline) -> tuple[str, int] | None:
         """The group and seq of a timeline's latest collective (by record id)."""
@@ -288,69 +286,90 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
                 return int(tl.record_id[gi.order[gi.starts[k]]])
         return None
 
-    def order(g: str, c: int, h: str, d: int, skip: set[int]) -> str | None:
+    memo: dict[tuple[str, int, str, int], str | None] = {}
+
+    def order(g: str, c: int, h: str, d: int) -> str | None:
         """'g' when the ranks that recorded both issue g#c first, 'h' when h#d, else None."""
         rg, rh = role(g), role(h)
         if rg is None or rh is None:
             return None
+        key = (g, c, h, d)
+        if key in memo:
+            return memo[key]
         votes: dict[str, int] = defaultdict(int)
         for tl in ds.timelines[:256]:  # a sample: SPMD ranks agree on the order
-            if all(r in skip for r in tl.ranks):
-                continue
-            a, b = record(tl, rg, c), record(tl, rh, d)
-            if a is not None and b is not None:
-                votes["g" if a < b else "h"] += 1
-        if len(votes) != 1:
-            return None
-        (won,) = votes
-        return won
+            x, y = record(tl, rg, c), record(tl, rh, d)
+            if x is not None and y is not None:
+                votes["g" if x < y else "h"] += 1
+        memo[key] = next(iter(votes)) if len(votes) == 1 else None
+        return memo[key]
+
+    # the ranks to examine: the missing ones and the members of the groups they are missing in
+    look: set[int] = set()
+    for m in todo:
+        look.update(m.culprit_ranks)
+        look.update(by_name[m.pg].ranks if m.pg in by_name else ())
+    latest: dict[int, tuple[str, int] | None] = {}
+    skips: dict[int, tuple[str, int]] = {}  # rank -> (group, seq) it skipped
+    seen_tl: dict[int, list[tuple[str, int]]] = {}
+    for r in sorted(look):
+        d = ds.dumps.get(r)
+        if d is None or not 0 <= d.timeline < len(ds.timelines):
+            continue
+        tl = ds.timelines[d.timeline]
+        if id(tl) not in seen_tl:
+            at = latest[id(tl)] = last_of(tl)
+            found: list[tuple[str, int]] = []
+            if at is not None and len(memo) < 64:
+                for name, gi in tl.groups.items():
+                    if name != at[0] and gi.seqs and name in by_name:
+                        c = gi.seqs[-1] + 1
+                        if order(name, c, at[0], at[1]) == "g":
+                            found.append((name, c))
+            seen_tl[id(tl)] = found
+        for place in seen_tl[id(tl)]:
+            skips.setdefault(r, place)
+    skipped_in = set(skips.values())
 
     for m in todo:
-        absent = next(g.ranks for g in m.groups if g.description == "(not enqueued)")
-        if set(m.culprit_ranks) != set(absent):
-            continue
-        skipped: dict[int, tuple[str, int]] = {}
-        blocked: dict[int, tuple[str, int]] = {}
-        verdicts: dict[tuple[str, int], str | None] = {}
-        for r in absent:
-            tl = tl_of.get(r)
-            if tl is None:
-                continue
-            if id(tl) not in latest:
-                latest[id(tl)] = last_of(tl)
-            at = latest[id(tl)]
-            if at is None or at[0] == m.pg:
-                continue
-            if at not in verdicts:
-                if len(verdicts) >= 16:
-                    continue
-                verdicts[at] = order(m.pg, m.seq, at[0], at[1], set(absent))
-            v = verdicts[at]
-            if v == "g":
-                skipped[r] = at
-            elif v == "h":
-                blocked[r] = at
-        if not skipped and not blocked:
-            continue
-        parts = []
-        if blocked:
-            parts.append("; ".join(
-                f"rank(s) {_fold(rs)} wait in group {h} #{d}, which the other ranks issue "
-                f"before this one: blocked there, not a culprit here"
-                for (h, d), rs in _by_place(blocked)))
-        if skipped:
-            parts.append("; ".join(
-                f"rank(s) {_fold(rs)} went on into group {h} #{d}, which the other ranks issue "
-                f"only after this one: they skipped #{m.seq} of group {m.pg}"
-                for (h, d), rs in _by_place(skipped)))
-        m.reasoning += " Across groups: " + "; ".join(parts) + "."
-        m.blocked_elsewhere = sorted(blocked)
-        left = [r for r in m.culprit_ranks if r not in blocked]
-        if skipped:
+        here = sorted(r for r, (g, c) in skips.items() if g == m.pg and c in (m.seq, m.seq + 1))
+        if here:
             m.kind = "skipped"
-            m.culprit_ranks = sorted(skipped)
-        else:
-            m.culprit_ranks = left
+            m.reasoning += (f" Across groups: rank(s) {_fold(here)} skipped #{skips[here[0]][1]} "
+                            "of this group: their latest collective is "
+                            + ", ".join(f"group {latest_of(ds, r, latest)}" for r in here[:4])
+                            + ", which the other ranks issue only after it; the other "
+                            "member(s) of this group wait for them.")
+            m.blocked_elsewhere = sorted(r for r in m.culprit_ranks if r not in here)
+            m.culprit_ranks = here
+            continue
+        blocked: dict[int, tuple[str, int]] = {}
+        for r in m.culprit_ranks:
+            d = ds.dumps.get(r)
+            at = latest.get(id(ds.timelines[d.timeline])) if d is not None else None
+            if at is not None and at[0] != m.pg and order(m.pg, m.seq, at[0], at[1]) == "h":
+                blocked[r] = at  # it waits in an earlier collective of another group
+                continue
+            for g, c in skipped_in:  # a member of a group whose collective another skipped
+                if (g != m.pg and r in set(by_name[g].ranks) and r not in skips
+                        and order(g, c, m.pg, m.seq) == "g"):
+                    blocked[r] = (g, c)
+                    break
+        if not blocked:
+            continue
+        m.reasoning += " Across groups: " + "; ".join(
+            f"rank(s) {_fold(rs)} {'wait' if all(r in ds.dumps for r in rs) else 'must wait'} "
+            f"in group {h} #{d}, which the other ranks issue before this one"
+            + (f" and which rank(s) {_fold(sorted(s for s, p in skips.items() if p == (h, d)))} "
+               "skipped" if (h, d) in skipped_in else "")
+            + ": blocked there, not a culprit here" for (h, d), rs in _by_place(blocked)) + "."
+        m.blocked_elsewhere = sorted(blocked)
+        m.culprit_ranks = [r for r in m.culprit_ranks if r not in blocked]
+
+
+def latest_of(ds: DumpSet, r: int, latest: dict[int, tuple[str, int] | None]) -> str:
+    at = latest.get(id(ds.timelines[ds.dumps[r].timeline]))
+    return f"{at[0]} #{at[1]}" if at else "?"
 
 
 def _by_place(ranks: dict[int, tuple[str, int]]) -> list[tuple[tuple[str, int], list[int]]]:
