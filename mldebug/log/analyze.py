@@ -267,13 +267,53 @@ def size_mismatch(facts: Facts) -> Verdict | None:
     sizes = re.search(r"(\d+) vs (\d+)", ev.message if ev else "")
     reporters = sorted(saw)
     rest = sorted(facts.known - saw)
-    if len(reporters) == 1 and len(facts.known) > 2:
-        culprits, how = reporters, ("the only rank gloo aborted for the size: its tensor is "
-                                    "smaller than its peers'")
+    world = len(facts.known)
+    apis = Counter(st.wait_site.api for st in facts.ranks.values()
+                   if st.wait_site is not None and st.wait_site.api)
+    api = apis.most_common(1)[0][0] if apis else None
+    either: list[int] = []
+    sure = "medium"
+    if api in (None, "all_reduce") and reporters and world > 2 and facts.known == set(range(world)):
+        # gloo's ring all_reduce (gloo/allreduce.cc): each rank receives from rank + 1 and
+        # sends to rank - 1; the size check fails on the receiver, so an aborted rank r holds
+        # the odd (smaller) size itself, or its sender r + 1 holds a larger one
+        cands = set.intersection(*({r, (r + 1) % world} for r in reporters))
+        assumed = "" if api else " (assuming the collective was an all_reduce: no rank's traceback says)"
+        if len(cands) == 1:
+            culprits = sorted(cands)
+            how = (f"gloo's ring all_reduce (each rank receives from rank+1): an aborted rank r "
+                   f"holds the odd size or receives it from rank r+1; the one suspect common to "
+                   f"ranks {fold_ints(reporters)}{assumed}")
+            sure = "medium" if api else "low"
+        elif len(cands) == 2:
+            r = reporters[0]
+            sites = Counter(_site(st.wait_site) for st in facts.ranks.values() if st.wait_site)
+            common = [site for site, n in sites.items() if n >= 2 and n == max(sites.values())]
+            at_common = {c for c in cands if (st := facts.ranks.get(c)) is not None
+                         and st.wait_site is not None and common and _site(st.wait_site) == common[0]}
+            if len(at_common) == 1:
+                culprits = sorted(cands - at_common)
+                how = (f"gloo aborted rank {r}: its own tensor or its ring sender's (rank "
+                       f"{(r + 1) % world}) is the odd one{assumed}; rank {min(at_common)} waits at "
+                       "the call site the other ranks share, so the other one")
+                sure = "low"
+            else:
+                culprits, either = [], sorted(cands)
+                how = (f"gloo aborted rank {r} only: either its tensor is smaller, or its ring "
+                       f"sender's (rank {(r + 1) % world}) is larger; these lines do not say "
+                       f"which{assumed}")
+                sure = "low"
+        else:
+            culprits, how = [], "gloo's size check (the aborted ranks are not ring neighbours)"
+            sure = "low"
+    elif len(reporters) == 1 and world > 2:
+        culprits, how = reporters, (f"the only rank gloo aborted in {api}: its tensor is "
+                                    "smaller than the sender's")
     elif len(rest) == 1 and len(reporters) > 1:
         culprits, how = rest, "the one rank that did not report the size (it sent the odd size)"
     else:
         culprits, how = [], "gloo's size check (which rank passed the odd size is not in these lines)"
+        sure = "low"
     got = f" ({sizes[1]} bytes arrived for a tensor of {sizes[2]})" if sizes else ""
     on = (f" on rank{'s' if len(reporters) > 1 else ''} {fold_ints(reporters)}" if reporters
           else " (which rank is not in these lines)")
@@ -286,14 +326,21 @@ def size_mismatch(facts: Facts) -> Verdict | None:
         detail += "\n" + tail
     title = ("collective size mismatch" + (f": rank{'s' if len(culprits) > 1 else ''} "
                                            f"{fold_ints(culprits)} passed another tensor size"
-                                           if culprits else " between ranks"))
+                                           if culprits else
+                                           f": rank {either[0]} or rank {either[1]} passed another "
+                                           "tensor size (cannot tell which)" if either else
+                                           " between ranks"))
+    if either:
+        detail += ("\nWhat would tell: TORCH_DISTRIBUTED_DEBUG=DETAIL (names each rank's shape "
+                   "and dtype before the collective runs), or printing the tensor's shape and "
+                   f"dtype before the collective on ranks {either[0]} and {either[1]}.")
     return Verdict(Finding(
         Severity.ERROR, title, detail,
         "Print each rank's tensor shape before the collective (or rerun with "
         "TORCH_DISTRIBUTED_DEBUG=DETAIL, which names the mismatching ranks and shapes); uneven "
         "last batches and rank-dependent shapes are the usual cause.",
         code="log-size-mismatch", hosts=_hosts(facts, culprits or reporters)), culprits, how,
-        "medium" if culprits else "low")
+        sure if culprits else "low")
 
 
 def launcher_failed(facts: Facts) -> Verdict | None:
@@ -422,6 +469,181 @@ def fingerprint_mismatch(facts: Facts) -> Verdict | None:
             f"TORCH_DISTRIBUTED_DEBUG=DETAIL fingerprints, majority of {len(by_rank)} ranks",
             "low" if tie else ("high" if n_major >= 2 else "medium"))
     return None
+
+
+def terminated(facts: Facts) -> Verdict | None:
+    """The launcher itself got a signal (torchrun's SignalException: the scheduler's time limit or
+    preemption, scancel, a user's kill) before any rank failed or waited: no rank is to blame."""
+    sig = facts.parsed.terminated
+    if sig is None:
+        return None
+    before = [r for r, st in facts.ranks.items()
+              if (st.first_primary is not None and st.first_primary.line < sig.line
+                  and st.first_primary.kind in FAILURE_KINDS)
+              or (st.first_event is not None and not st.first_event.primary and st.first_event.line < sig.line)]
+    if before:
+        return None  # a rank failed or waited first: the rules below name it
+    num = re.search(r"got signal: (\d+)", sig.message)
+    name = ""
+    if num is not None:
+        try:
+            name = f" ({signal.Signals(int(num[1])).name})"
+        except ValueError:
+            pass
+    return Verdict(Finding(
+        Severity.WARNING, f"the job was terminated from outside: the launcher got signal "
+        f"{num[1] if num else '?'}{name}",
+        f"{sig.message} ({sig.source}). No rank failed or waited in a collective before it; the "
+        "ranks' own exits after it are the launcher stopping them.",
+        "Nothing in the job failed: ask the scheduler why it stopped the job (SLURM: `sacct -j "
+        "JOBID --format=JobID,State,ExitCode,Elapsed,Timelimit` shows TIMEOUT, PREEMPTED or "
+        "CANCELLED by a user); resume from the last checkpoint, and save one on SIGTERM so a "
+        "preemption loses less.", code="log-terminated"), [],
+        "the launcher's SignalException, before any rank's error or timeout", "high")
+
+
+def unresponsive(facts: Facts) -> Verdict | None:
+    """A rank that never reported a timeout of its own and outlived the launcher's SIGTERM
+    (torchrun: 'Unable to shutdown process P via 15, forcefully exiting via 9'): it could not
+    run at all - stopped (SIGSTOP, a debugger, state T) or in a C call that holds the GIL."""
+    pids = facts.parsed.unkillable
+    if not pids or not facts.waited:
+        return None
+    ranks = sorted(r for r, st in facts.ranks.items()
+                   if st.pid in pids and r not in facts.waited and st.first_primary is None)
+    if not ranks:
+        return None
+    s = "s" if len(ranks) > 1 else ""
+    return Verdict(Finding(
+        Severity.ERROR, f"rank{s} {fold_ints(ranks)} never reached the collective and did not "
+        "end on the launcher's SIGTERM (SIGKILLed after the grace period)",
+        f"Ranks {fold_ints(sorted(facts.waited))} timed out or lost their peer; rank{s} "
+        f"{fold_ints(ranks)} reported nothing and ignored SIGTERM until torchrun killed "
+        f"{'them' if s else 'it'} ('Unable to shutdown process ... forcefully exiting via 9'): "
+        "not running Python at all - stopped (SIGSTOP, Ctrl-Z, a debugger: state T) or inside a "
+        "C call that holds the GIL or an uninterruptible read. The SIGKILL is the launcher's, "
+        "not the cause.",
+        "Next time, while it hangs: `ps -o pid,stat,wchan -p PID` (T = stopped: `kill -CONT`; "
+        "D = kernel I/O), and `mldebug hang` (py-spy shows a native frame holding the GIL).",
+        code="log-silent-rank", hosts=_hosts(facts, ranks)), ranks,
+        "quiet ranks the launcher had to SIGKILL after SIGTERM", "high")
+
+
+_KEY_RANK = re.compile(r"/(\d{1,7})$")
+
+
+def store_launch(facts: Facts) -> Verdict | None:
+    """The ranks never got past the store (init_process_group's TCPStore, torchrun's
+    rendezvous, a store.wait): who never arrived, when the lines say."""
+    store = facts.parsed.store
+    if not store.errors:
+        return None
+    if any(st.timeouts or st.wait_site is not None and st.wait_site.api not in (None, "wait")
+           for st in facts.ranks.values()):
+        return None  # the ranks got as far as collectives: a store error is no launch failure
+    fix = ("Every rank must start, reach the same store (MASTER_ADDR:MASTER_PORT, the same "
+           "--rdzv-endpoint) and agree on the world size: check the launch command on every "
+           "node, the scheduler's task count, and that no rank's code overrides MASTER_PORT, "
+           "WORLD_SIZE or RANK.")
+    rdzv = [e for e in store.errors if e.message.startswith("Rendezvous")]
+    if rdzv:
+        e = rdzv[0]
+        return Verdict(Finding(
+            Severity.ERROR, f"torchrun's rendezvous failed: {e.message[:160]}",
+            f"{e.message} ({e.source}): the launcher gave up waiting for the other nodes "
+            "(--nnodes) to join; no rank ran. Which node stayed away is not in this node's log.",
+            "Start the job on every node (--nnodes N needs N launchers with the same --rdzv-id "
+            "and --rdzv-endpoint), check that each reaches the endpoint, or raise --rdzv-conf "
+            "join_timeout when nodes start slowly.", code="log-launch"), [],
+            "torchrun's rendezvous error", "high")
+    seen = {r for r, st in facts.ranks.items() if st.lines or st.exitcode is not None}
+    if store.joined is not None:
+        k, w = store.joined
+        missing = sorted(set(range(w)) - seen) if w <= 1 << 16 else []
+        named = missing if len(missing) == w - k else []
+        s = "s" if len(named) > 1 else ""
+        return Verdict(Finding(
+            Severity.ERROR,
+            (f"rank{s} {fold_ints(named)} never joined the store ({k} of {w} ranks did)" if named
+             else f"{w - k} of {w} ranks never joined the store (which: not in these lines)"),
+            f"The store's server (rank 0) timed out waiting for its clients: '{k}/{w} clients "
+            "joined'. " + (f"Rank{s} {fold_ints(named)} left no line at all: never started or "
+                           "never reached init_process_group." if named else
+                           f"The lines name ranks {fold_ints(sorted(seen))}."),
+            fix, code="log-launch", hosts=_hosts(facts, named)), named,
+            "the store's 'K/W clients joined' and the ranks seen", "high" if named else "low")
+    # every rank waited for the same keys: the ranks those keys belong to never set them
+    keys = {k: who for k, who in store.waits.items()}
+    if not keys:
+        return None
+    owners = {k: int(m[1]) for k in keys if (m := _KEY_RANK.search(k))}
+    waited = sorted({r for who in keys.values() for r in who if r is not None})
+    if len(keys) == 1 and len(owners) == 1:
+        key, owner = next(iter(owners.items()))
+        launched = max(facts.known) + 1 if facts.known else 0
+        if launched and owner >= launched:
+            return Verdict(Finding(
+                Severity.ERROR, f"the world size in the code is larger than the launch: every "
+                f"rank waits for rank {owner}, and ranks 0-{launched - 1} were launched",
+                f"Each rank's store wait timed out on key {key} (rank {owner}'s address in "
+                f"init_process_group): no rank {owner} exists. No rank is the culprit: the "
+                "world_size (or rank) the code passes does not match what the launcher started.",
+                "Let init_process_group read WORLD_SIZE and RANK from the launcher's environment "
+                "(pass neither), or launch as many ranks as the code expects.",
+                code="log-launch"), [], "the store key every rank waited for names a rank "
+                "beyond the launched ones", "medium")
+        return Verdict(Finding(
+            Severity.ERROR, f"rank {owner} never registered in the store: every other rank "
+            "waited for its key",
+            f"The ranks' store waits timed out on key {key} (rank {owner}'s entry"
+            + (f"; the waiting ranks: {fold_ints(waited)}" if waited else "")
+            + f"): rank {owner} never reached the store the others used (another MASTER_ADDR / "
+            "MASTER_PORT, a network it cannot reach, or it never called init_process_group).",
+            fix, code="log-launch", hosts=_hosts(facts, [owner])), [owner],
+            "the one store key every waiting rank named", "medium")
+    return Verdict(Finding(
+        Severity.ERROR, f"the ranks timed out waiting for {len(keys)} store keys; which key was "
+        "never set is not in these lines",
+        f"Keys waited for: {', '.join(sorted(keys)[:8])}{' ...' if len(keys) > 8 else ''}. A "
+        "store wait names every key it waits for, set or not, so these lines cannot tell "
+        "which rank did not set its key. What would tell: `store.check([key])` for each key "
+        "(or a log line after each rank's store.set).",
+        "Make every rank set its key before any rank waits (a rank-dependent early return or an "
+        "exception before store.set leaves its key missing); print store.check per key to find "
+        "the missing one.", code="log-launch"), [],
+        "the keys every rank waited for (all of them: no single missing key)", "low")
+
+
+def exited_early(facts: Facts) -> Verdict | None:
+    """A rank missing from torchrun's failure table (a rank that exited 0 is not listed) between
+    listed ranks, that never waited itself, while the others timed out or lost their peer: it
+    left the job early (sys.exit(0), a return from main), and the others waited for it."""
+    table = {f.rank for f in facts.parsed.launcher}
+    if len(table) < 2 or not facts.waited:
+        return None
+    lo, hi = min(table), max(table)
+    gone = sorted(r for r in facts.known if lo < r < hi and r not in table
+                  and r not in facts.waited
+                  and ((st := facts.ranks.get(r)) is None or st.first_primary is None))
+    if not gone or len(gone) * 2 >= len(table):
+        return None
+    s = "s" if len(gone) > 1 else ""
+    lost = sorted(r for r in facts.waited
+                  if (ev := facts.ranks[r].first_event) is not None and ev.kind == "peer-lost")
+    return Verdict(Finding(
+        Severity.ERROR, f"rank{s} {fold_ints(gone)} left the job early (exit code 0) while the "
+        "others were still training",
+        f"torchrun's failure table lists ranks {fold_ints(sorted(table))} and not rank{s} "
+        f"{fold_ints(gone)}: a rank that exited with code 0 is not a failure to torchrun. "
+        + (f"Rank{'s' if len(lost) > 1 else ''} {fold_ints(lost)} saw the connection closed "
+           "by the peer; " if lost else "")
+        + f"ranks {fold_ints(sorted(facts.waited))} timed out or lost their peer waiting for "
+        f"{'them' if s else 'it'}.",
+        "Find the early exit on that rank (sys.exit(0), an early-stopping or end-of-data return "
+        "taken by one rank only): every rank must leave the loop together - agree on the stop "
+        "flag with an all_reduce before leaving.", code="log-exit-no-traceback",
+        hosts=_hosts(facts, gone)), gone,
+        "a rank missing from torchrun's failure table among the listed ones", "medium")
 
 
 def _site(ev: Event) -> str:
@@ -600,14 +822,37 @@ def all_waiting(facts: Facts) -> Verdict | None:
     if waits:
         (pg, op, seq), _ = waits.most_common(1)[0]
         desc = f" ({op or 'collective'}{f' #{seq}' if seq is not None else ''}, process group {pg})"
+    else:
+        sites = wait_sites(facts)
+        if len(sites) == 1:
+            desc = f" ({next(iter(sites))})"
+    gloo = "gloo" in facts.parsed.backends and "nccl" not in facts.parsed.backends
+    if len(facts.waited) == 1 and len(facts.known) <= 1:
+        (r,) = facts.waited
+        return Verdict(Finding(
+            Severity.WARNING, f"rank {r} timed out in a collective{desc}; no other rank's lines "
+            "are in these logs",
+            f"Only rank {r}'s lines are here: they say it waited, not for whom. Whether every "
+            "rank waited, or one stayed away, is in the other ranks' lines.",
+            "Pass every rank's log (the launcher's whole output, torchrun --log-dir, srun "
+            "--output=log-%t) to `mldebug log`.", code="log-all-waiting"), [],
+            "one rank's lines only", "low")
+    if gloo:
+        fix = ("No rank failed or stayed away in these lines: look for a rank whose lines are "
+               "missing (another node's log), or one the launcher stopped before its own "
+               "timeout; next time run `mldebug hang` while it hangs (it names the rank outside "
+               "the collective). For gloo's transport itself, check GLOO_SOCKET_IFNAME.")
+    else:
+        fix = ("The collective itself did not complete: a rank missing from these logs, or the "
+               "network. Check the NCCL WARN lines (`mldebug nccl-log`), rerun with "
+               "NCCL_DEBUG=INFO, and set TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get flight-recorder "
+               "dumps for `mldebug fr analyze`.")
+    missing = sorted(facts.known - set(facts.ranks))
     return Verdict(Finding(
         Severity.WARNING, f"every rank timed out in the same collective{desc}",
         f"Ranks {fold_ints(sorted(facts.waited))} all waited; no rank failed or stayed away in "
-        "these logs.",
-        "The collective itself did not complete: a rank missing from these logs, or the "
-        "network. Check the NCCL WARN lines (`mldebug nccl-log`), rerun with NCCL_DEBUG=INFO, "
-        "and set TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get flight-recorder dumps for `mldebug fr "
-        "analyze`.", code="log-all-waiting"), [])
+        "these logs.", fix, code="log-all-waiting"), [],
+        "every rank's own timeout at the same place", "low" if missing else "medium")
 
 
 def exit_only(facts: Facts) -> Verdict | None:
@@ -626,8 +871,10 @@ def exit_only(facts: Facts) -> Verdict | None:
         "launcher.", code="log-exit-no-traceback", hosts=_hosts(facts, ranks)), ranks)
 
 
-RULES: list[Rule] = [fingerprint_mismatch, monitored_barrier, first_failure, killed, size_mismatch, fatal_signal, stalled, behind, mismatch,
-                     silent, call_sites, exit_only, launcher_failed, phase_tiebreak, all_waiting]
+RULES: list[Rule] = [terminated, fingerprint_mismatch, monitored_barrier, first_failure, unresponsive,
+                     killed, size_mismatch, fatal_signal, stalled, store_launch, behind, mismatch,
+                     exited_early, silent, call_sites, exit_only, launcher_failed, phase_tiebreak,
+                     all_waiting]
 
 
 def _nccl_findings(parsed: ParsedLogs) -> list[Finding]:

@@ -113,6 +113,15 @@ class MonitoredBarrier:
 
 
 @dataclass
+class StoreFacts:
+    """What the c10d store said while the ranks met in init (TCPStore, rendezvous)."""
+
+    waits: dict[str, set[int | None]] = field(default_factory=dict)  # keys waited for -> who waited
+    joined: tuple[int, int] | None = None  # the store's "K/W clients joined" when it timed out
+    errors: list[Event] = field(default_factory=list)  # DistStoreError, DistNetworkError, rendezvous
+
+
+@dataclass
 class ParsedLogs:
     """Everything read from the inputs, per rank; bounded by the number of ranks."""
 
@@ -132,6 +141,10 @@ class ParsedLogs:
     fingerprints: dict[str, dict[int, str]] = field(default_factory=dict)  # seq -> rank -> collective
     monitored: MonitoredBarrier = field(default_factory=lambda: MonitoredBarrier())
     notes: list[str] = field(default_factory=list)  # mldebug's debugger lines, attempts skipped
+    backends: set[str] = field(default_factory=set)  # "gloo", "nccl": what the lines name
+    unkillable: set[int] = field(default_factory=set)  # pids the launcher SIGKILLed after SIGTERM
+    terminated: Event | None = None  # the launcher itself got a signal (SignalException)
+    store: StoreFacts = field(default_factory=lambda: StoreFacts())
 
     def rank(self, r: int) -> RankLog:
         got = self.ranks.get(r)

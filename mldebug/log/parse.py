@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from mldebug.log.model import Event, LauncherFailure, ParsedLogs, WatchdogTimeout
+from mldebug.log.model import Event, LauncherFailure, ParsedLogs, StoreFacts, WatchdogTimeout
 from mldebug.logprefix import strip_prefix
 from mldebug.text import sanitize
 
@@ -38,6 +38,7 @@ MAX_WARN_RANKS = 4096
 PREFILTER_WORDS = (
     "Error", "ERROR", "EADDRINUSE",  # RuntimeError: ..., gloo's ERROR, the launcher's port
     "xception", "xitcode",  # Exception / exception, torchrun's exitcode
+    "xiting via",  # torchrun: "Unable to shutdown process P via 15, forcefully exiting via 9"
     "Traceback", "Watchdog", "watchdog", "NCCL WARN", "NCCL work", "Killed",
     "mldebug",  # mldebug's own hooks
     "Signal", "SIGKILL", "SIGABRT", "SIGSEGV", "SIGBUS", "SIGTERM", "SIGILL", "SIGFPE", "Failures:", "Fatal", "Root Cause", "Received data size",
@@ -188,7 +189,8 @@ def line_prefix(line: str) -> tuple[int | None, float | None, str]:
 # A rank named inside the message when no prefix gave one: "[Rank 3]", "[PG 0 Rank 3]",
 # "Rank 3 is running collective", gloo's "rank=3, size=4", a dump file "host-rank3-PID".
 _MSG_RANK = re.compile(r"\[(?:PG (?:ID )?0[^\]]{0,200}?)?Rank (?P<a>\d{1,7})\]|\bRank (?P<b>\d{1,7}) is running"
-                       r"|\brank=(?P<c>\d{1,7}), size=|-rank(?P<d>\d{1,7})-\d+\.json")
+                       r"|\brank=(?P<c>\d{1,7}), size=|-rank(?P<d>\d{1,7})-\d+\.json"
+                       r"|^mldebug\.fr: rank (?P<e>\d{1,7}) wrote ")
 # World size stated by a line: WORLD_SIZE=8, world_size=8, "world size 8", gloo "size=8".
 _WORLD = re.compile(r"(?:WORLD_SIZE|world_size|world size|\brank=\d{1,7}, size)\s*[=:]?\s*(?P<n>\d{1,7})\b")
 
@@ -208,6 +210,12 @@ _MB_FROM0 = re.compile(r"Rank (?P<r>\d{1,7}) successfully reached monitoredBarri
 _OVERFLOW_PEER = re.compile(r"DebugUnderflowOverflow: rank\(s\) (?P<ranks>[\d, ]{1,2000}) detected inf/nan")
 _EXIT_LINE = re.compile(r"failed \(exitcode: (?P<code>-?\d{1,4})\) local_rank: (?P<rank>\d{1,7})")
 _TORCH_VERSION = re.compile(r"(?:torch==|[Tt]orch version:? |PyTorch version:? )v?(?P<v>\d{1,2}\.\d{1,3}(?:\.\d{1,3})?)")
+# torchrun's agent when a rank outlived SIGTERM (multiprocessing/api.py, torch 2.13)
+_UNKILLABLE = re.compile(r"Unable to shutdown process (?P<pid>\d{1,10}) via \d{1,3}, forcefully exiting via 9")
+# c10d's store (TCPStore.cpp, socket.cpp, torch 2.13): a wait that timed out names its keys; the
+# store's server names how many clients joined when it gave up waiting for them
+_STORE_WAIT = re.compile(r"wait timeout after \d{1,12}ms, keys: (?P<keys>[^\n]{1,4000})")
+_STORE_JOINED = re.compile(r"waiting for clients\. (?P<k>\d{1,7})/(?P<w>\d{1,7}) clients joined")
 STALL_EXIT_CODE = 54  # mldebug.capture.stall.STALL_EXIT_CODE (not imported: no torch, no capture)
 
 
@@ -236,6 +244,8 @@ class _Stream:
     mixed: bool = False  # other output came between this traceback's lines
     api: str | None = None  # the first torch.distributed frame below the last user frame
     stack: list[str] = field(default_factory=list)  # user frames, outermost first (capped)
+    last: Event | None = None  # the event its last traceback ended in
+    original: Event | None = None  # a DataLoader worker's "Original Traceback" refines this event
 
 
 @dataclass
@@ -365,6 +375,11 @@ class LogParser:
         if len(raw) > MAX_LINE:
             raw = raw[:MAX_LINE]
         raw = raw.rstrip("\r\n")
+        if "\r" in raw:  # a progress bar redrawn with \r: what follows the last one is the line
+            raw = raw.rpartition("\r")[2]
+        glued = raw.rfind("]:", 6)
+        if glued > 0 and raw.find("[", 1, glued) > 0:
+            raw = _unglue(raw)
         if self._in_table and _TABLE_ENTRY.match(raw.strip()):  # "[0]:" is no rank prefix here
             self._table_line(raw)
             return
@@ -375,7 +390,7 @@ class LogParser:
         if rank is None and "ank" in text:
             m = _MSG_RANK.search(text)
             if m is not None:
-                rank = int(m["a"] or m["b"] or m["c"] or m["d"])
+                rank = int(m["a"] or m["b"] or m["c"] or m["d"] or m["e"])
         stripped = text.lstrip()
         if when is None and stripped[:1] in "[EWIFD" and len(stripped) > 12:
             when = time_key(stripped)
@@ -397,9 +412,14 @@ class LogParser:
         stream = self._streams.get(rank)
         if stream is None:
             stream = self._streams[rank] = _Stream()
-        if stripped.startswith(_TB_START):
+        original = None
+        if stripped.startswith("Original Traceback") and not stream.in_tb \
+                and stream.last is not None and "Caught " in stream.last.message:
+            original = stream.last  # the worker's own traceback, re-raised by the DataLoader
+        if original is not None or stripped.startswith(_TB_START):
             if not stream.in_tb:
                 self._open_tb += 1
+            stream.original = original
             stream.in_tb, stream.frame, stream.any_frame = True, None, None
             stream.foreign, stream.mixed, stream.api = 0, False, None
             stream.stack.clear()
@@ -434,12 +454,21 @@ class LogParser:
                 return
             stream.in_tb = False
             self._open_tb -= 1
-            if m and (m["msg"] is not None or m["type"][:1].isupper()):
+            name = m["type"].rsplit(".", 1)[-1] if m else ""
+            if m and (m["msg"] is not None or name[:1].isupper()):
                 if m["type"].endswith("ChildFailedError"):
                     return  # the launcher's own traceback; its table follows
-                msg = f"{m['type'].rsplit('.', 1)[-1]}: {m['msg'] or ''}".strip().rstrip(":")
-                self._event(rank, msg, where, when, stream.frame or stream.any_frame,
-                            api=stream.api, stack=tuple(stream.stack))
+                msg = f"{name}: {m['msg'] or ''}".strip().rstrip(":")
+                outer, stream.original = stream.original, None
+                if outer is not None:  # the DataLoader worker's own error and frame
+                    wrapper = outer.message.partition(" in ")[2].rstrip(".")
+                    outer.message = sanitize(_SRC_TAG.sub("", msg), limit=400)[:400] + (
+                        f" (in {wrapper})" if wrapper else "")
+                    outer.frame = stream.frame or stream.any_frame or outer.frame
+                    outer.source = where
+                    return
+                stream.last = self._event(rank, msg, where, when, stream.frame or stream.any_frame,
+                                          api=stream.api, stack=tuple(stream.stack))
                 if m["msg"]:
                     self._mldebug_lines(rank, m["msg"], where, when)
                 return
@@ -465,6 +494,11 @@ class LogParser:
         if "Watchdog" in text or "NCCL work" in text or "watchdog" in text:
             if self._watchdog(rank, text, where, when):
                 return
+        if "xiting via" in text:
+            u = _UNKILLABLE.search(text)
+            if u is not None and len(p.unkillable) < 4096:
+                p.unkillable.add(int(u["pid"]))
+            return
         if text.strip() == "Killed":
             self._event(rank, "Killed (SIGKILL from the kernel or the scheduler)", where, when,
                         None, kind="killed")
@@ -644,17 +678,27 @@ class LogParser:
 
     def _event(self, rank: int | None, msg: str, where: str, when: float | None,
                frame: str | None, *, kind: str | None = None, primary: bool | None = None,
-               api: str | None = None, stack: tuple[str, ...] = ()) -> None:
+               api: str | None = None, stack: tuple[str, ...] = ()) -> Event:
+        p = self.parsed
+        if "gloo" in msg:
+            p.backends.add("gloo")
+        elif "NCCL" in msg or "nccl" in msg:
+            p.backends.add("nccl")
         k, prim = classify(msg)
         msg = sanitize(_SRC_TAG.sub("", msg), limit=500)  # outside text: controls shown escaped
         ev = Event(kind or k, msg[:500], self.parsed.lines, where,
                    when if when is not None else self._last_time.get(rank), frame,
                    prim if primary is None else primary, api, stack)
+        if "Dist" in msg or "Rendezvous" in msg or "clients joined" in msg:
+            _store_facts(p.store, rank, ev)
         if rank is None:
-            if len(self.parsed.launcher_events) < 1000:
-                self.parsed.launcher_events.append(ev)
+            if msg.startswith("SignalException") and p.terminated is None:
+                p.terminated = ev  # the launcher itself was signalled (the scheduler, a user)
+            if len(p.launcher_events) < 1000:
+                p.launcher_events.append(ev)
         else:
-            self.parsed.rank(rank).add(ev)
+            p.rank(rank).add(ev)
+        return ev
 
     # -- torchrun's failure table -------------------------------------------------------
     def _table_line(self, text: str) -> bool:
@@ -711,6 +755,44 @@ class LogParser:
         st.exit_time = t.time
         st.host = st.host or t.host
         st.pid = st.pid or t.pid
+
+
+def _unglue(raw: str) -> str:
+    """A rank's output with no newline at its end (an ``input()`` prompt, a progress bar) glues
+    the next rank's line onto it: ``Overwrite? [y/N] [rank0]: Traceback ...``. The line is what
+    follows the last launcher prefix ``[rankN]:`` / ``[defaultN]:`` inside it."""
+    for tag in ("[rank", "[default"):
+        i = raw.rfind(tag, 1)
+        while i > 0:
+            j = i + len(tag)
+            k = j
+            while k < len(raw) and raw[k].isdigit() and k - j < 8:
+                k += 1
+            if k > j and raw.startswith("]:", k) and raw[i - 1] in " \t]:":
+                return raw[i:]
+            i = raw.rfind(tag, 1, i)
+    return raw
+
+
+def _store_facts(store: StoreFacts, rank: int | None, ev: Event) -> None:
+    """What a store or rendezvous error says: the keys a rank waited for, how many clients the
+    store's server saw join."""
+    msg = ev.message
+    if len(store.errors) < 1000:
+        store.errors.append(ev)
+    w = _STORE_WAIT.search(msg)
+    if w is not None:
+        for key in w["keys"].split(", ")[:64]:
+            who = store.waits.get(key)
+            if who is None:
+                if len(store.waits) >= 4096:
+                    continue
+                who = store.waits[key] = set()
+            if len(who) < 4096:
+                who.add(rank)
+    j = _STORE_JOINED.search(msg)
+    if j is not None and store.joined is None:
+        store.joined = (int(j["k"]), int(j["w"]))
 
 
 def parse_lines(lines: Iterable[str], source: str = "<text>", file_rank: int | None = None) -> ParsedLogs:
