@@ -385,3 +385,15 @@ def test_matrix_a_pipeline_stage_sending_to_the_wrong_peer_is_the_one_named():
     report = analyze(fault_collection("p2p_wrong_peer"))
     assert [s.rank for s in report.suspects] == [0]
     assert "in send" in report.suspects[0].reason and "wait in recv" in report.suspects[0].reason
+
+
+def test_matrix_a_rank_in_its_exception_hook_is_raising_not_spinning():
+    """thread_exception_hook (as the job injects it today: its import raises ImportError in
+    the main thread): rank 3 runs torch's _distributed_excepthook at the top of its main
+    thread, busy (the hook's flight-recorder dump imports torch._inductor) - it is raising
+    and will exit, not spinning in the user's code."""
+    report = analyze(fault_collection("thread_exception_hook"))
+    assert [s.rank for s in report.suspects] == [3]
+    assert report.jobs[0].hang_class.value == "exception"
+    assert "_distributed_excepthook" in report.suspects[0].reason
+    assert report.verdict.startswith("A rank is raising: ")

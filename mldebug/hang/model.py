@@ -224,6 +224,7 @@ class HangClass(str, enum.Enum):
     DEVICE_WEDGE = "device-wedge"  # GPU signals (not collected yet: reserved)
     DEAD_RANK = "dead-rank"  # a rank's process is gone or never started
     STOPPED = "stopped"  # a rank's process is stopped (state T: SIGSTOP, job control)
+    EXCEPTION = "exception"  # a rank's main thread runs sys.excepthook: raising, exiting
     LAUNCH = "launch"  # ranks stuck in start-up: init_process_group, the store, rendezvous
     SLOW = "slow"  # --watch saw every rank make progress
     SAME_PLACE = "same-place"  # all ranks at one place outside any collective
@@ -245,6 +246,7 @@ CLASS_TITLES = {
     HangClass.DEVICE_WEDGE: "Device-side wedge",
     HangClass.DEAD_RANK: "Dead or missing rank",
     HangClass.STOPPED: "Stopped rank",
+    HangClass.EXCEPTION: "A rank is raising",
     HangClass.LAUNCH: "Stuck in start-up",
     HangClass.SLOW: "Slow, not stuck",
     HangClass.SAME_PLACE: "Every rank at the same place",

@@ -165,15 +165,29 @@ def no_python_left(s: Situation) -> Verdict | None:
     interpreter runs no Python code any more - it is exiting (sys.exit, the end of main, an
     uncaught exception unwinding) - and the others will wait for it."""
     empty = [i for i, g in enumerate(s.groups) if _python_gone(s, g)]
-    if not empty or len(empty) == len(s.groups):
+    raising = [i for i, g in enumerate(s.groups) if i not in empty and _raising(g)]
+    if not (empty or raising) or len(empty) + len(raising) == len(s.groups):
         return None
-    others = [i for i in range(len(s.groups)) if i not in empty]
+    others = [i for i in range(len(s.groups)) if i not in empty and i not in raising]
     desc = "; ".join(f"{ranks_text(s.groups, [i])} {_verb(s, [i])} {place(s.groups[i])}"
                      for i in others[:3])
     reasons = {i: "runs no Python code any more (no thread has a Python frame): it is exiting - "
                   "sys.exit, the end of its main, or an exception unwinding to the top - while "
                   + desc for i in empty}
+    for i in raising:
+        hook = s.groups[i].frames[-1]
+        reasons[i] = (f"an uncaught exception reached the top of its main thread: it runs the "
+                      f"exception hook ({hook.location}, at {s.groups[i].where}) and will exit, "
+                      "while " + desc)
     return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
+
+
+def _raising(g: Group) -> bool:
+    """The main thread's outermost Python frame is an exception hook: the interpreter called
+    sys.excepthook for an exception nothing caught (torch's _distributed_excepthook, the
+    user's); the rank is on its way out."""
+    py = [f for f in g.frames if not f.native]
+    return bool(py) and "excepthook" in py[-1].name.rsplit(".", 1)[-1].lower()
 
 
 def _python_gone(s: Situation, g: Group) -> bool:
@@ -288,6 +302,8 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
     if kind is VerdictKind.SUSPECTS:
         if suspect_groups and all(_python_gone(s, g) for g in suspect_groups):
             return HangClass.DEAD_RANK  # exiting: as good as gone for the others
+        if suspect_groups and all(_raising(g) for g in suspect_groups):
+            return HangClass.EXCEPTION
         if not suspect_groups or any(g.collective for g in suspect_groups):
             return HangClass.DESYNC
         if any(g.wait == "debugger" for g in suspect_groups):
@@ -327,6 +343,9 @@ CLASS_FIXES = {
                             "trigger + analyze for the collective.",
     HangClass.DEAD_RANK: "Find why the rank's process ended: its log, dmesg for OOM kills, the "
                          "node's health; the others wait for it.",
+    HangClass.EXCEPTION: "The rank raised an exception nothing caught and is exiting: its "
+                         "traceback is in its log (stderr) once the hook ends; the others "
+                         "will wait for it until their collective timeout.",
     HangClass.STOPPED: "Resume the stopped rank: kill -CONT PID (a SIGSTOP, a shell's Ctrl-Z, "
                        "a debugger or a scheduler's suspend stopped it); the others run on "
                        "once it does.",
