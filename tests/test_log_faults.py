@@ -46,6 +46,7 @@ CASES = {
     "dist-store-error": ("log-launch", []),  # every rank waits for every key: cannot tell
     # processes
     "dataloader-crash": ("log-first-failure-exception", [3]),
+    "thread-exception-hook": ("log-first-failure-exception", [3]),
     "exit0": ("log-exit-no-traceback", [1]),
     "sigkill": ("log-killed", [3]),
     "sigsegv": ("log-crash", [2]),
@@ -137,6 +138,22 @@ def test_dataloader_worker_frame_is_the_original_traceback() -> None:
     assert ev.frame == "job.py:233 in __getitem__"  # the worker's, not batches()' next(it)
     assert ev.message.startswith("ValueError: corrupt record 8")
     assert "DataLoader worker process 0" in ev.message
+
+
+def test_a_thread_exception_printed_by_our_hook_blames_its_rank() -> None:
+    """mldebug.install_excepthook prints a thread's traceback '[host:rank] '-prefixed (no
+    torchrun prefix): read, its rank blamed, said to be a thread's."""
+    r = report("thread-exception-hook")
+    ev = r.parsed.ranks[3].first_primary
+    assert ev is not None and ev.frame == "thread_hook.py:18 in producer"
+    assert ev.message.endswith("(in a thread)")
+    named = analyze(parse_lines(["[rank1]: Exception in thread prefetch:",
+                                 "[rank1]: Traceback (most recent call last):",
+                                 '[rank1]:   File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner',
+                                 '[rank1]:   File "/w/t.py", line 3, in producer',
+                                 "[rank1]: KeyError: 'tokens'"]))
+    assert named.culprits == [1] and named.verdict is not None
+    assert "(in thread prefetch)" in named.verdict.title
 
 
 def test_exit0_names_the_rank_that_left_alone() -> None:

@@ -246,6 +246,8 @@ class _Stream:
     stack: list[str] = field(default_factory=list)  # user frames, outermost first (capped)
     last: Event | None = None  # the event its last traceback ended in
     original: Event | None = None  # a DataLoader worker's "Original Traceback" refines this event
+    thread: str | None = None  # the traceback is a thread's (its name, or "" when unnamed)
+    thread_next: str | None = None  # "Exception in thread NAME:" names the next traceback's
 
 
 @dataclass
@@ -416,10 +418,14 @@ class LogParser:
         if stripped.startswith("Original Traceback") and not stream.in_tb \
                 and stream.last is not None and "Caught " in stream.last.message:
             original = stream.last  # the worker's own traceback, re-raised by the DataLoader
+        if stripped.startswith("Exception in thread ") and not stream.in_tb:
+            stream.thread_next = stripped[20:].rstrip(":")[:100]  # Python's own thread hook
+            return
         if original is not None or stripped.startswith(_TB_START):
             if not stream.in_tb:
                 self._open_tb += 1
             stream.original = original
+            stream.thread, stream.thread_next = stream.thread_next, None
             stream.in_tb, stream.frame, stream.any_frame = True, None, None
             stream.foreign, stream.mixed, stream.api = 0, False, None
             stream.stack.clear()
@@ -436,6 +442,8 @@ class LogParser:
                     stream.stack.append(uf)
                 elif stream.api is None and m["file"].endswith("distributed_c10d.py"):
                     stream.api = m["func"]  # the collective the user frame called
+                elif m["func"] == "_bootstrap_inner" and stream.thread is None:
+                    stream.thread = ""  # threading.py: a thread's exception (its hook printed it)
                 stream.foreign = 0
                 return
             if text.startswith((" ", "\t")) or not text.strip():
@@ -459,6 +467,9 @@ class LogParser:
                 if m["type"].endswith("ChildFailedError"):
                     return  # the launcher's own traceback; its table follows
                 msg = f"{name}: {m['msg'] or ''}".strip().rstrip(":")
+                if stream.thread is not None:
+                    msg += f" (in thread {stream.thread})" if stream.thread else " (in a thread)"
+                    stream.thread = None
                 outer, stream.original = stream.original, None
                 if outer is not None:  # the DataLoader worker's own error and frame
                     wrapper = outer.message.partition(" in ")[2].rstrip(".")
