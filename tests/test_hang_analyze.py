@@ -371,6 +371,13 @@ def test_matrix_a_rank_exiting_is_the_dead_rank_not_the_ranks_reacting_to_it():
     assert [s.rank for s in first.suspects] == [1]
     assert first.jobs[0].hang_class.value == "dead-rank"
     assert "it is exiting" in first.suspects[0].reason
+    # a moment later rank 1's process is gone and ranks 0 and 2 raise (their exception hook
+    # runs): the gone rank is named, not the ranks raising because of it
+    coll = fault_collection("exit0")
+    coll.processes = [p for p in coll.processes if p.rank != 1]
+    later = analyze(coll)
+    assert [(s.rank, s.pid) for s in later.suspects] == [(1, None)]
+    assert later.jobs[0].hang_class.value == "dead-rank"
 
 
 def test_matrix_every_rank_at_one_line_names_nobody():

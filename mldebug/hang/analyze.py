@@ -429,6 +429,13 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                                     call_site=call_site(g.frames), job=key,
                                     activity=act[0] if act else None))
     text, kind = v.text, v.kind
+    # ranks raising while another rank's process is gone most often raise because of it (the
+    # gloo or NCCL connection to it closed): the gone rank is the suspect
+    gone = [r for r in missing if r not in undumped_here]
+    reacting = bool(gone) and bool(v.reasons) and all(
+        rules._raising(groups[i]) for i in v.reasons)
+    if reacting:
+        suspects = []
     # the ranks with no stacks that the others wait for: stopped ones, gone ones
     absent = _absent_suspects(key, sit, stopped_here, _others_text(sit),
                               with_gone=not suspects and kind is not VerdictKind.AMBIGUOUS)
@@ -476,7 +483,7 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                     "crashed or never started, and the others may be waiting for it. " + text)
         if kind is VerdictKind.SAME_PLACE:
             kind = VerdictKind.SUSPECTS
-    cls = rules.hang_class(sit, kind, [groups[i] for i in v.reasons])
+    cls = rules.hang_class(sit, kind, [] if reacting else [groups[i] for i in v.reasons])
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
     fix = rules.CLASS_FIXES.get(cls) or rules.FIXES[kind]
     if cls is rules.HangClass.STOPPED:

@@ -165,7 +165,9 @@ def no_python_left(s: Situation) -> Verdict | None:
     interpreter runs no Python code any more - it is exiting (sys.exit, the end of main, an
     uncaught exception unwinding) - and the others will wait for it."""
     empty = [i for i, g in enumerate(s.groups) if _python_gone(s, g)]
-    raising = [i for i, g in enumerate(s.groups) if i not in empty and _raising(g)]
+    # ranks raising while another exits are most often raising because of it (their peer's
+    # connection closed): the exiting ones are named first
+    raising = [] if empty else [i for i, g in enumerate(s.groups) if _raising(g)]
     if not (empty or raising) or len(empty) + len(raising) == len(s.groups):
         return None
     others = [i for i in range(len(s.groups)) if i not in empty and i not in raising]
