@@ -312,6 +312,9 @@ def test_matrix_flock_names_the_holder_of_the_lock():
     assert f"held by pid {holder.lock_holder}" in s.reason and "ckpt-rank1.lock" in s.reason
     hint = next(h for h in report.hints if h.code == "wait-file-lock")
     assert f"held by pid {holder.lock_holder}" in hint.title
+    rank1 = next(p for p in report.to_dict()["processes"] if p["rank"] == 1)
+    assert rank1["kernel"]["syscall"] == "flock"
+    assert rank1["kernel"]["lock"]["holder"] == holder.lock_holder and rank1["recheck"] == 0.5
 
 
 def test_matrix_a_busy_suspect_is_said_busy_and_what_would_tell_slow_from_stuck():

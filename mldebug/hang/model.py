@@ -460,6 +460,14 @@ def process_to_dict(p: Process, stacks: StackTable) -> dict[str, Any]:
         d["samples"] = [asdict(x) for x in p.samples]
     if p.ns_pid is not None:
         d["ns_pid"] = p.ns_pid
+    if p.kernel is not None:
+        k = p.kernel
+        d["kernel"] = {"syscall": k.syscall, "file": k.file, "fd": k.fd, "wchan": k.wchan}
+        if k.lock_holder is not None:
+            d["kernel"]["lock"] = {"kind": k.lock_kind, "holder": k.lock_holder,
+                                   "holder_comm": k.lock_holder_comm}
+    if p.recheck is not None:
+        d["recheck"] = p.recheck
     return d
 
 
