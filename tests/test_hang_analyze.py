@@ -407,3 +407,21 @@ def test_matrix_a_rank_in_its_exception_hook_is_raising_not_spinning():
     assert report.jobs[0].hang_class.value == "exception"
     assert "_distributed_excepthook" in report.suspects[0].reason
     assert report.verdict.startswith("A rank is raising: ")
+
+
+def test_the_sender_no_receiver_takes_is_named_not_the_ranks_past_it():
+    """p2p_wrong_peer at 8 ranks: stage 3 sends to stage 5; stages 0-2 finished their part and
+    wait in the step's all_reduce, 4-7 wait in recv. The recv majority must not make the
+    all_reduce ranks suspects: the sender is the one no receiver takes."""
+    send = [tf("send", 2400), uf("pipeline_step", 329), uf("main", 60)]
+    recv = [tf("recv", 2450), uf("pipeline_step", 321), uf("main", 60)]
+    reduce_ = [tf("all_reduce", 3252), uf("pipeline_step", 331), uf("main", 60)]
+    procs = [proc(r, reduce_ if r < 3 else send if r == 3 else recv, world=8, lws=8)
+             for r in range(8)]
+    report = analyze(Collection(processes=procs))
+    assert [s.rank for s in report.suspects] == [3]
+    assert "a blocking send waits for its peer" in report.suspects[0].reason
+    assert report.jobs[0].hang_class.value == "desync"
+    # the rule is what names rank 3: without a send in the picture the minority answers
+    procs[3] = proc(3, recv, world=8, lws=8)
+    assert [s.rank for s in analyze(Collection(processes=procs)).suspects] == [0, 1, 2]

@@ -233,6 +233,32 @@ def missing_and_all_waiting(s: Situation) -> Verdict | None:
                                for idx in s.places[:4]) + ".")
 
 
+_SENDS = frozenset({"send", "isend", "send_object_list"})
+_RECVS = frozenset({"recv", "irecv", "recv_object_list"})
+
+
+def p2p_sender(s: Situation) -> Verdict | None:
+    """Every rank in a torch.distributed call, some blocked in send while others wait in
+    recv: a blocking send waits for its peer to post the matching recv, and the receivers
+    each wait for someone - a send no receiver takes went to the wrong peer (or the peer
+    expects another source). The senders are the suspects; ranks already in a later
+    collective finished their part and wait for the rest."""
+    if s.out_coll:
+        return None
+    sends = [i for idx in s.in_coll for i in idx if s.groups[i].collective in _SENDS]
+    recvs = [i for idx in s.in_coll for i in idx if s.groups[i].collective in _RECVS]
+    if not sends or not recvs or s.size(sends) >= s.size(recvs):
+        return None
+    desc = f"{ranks_text(s.groups, recvs)} {_verb(s, recvs)} in recv"
+    rest = [i for idx in s.in_coll for i in idx if i not in sends and i not in recvs]
+    if rest:
+        desc += f" and {ranks_text(s.groups, rest)} {_verb(s, rest)} {place(s.groups[rest[0]])}"
+    reasons = {i: f"{place(s.groups[i])} while {desc}: a blocking send waits for its peer to "
+                  "receive from it and no rank does - it sends to the wrong peer, or its peer "
+                  "expects another source" for i in sends}
+    return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
+
+
 def no_majority(s: Situation) -> Verdict | None:
     if s.size(s.places[0]) != s.size(s.places[1]):
         return None
@@ -258,7 +284,8 @@ def minority(s: Situation) -> Verdict | None:
 
 
 VERDICT_RULES: list[Callable[[Situation], Verdict | None]] = [
-    no_python_left, startup_behind, one_place, outside_while_others_wait, missing_and_all_waiting, no_majority, minority,
+    no_python_left, startup_behind, one_place, outside_while_others_wait,
+    missing_and_all_waiting, p2p_sender, no_majority, minority,
 ]
 
 
