@@ -1,5 +1,5 @@
 """mldebug log on the fault matrix's real logs (benchmarks/faults/job.py under torchrun, 4 ranks,
-torch 2.13, gloo; tests/fixtures/log/faults-*.log, one per class): each verdict's code and
+torch 2.13, gloo; tests/fixtures/log/faults/CLASS.log, one per class): each verdict's code and
 culprits, and what it says where the evidence cannot tell."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from mldebug.log.collect import load
 from mldebug.log.model import LogReport
 from mldebug.log.parse import parse_lines
 
-FIX = Path(__file__).parent / "fixtures" / "log"
+FIX = Path(__file__).parent / "fixtures" / "log" / "faults"
 
 # class -> (code, culprits); the culprit is the rank job.py injected the fault on, [] where the
 # class has none or where these lines cannot tell (said in the verdict, tested below)
@@ -55,12 +55,33 @@ CASES = {
 
 
 def report(name: str) -> LogReport:
-    return analyze(load([str(FIX / f"faults-{name}.log")]))
+    return analyze(load([str(FIX / f"{name}.log")]))
 
 
 def test_every_fixture_is_in_the_table() -> None:
-    on_disk = {p.name.removeprefix("faults-").removesuffix(".log") for p in FIX.glob("faults-*.log")}
+    on_disk = {p.stem for p in FIX.glob("*.log")}
     assert on_disk == set(CASES) | {"subgroup-skip"}
+    readme = (FIX / "README.md").read_text()
+    for name in on_disk:
+        assert f"| {name}.log |" in readme, name
+
+
+ENGINES = [{"prefilter": True}, {"grep_min": 0}]
+
+
+@pytest.mark.parametrize("kw", ENGINES, ids=["regex-prefilter", "grep-prefilter"])
+def test_prefilter_reads_the_matrix_logs_like_every_line(kw: dict[str, object]) -> None:
+    """The prefiltered read (Python's passes, or grep) gives the verdict, culprits and each
+    rank's first error and wait site of a read that parses every line."""
+    for f in sorted(FIX.glob("*.log")):
+        full = analyze(load([str(f)], prefilter=False))
+        fast = analyze(load([str(f)], **kw))  # type: ignore[arg-type]
+        assert fast.culprits == full.culprits, f
+        assert (fast.verdict and fast.verdict.code) == (full.verdict and full.verdict.code), f
+        assert {r: (s.first_primary and s.first_primary.message, s.wait_site and s.wait_site.frame)
+                for r, s in fast.parsed.ranks.items()} == \
+            {r: (s.first_primary and s.first_primary.message, s.wait_site and s.wait_site.frame)
+             for r, s in full.parsed.ranks.items()}, f
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -123,7 +144,7 @@ def test_gloo_all_waiting_gives_no_nccl_advice() -> None:
 
 def test_one_ranks_lines_do_not_claim_every_rank() -> None:
     """A paste of rank 3's lines alone: it waited; whether the others did is not in them."""
-    text = (FIX / "faults-skip-collective.log").read_text().splitlines()
+    text = (FIX / "skip-collective.log").read_text().splitlines()
     r = analyze(parse_lines([ln for ln in text if ln.startswith("[rank3]:")]))
     assert r.verdict is not None
     assert "every rank" not in r.verdict.title
