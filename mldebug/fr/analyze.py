@@ -257,13 +257,10 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
     if not todo or len(pgs) < 2:
         return
     by_name = {pg.name: pg for pg in pgs}
-    roles: dict[_Role, list[str]] = defaultdict(list)
-    for pg in pgs:
-        roles[(pg.desc, len(pg.ranks))].append(pg.name)
+    role_of = {pg.name: (pg.desc, len(pg.ranks)) for pg in pgs}
 
     def role(name: str) -> _Role | None:
-        pg = by_name.get(name)
-        return None if pg is None else (pg.desc, len(pg.ranks))
+        return role_of.get(name)
 
     def last_of(tl: Timeline) -> tuple[str, int] | None:
         """The group and seq of a timeline's latest collective (by record id)."""
@@ -277,23 +274,22 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
         return None if best is None else (best[1], best[2])
 
     def record(tl: Timeline, r: _Role, seq: int) -> int | None:
-        for name in roles.get(r, ()):
-            gi = tl.groups.get(name)
-            if gi is None:
+        for name, gi in tl.groups.items():  # a rank's few groups, not every group of a role
+            if role(name) != r:
                 continue
             k = bisect_left(gi.seqs, seq)
             if k < len(gi.seqs) and gi.seqs[k] == seq:
                 return int(tl.record_id[gi.order[gi.starts[k]]])
         return None
 
-    memo: dict[tuple[str, int, str, int], str | None] = {}
+    memo: dict[tuple[_Role, int, _Role, int], str | None] = {}
 
     def order(g: str, c: int, h: str, d: int) -> str | None:
         """'g' when the ranks that recorded both issue g#c first, 'h' when h#d, else None."""
         rg, rh = role(g), role(h)
         if rg is None or rh is None:
             return None
-        key = (g, c, h, d)
+        key = (rg, c, rh, d)
         if key in memo:
             return memo[key]
         votes: dict[str, int] = defaultdict(int)
@@ -330,6 +326,7 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
         for place in seen_tl[id(tl)]:
             skips.setdefault(r, place)
     skipped_in = set(skips.values())
+    member_sets = {g: set(by_name[g].ranks) for g, _ in skipped_in}
 
     for m in todo:
         here = sorted(r for r, (g, c) in skips.items() if g == m.pg and c in (m.seq, m.seq + 1))
@@ -351,7 +348,7 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
                 blocked[r] = at  # it waits in an earlier collective of another group
                 continue
             for g, c in skipped_in:  # a member of a group whose collective another skipped
-                if (g != m.pg and r in set(by_name[g].ranks) and r not in skips
+                if (g != m.pg and r in member_sets[g] and r not in skips
                         and order(g, c, m.pg, m.seq) == "g"):
                     blocked[r] = (g, c)
                     break
