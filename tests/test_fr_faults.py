@@ -168,3 +168,13 @@ def test_subgroup_skip_is_seen_in_the_skipper_s_own_order_when_its_partner_left_
     assert pair.kind == "skipped" and pair.culprit_ranks == [0] and pair.blocked_elsewhere == [1]
     assert world.culprit_ranks == [] and world.blocked_elsewhere == [1]
     assert "must wait in group 1 #4" in world.reasoning and "rank(s) 0 skipped" in world.reasoning
+
+
+def test_exit0_the_rank_without_a_dump_closed_its_connections():
+    # 8 ranks: rank 5 leaves the loop with sys.exit(0) (no dump: SystemExit is no failure);
+    # its ring neighbours 4 and 6 fail with "Connection closed by peer", the rest time out
+    a = run("exit0_r8")
+    (m,) = a.mismatches
+    assert m.kind == "missing" and m.culprit_ranks == [5] and a.missing_ranks == [5]
+    assert "Rank(s) 4,6 lost a connection to a peer" in m.reasoning
+    assert "exited or died rather than hang" in m.reasoning

@@ -525,21 +525,25 @@ def _died_early(ds: DumpSet, rs: list[int], ents: list[Entry], nodump: list[int]
     peer - the ranks without a dump did not hang: they died, in a way that runs no Python.
     Which of them caused it, these dumps cannot tell."""
     e = ents[0]
+    gone = [r for r in rs if any(p in (ds.dumps[r].reason or "") for p in _PEER_GONE)]
+    lost = (f" Rank(s) {_fold(gone)} lost a connection to a peer ('Connection closed by peer' "
+            f"or reset): a process at the other end ended, so rank(s) {_fold(nodump)} exited or "
+            "died rather than hang." if gone else "")
     if e.time_created_ns is None or not e.timeout_ms:
-        return ""
+        return lost
     how: set[str] = set()
     for r in rs:
         d = ds.dumps[r]
         reason = d.reason or ""
         gap = d.dumped_at - e.time_created_ns / 1e9 if d.dumped_at is not None else None
         if gap is None or not 0 <= gap < 0.9 * e.timeout_ms / 1000:
-            return ""
+            return lost
         if reason == "SIGTERM":
             how.add("terminated by SIGTERM, what a launcher sends when another rank ended")
         elif any(p in reason for p in _PEER_GONE):
             how.add("a peer's connection reset")
         else:
-            return ""
+            return lost
     return (f" They did not hang: rank(s) {_fold(rs)} ended ({'; '.join(sorted(how))}) "
             f"before #{e.seq}'s {e.timeout_ms / 1000:.0f} s timeout, so rank(s) "
             f"{_fold(nodump)} died without running Python: a crash in C++, such as gloo's "
