@@ -762,6 +762,16 @@ def silent(facts: Facts) -> Verdict | None:
     if waits:
         (op, seq), _ = waits.most_common(1)[0]
         what = f" ({op or 'a collective'}{f' #{seq}' if seq is not None else ''})"
+    sites = wait_sites(facts)
+    if len(sites) == 1:
+        what = f" ({next(iter(sites))})"
+    also = ""
+    if len(sites) > 1:
+        also = ("\nThe waiting ranks also stand at different call sites ("
+                + "; ".join(f"{fold_ints(rs)}: {site}" for site, rs in sorted(sites.items())[:6])
+                + "): the ranks may be out of step too, and a rank the launcher stopped before "
+                "its own timeout leaves no line either; the flight-recorder dumps or "
+                "TORCH_DISTRIBUTED_DEBUG=DETAIL would tell.")
     return Verdict(Finding(
         Severity.ERROR,
         f"rank{'s' if len(quiet) > 1 else ''} {fold_ints(quiet)} never reached the collective "
@@ -770,7 +780,7 @@ def silent(facts: Facts) -> Verdict | None:
         f"{'s' if len(quiet) > 1 else ''} {fold_ints(quiet)} reported neither an error nor a "
         "timeout: stuck outside any collective until the launcher stopped "
         f"{'them' if len(quiet) > 1 else 'it'}. (A launcher's 'Root Cause' names the first rank "
-        "to exit, which is one of the waiting ranks.)",
+        "to exit, which is one of the waiting ranks.)" + also,
         "Find what these ranks were doing: next time run `mldebug hang` while the job hangs, or "
         "add `mldebug.watchdog()` so each rank dumps its stack at a stall.",
         code="log-silent-rank", hosts=_hosts(facts, quiet)), quiet,
