@@ -178,3 +178,34 @@ def test_exit0_the_rank_without_a_dump_closed_its_connections():
     assert m.kind == "missing" and m.culprit_ranks == [5] and a.missing_ranks == [5]
     assert "Rank(s) 4,6 lost a connection to a peer" in m.reasoning
     assert "exited or died rather than hang" in m.reasoning
+
+
+def _waiting(tmp_path, where: dict[int, tuple[str, int]]):
+    """Four gloo ranks that all completed #1-#3, each blocked where ``where`` says."""
+    import fr_synth as synth
+
+    dumps = {}
+    for r in range(4):
+        d = synth.dump(r, [synth.entry(s, backend="gloo", state="scheduled") for s in (1, 2, 3)],
+                       world=4)
+        op, peer = where[r]
+        d["mldebug"] = {"rank": r, "world_size": 4, "reason": "uncaught RuntimeError: timed out",
+                        "blocked_in": {"op": op, "peer": peer,
+                                       "frames": [["pipeline_step", "/job/pp.py", 20 + r]]}}
+        dumps[r] = d
+    synth.write(tmp_path, dumps, prefix="fr_rank")
+    return analyze(load([tmp_path]))
+
+
+def test_p2p_a_receiver_that_names_the_wrong_source_is_the_culprit(tmp_path):
+    # stage 1 receives from 3 instead of 0: 0 is blocked sending to 1, nobody waits for 0
+    a = _waiting(tmp_path, {0: ("send", 1), 1: ("recv", 3), 2: ("recv", 1), 3: ("recv", 2)})
+    (m,) = a.mismatches
+    assert m.kind == "p2p" and m.culprit_ranks == [1], m.reasoning
+    assert "rank 1 named the wrong source" in m.reasoning
+
+
+def test_p2p_a_chain_of_receivers_behind_a_matched_send_names_nobody(tmp_path):
+    # every send has its receiver waiting for it: nothing here says who is wrong
+    a = _waiting(tmp_path, {0: ("send", 1), 1: ("recv", 0), 2: ("recv", 1), 3: ("recv", 2)})
+    assert a.mismatches == []
