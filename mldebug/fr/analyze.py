@@ -544,12 +544,16 @@ def _died_early(ds: DumpSet, rs: list[int], ents: list[Entry], nodump: list[int]
             how.add("a peer's connection reset")
         else:
             return lost
+    which = ("Which of them caused it cannot be told from these dumps (gloo aborts a rank "
+             "that receives too many bytes: the one that sent them may die with it): their "
+             "exit signals and the job's log"
+             if len(nodump) > 1 else "What killed it cannot be told from these dumps: its "
+             "exit signal and the job's log")
     return (f" They did not hang: rank(s) {_fold(rs)} ended ({'; '.join(sorted(how))}) "
             f"before #{e.seq}'s {e.timeout_ms / 1000:.0f} s timeout, so rank(s) "
             f"{_fold(nodump)} died without running Python: a crash in C++, such as gloo's "
             "abort when a rank receives more bytes than it expects (a size mismatch), a "
-            "segfault or a SIGKILL. Which of them caused it cannot be told from these dumps: "
-            "their exit signals and the job's log (gloo's 'Received data size doesn't match "
+            f"segfault or a SIGKILL. {which} (gloo's 'Received data size doesn't match "
             "expected size', read by 'mldebug log') would tell; on NCCL the recorder holds the "
             "sizes.")
 
