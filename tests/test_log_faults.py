@@ -236,6 +236,11 @@ def test_a_prompt_without_newline_does_not_hide_the_next_ranks_traceback() -> No
     r = analyze(parse_lines(lines))
     assert {0, 2, 3} <= {x for x, st in r.parsed.ranks.items() if st.wait_site is not None}
     assert r.verdict is not None and r.verdict.code == "log-silent-rank" and r.culprits == [1]
+    # stacked prefixes are no glued line: pdsh's host stays the line's
+    stacked = parse_lines(["node7: [rank5]: Traceback (most recent call last):",
+                           'node7: [rank5]:   File "/w/t.py", line 3, in f',
+                           "node7: [rank5]: ValueError: x"])
+    assert stacked.ranks[5].host == "node7" and stacked.ranks[5].first_primary is not None
     # and in the real job's log, the prompt glued to rank 0's mldebug.fr line
     fr = [ranks for cmd, ranks in report("input-prompt").parsed.evidence.items() if "fr_rank0" in cmd]
     assert fr == [[0]]

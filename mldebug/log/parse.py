@@ -379,13 +379,15 @@ class LogParser:
         raw = raw.rstrip("\r\n")
         if "\r" in raw:  # a progress bar redrawn with \r: what follows the last one is the line
             raw = raw.rpartition("\r")[2]
-        glued = raw.rfind("]:", 6)
-        if glued > 0 and raw.find("[", 1, glued) > 0:
-            raw = _unglue(raw)
         if self._in_table and _TABLE_ENTRY.match(raw.strip()):  # "[0]:" is no rank prefix here
             self._table_line(raw)
             return
         text, _label, rank, host, _pid, tprefix = strip_prefix(raw, True)
+        glued = text.rfind("]:", 6)
+        if glued > 0 and text.find("[", 1, glued) > 0:
+            rest = _unglue(text)  # another rank's line glued behind this one's prompt
+            if rest is not text:
+                text, _label, rank, host, _pid, tprefix = strip_prefix(rest, True)
         when = time_key(tprefix) if tprefix else None
         if rank is None:
             rank = file_rank
