@@ -182,6 +182,7 @@ def test_exit0_names_the_rank_that_left_alone() -> None:
     assert r.verdict is not None and r.culprits == [1]
     assert "exit code 0" in r.verdict.title
     assert "failure table" in r.verdict.detail
+    assert "Ranks 0,2 saw the connection closed by the peer" in r.verdict.detail
 
 
 def test_scheduler_sigterm_blames_no_rank() -> None:

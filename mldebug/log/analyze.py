@@ -629,7 +629,8 @@ def exited_early(facts: Facts) -> Verdict | None:
         return None
     s = "s" if len(gone) > 1 else ""
     lost = sorted(r for r in facts.waited
-                  if (ev := facts.ranks[r].first_event) is not None and ev.kind == "peer-lost")
+                  if (ev := facts.ranks[r].first_event) is not None
+                  and ("closed by peer" in ev.message or "reset by peer" in ev.message))
     return Verdict(Finding(
         Severity.ERROR, f"rank{s} {fold_ints(gone)} left the job early (exit code 0) while the "
         "others were still training",
@@ -637,7 +638,7 @@ def exited_early(facts: Facts) -> Verdict | None:
         f"{fold_ints(gone)}: a rank that exited with code 0 is not a failure to torchrun. "
         + (f"Rank{'s' if len(lost) > 1 else ''} {fold_ints(lost)} saw the connection closed "
            "by the peer; " if lost else "")
-        + f"ranks {fold_ints(sorted(facts.waited))} timed out or lost their peer waiting for "
+        + f"{'r' if lost else 'R'}anks {fold_ints(sorted(facts.waited))} timed out or lost their peer waiting for "
         f"{'them' if s else 'it'}.",
         "Find the early exit on that rank (sys.exit(0), an early-stopping or end-of-data return "
         "taken by one rank only): every rank must leave the loop together - agree on the stop "
