@@ -29,10 +29,11 @@ def _where(ds: DumpSet, rank: int) -> str:
 
 
 def p2p_waits(ds: DumpSet, pg: str, desc: str) -> Mismatch | None:
-    """A send that no posted recv takes: its peer waits for another rank, and some other rank
-    waits for a message from the sender - the sender named the wrong peer. Or the mirror: a
-    rank waits to receive from a rank that is not sending to it while a send to it is
-    blocked - it named the wrong source."""
+    """A send that no posted recv takes: its peer waits to receive from another rank, and some
+    other rank waits for a message from the sender - the sender named the wrong peer. Or the
+    mirror: a rank waits to receive from a rank that is not sending to it while a send to it
+    is blocked and nobody waits for the sender - it named the wrong source. A peer that is
+    only busy (in no send/recv) decides nothing: a live trigger catches healthy pipelines so."""
     sends: dict[int, int] = {}
     recvs: dict[int, int] = {}
     for r, d in ds.dumps.items():
@@ -54,14 +55,15 @@ def p2p_waits(ds: DumpSet, pg: str, desc: str) -> Mismatch | None:
         if recvs.get(x) == s:
             continue  # matched: stuck for another reason (sizes, the transport)
         expect = sorted(y for y in waiting_for.get(s, []) if y != x)
-        if expect:
+        if expect and x in recvs:  # x demonstrably waits for another source (not just busy)
             wrong_dst.append((s, x, expect))
         elif x in recvs and sends.get(recvs[x]) != x and not waiting_for.get(s):
             wrong_src.append((x, recvs[x], s))
     if wrong_dst:
         culprits = sorted({s for s, _, _ in wrong_dst})
         why = "; ".join(
-            f"rank {s} is blocked sending to rank {x} ({'which waits to receive from rank ' + str(recvs[x]) if x in recvs else _where(ds, x)}), "
+            f"rank {s} is blocked sending to rank {x} (which waits to receive from rank "
+            f"{recvs[x]}), "
             f"while rank(s) {_fold(exp)} wait to receive from rank {s}: rank {s} sent to the "
             f"wrong peer" for s, x, exp in wrong_dst)
     elif wrong_src:
