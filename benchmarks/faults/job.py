@@ -505,6 +505,7 @@ def main() -> None:
         import mldebug.trace
 
         mldebug.trace.enable(events="calls", ring=2048, dir=str(Path(ARGS.side) / "trace"))
+        mldebug.install_dump_handler(dir=str(Path(ARGS.side) / "capture"))  # rings on request
     kwargs: dict[str, Any] = {}
     if ARGS.fault == "world_size_hardcoded":
         kwargs = {"world_size": 2 * int(os.environ["WORLD_SIZE"]), "rank": RANK}

@@ -502,7 +502,8 @@ def live_routes(run: Running, t_fault: float | None, opts: Options, record: Reco
     f = run.case.fault
     if f.outcome == "dies" and f.name != "scheduler_sigterm":
         return
-    wanted = [r for r in ("hang", "watch") if r in f.routes and r in opts.routes]
+    wanted = [r for r in ("hang", "watch", "trace") if r in opts.routes
+              and (r in f.routes or r == "trace" and "hang" in f.routes)]
     if t_fault is None:
         for r in wanted:
             record(r, (None, None, 0.0, "", "the fault never took effect"))
@@ -511,10 +512,10 @@ def live_routes(run: Running, t_fault: float | None, opts: Options, record: Reco
         record("hang", route_hang(run, None))
     if "watch" in wanted:
         record("watch", route_hang(run, opts.watch))
-    if "trace" in opts.routes and "hang" in wanted and not run.nodes and \
-            f.launcher == "torchrun" and not POOLED_RUN.get(id(run)):
+    if "trace" in wanted and not run.nodes and f.launcher == "torchrun" and \
+            not POOLED_RUN.get(id(run)):
         record("trace", route_trace(run))
-    if opts.peers and wanted:
+    if opts.peers and ("hang" in wanted or "watch" in wanted):
         record("pyspy", peer_pyspy(run), peer=True)
     if time.monotonic() - t_fault > opts.timeout and f.outcome == "hang":
         run.notes.append("live routes ran past the collective timeout")
