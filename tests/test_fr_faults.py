@@ -217,3 +217,42 @@ def test_p2p_a_busy_destination_decides_nothing(tmp_path):
     a = _waiting(tmp_path, {0: ("send", 2), 1: ("recv", 0), 2: ("all_reduce", None),
                             3: ("recv", 2)})
     assert a.mismatches == []
+
+
+def _subgroup_job(world: int, steps: int, culprit: int) -> dict:
+    """``world`` gloo ranks in pairs {0,1}, {2,3}...: each step a pair all_reduce, then a world
+    all_reduce; ``culprit`` skips its pair's collective at the last step, its partner waits
+    there alone."""
+    import fr_synth as synth
+
+    out = {}
+    for r in range(world):
+        pair = str(1 + r // 2)
+        ents, rec = [], 0
+        for k in range(1, steps + 1):
+            if not (r == culprit and k == steps):
+                ents.append(synth.entry(k, pg=(pair, "undefined"), pg_id=1, record_id=rec,
+                                        backend="gloo", state="scheduled", sizes=((2632,),)))
+                rec += 1
+            if r == (culprit ^ 1) and k == steps:
+                break
+            ents.append(synth.entry(k, pg=("0", "default_pg"), pg_id=0, record_id=rec,
+                                    backend="gloo", state="scheduled", sizes=((),),
+                                    frames=synth.user_frames(line=11)))
+            rec += 1
+        groups = {"0": ("default_pg", range(world)),
+                  pair: ("undefined", [2 * (r // 2), 2 * (r // 2) + 1])}
+        out[r] = synth.dump(r, ents, world=world, groups=groups)
+    return out
+
+
+def test_subgroup_skip_among_many_pairs(tmp_path):
+    import fr_synth as synth
+
+    synth.write(tmp_path, _subgroup_job(64, 6, culprit=21), prefix="fr_rank")
+    a = analyze(load([tmp_path]))
+    assert a.culprits == [21] and verdict_class(a) == "desync"
+    skipped = next(m for m in a.mismatches if m.kind == "skipped")
+    assert skipped.pg == "11" and skipped.seq == 6
+    world = next(m for m in a.mismatches if m.pg == "0")
+    assert world.culprit_ranks == [] and world.blocked_elsewhere == [20]
