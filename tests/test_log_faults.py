@@ -112,6 +112,7 @@ def test_a_tie_of_call_sites_says_it_cannot_tell_and_what_would() -> None:
     assert "cannot tell" in r.verdict.title and "0,2 vs 1,3" in r.verdict.title
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in r.verdict.detail
     assert "mldebug fr analyze" in r.verdict.fix  # the dumps the job's ranks wrote
+    assert "Ranks 0,2 all wait to send in the same broadcast" in r.verdict.detail
     assert "Confidence: low" in r.verdict.detail
 
 

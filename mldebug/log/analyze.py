@@ -709,12 +709,20 @@ def call_sites(facts: Facts) -> Verdict | None:
            "or logging on one rank). ")
     if tie:
         sides = [rs for _, rs in ordered if len(rs) == len(majority)]
+        roots = ""
+        for at, rs in ordered:
+            evs = [facts.ranks[r].wait_site for r in rs]
+            if len(rs) > 1 and at.startswith("broadcast ") and all(
+                    ev is not None and "for send operation" in ev.message for ev in evs):
+                roots = (f" Ranks {fold_ints(rs)} all wait to send in the same broadcast: each "
+                         "acts as its source, so the ranks disagree on src (one of them is odd).")
         return Verdict(Finding(
             Severity.ERROR,
             f"the ranks waited at different call sites: {' vs '.join(fold_ints(rs) for rs in sides)} "
             "(no majority: cannot tell which side is out of step)",
             f"Their own timeout tracebacks stand at: {listing}. No call site holds a majority, "
-            f"so these lines do not say which side left the common order. What would tell: {tell}.",
+            f"so these lines do not say which side left the common order.{roots} What would "
+            f"tell: {tell}.",
             fix + f"To find which side: {tell}.", code="log-collective-mismatch"), [],
             "the call sites of the ranks' own timeout tracebacks (a tie)", "low")
     odd_groups = [rs for _, rs in rest]
