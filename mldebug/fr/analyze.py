@@ -329,7 +329,11 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
     member_sets = {g: set(by_name[g].ranks) for g, _ in skipped_in}
 
     for m in todo:
-        here = sorted(r for r, (g, c) in skips.items() if g == m.pg and c in (m.seq, m.seq + 1))
+        # a 'missing' mismatch is at the collective the absent ranks never enqueued; one about
+        # ranks without a dump, at the last collective those with a dump agree on
+        nodump = any(g.description == "(no dump)" for g in m.groups)
+        want = m.seq + 1 if nodump else m.seq
+        here = sorted(r for r, (g, c) in skips.items() if g == m.pg and c == want)
         if here:
             m.kind = "skipped"
             m.reasoning += (f" Across groups: rank(s) {_fold(here)} skipped #{skips[here[0]][1]} "
