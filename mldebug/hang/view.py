@@ -64,7 +64,7 @@ const jb = document.getElementById("jobs");
 for (const j of D.jobs) { const c = h("div", "card job");
   add(c, h("b", j.kind === "ok" ? "" : "bad", "job " + (j.key || "(this job)") + ": " + j.verdict));
   if (j.missing) add(c, h("div", "bad", "missing ranks " + j.missing));
-  for (const s of j.suspects) add(c, h("div", "suspect bad", "suspect rank " + s.rank + " (" + s.host + ", pid " + s.pid + "): " + s.reason + (s.site ? " at " + s.site : "")));
+  for (const s of j.suspects) add(c, h("div", "suspect bad", "suspect rank " + s.rank + " (" + s.host + (s.pid === null ? ", no process" : ", pid " + s.pid) + "): " + s.reason + (s.site ? " at " + s.site : "")));
   const t = h("table"); add(t, add(h("tr"), h("th", "", "ranks"), h("th", "", "hosts"), h("th", "", "t = 0"), h("th", "", "t = " + (D.watch || 0) + " s"), h("th", "", "state")));
   for (const r of j.rows) { const tr = h("tr", r.suspect ? "suspect" : "");
     const st = h("span", "st st-" + (r.state === "one dump" ? "one" : r.state), r.state);
