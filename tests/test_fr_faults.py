@@ -256,3 +256,18 @@ def test_subgroup_skip_among_many_pairs(tmp_path):
     assert skipped.pg == "11" and skipped.seq == 6
     world = next(m for m in a.mismatches if m.pg == "0")
     assert world.culprit_ranks == [] and world.blocked_elsewhere == [20]
+
+
+def test_a_rank_stuck_outside_after_its_completed_pair_collective_is_still_the_culprit(tmp_path):
+    # rank 20 joined its pair's #6 with rank 21 (both recorded it: it completed), then got
+    # stuck outside any collective before the world's #6: it is no victim of its pair
+    import fr_synth as synth
+
+    job = _subgroup_job(64, 6, culprit=-2)  # nobody skips (-2 ^ 1 == -1: no partner)
+    job[20]["entries"] = job[20]["entries"][:-1]
+    job[20].pop("pg_status", None)
+    synth.write(tmp_path, job, prefix="fr_rank")
+    a = analyze(load([tmp_path]))
+    (m,) = a.mismatches
+    assert m.kind == "missing" and m.culprit_ranks == [20] and m.blocked_elsewhere == []
+    assert verdict_class(a) == "outside"

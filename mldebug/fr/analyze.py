@@ -300,6 +300,19 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
         memo[key] = next(iter(votes)) if len(votes) == 1 else None
         return memo[key]
 
+    pending: dict[tuple[str, int], bool] = {}
+
+    def incomplete(h: str, d: int) -> bool:
+        """Some member of group h has no dump or did not record h#d: it cannot have completed,
+        so a rank whose latest collective it is still waits in it (gloo marks none done)."""
+        if (h, d) not in pending:
+            pending[(h, d)] = any(
+                (dm := ds.dumps.get(r)) is None or not 0 <= dm.timeline < len(ds.timelines)
+                or (gi := ds.timelines[dm.timeline].groups.get(h)) is None
+                or (k := bisect_left(gi.seqs, d)) >= len(gi.seqs) or gi.seqs[k] != d
+                for r in (by_name[h].ranks if h in by_name else ()))
+        return pending[(h, d)]
+
     # the ranks to examine: the missing ones and the members of the groups they are missing in
     look: set[int] = set()
     for m in todo:
@@ -348,7 +361,8 @@ def _blocked_elsewhere(ds: DumpSet, pgs: list[_Pg], mismatches: list[Mismatch]) 
         for r in m.culprit_ranks:
             d = ds.dumps.get(r)
             at = latest.get(id(ds.timelines[d.timeline])) if d is not None else None
-            if at is not None and at[0] != m.pg and order(m.pg, m.seq, at[0], at[1]) == "h":
+            if (at is not None and at[0] != m.pg and order(m.pg, m.seq, at[0], at[1]) == "h"
+                    and incomplete(*at)):
                 blocked[r] = at  # it waits in an earlier collective of another group
                 continue
             for g, c in skipped_in:  # a member of a group whose collective another skipped
