@@ -425,3 +425,19 @@ def test_the_sender_no_receiver_takes_is_named_not_the_ranks_past_it():
     # the rule is what names rank 3: without a send in the picture the minority answers
     procs[3] = proc(3, recv, world=8, lws=8)
     assert [s.rank for s in analyze(Collection(processes=procs)).suspects] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name,passed", [("subgroup_skip", "Rank 2 waits"),
+                                         ("extra_collective", "Ranks 0,2 wait")])
+def test_matrix_a_rank_in_a_collective_the_majority_passed_is_said_undecidable(name, passed):
+    """subgroup_skip (rank 3 skipped its pair's all_reduce, its partner 2 waits there) and
+    extra_collective (rank 2's extra all_reduce matched out of order; rank 0 blocks in the
+    broadcast it met): the majority stands further on in the same function, so the call the
+    minority waits in completed without it. The stacks cannot tell the culprit: said, with
+    the flight recorder as what tells."""
+    report = analyze(fault_collection(name))
+    hint = next(h for h in report.hints if h.code == "passed-collective")
+    assert hint.title.startswith(passed) and "cannot be told" in hint.title
+    assert "subgroup collective" in hint.detail and "mldebug hang --fr" in hint.fix
+    for other in ("p2p_wrong_peer", "flock", "healthy"):
+        assert not any(h.code == "passed-collective" for h in analyze(fault_collection(other)).hints)

@@ -411,6 +411,45 @@ def below_python(s: Situation) -> list[Finding]:
                {p.host for p in s.procs})]
 
 
+def passed_collective_hint(s: Situation) -> list[Finding]:
+    """Suspects waiting in a collective at an earlier line of the same function the majority
+    stands in, further on: the majority passed that call, so it did not take all of them -
+    a subgroup collective whose other member skipped it (the suspect is then its victim), or
+    one matched out of order with another call (a collective issued by some ranks only). The
+    stacks cannot tell which rank caused it; the flight recorder can."""
+    if len(s.places) < 2 or not s.suspects or s.size(s.places[0]) == s.size(s.places[1]):
+        return []
+    ref = s.groups[s.places[0][0]]
+    ru = user_frames(ref.frames)
+    if not ref.collective or not ru:
+        return []
+    passed = []
+    for idx in s.places[1:]:
+        g = s.groups[idx[0]]
+        gu = user_frames(g.frames)
+        if (g.collective and gu and gu[0].name == ru[0].name
+                and gu[0].display_file == ru[0].display_file and gu[0].line < ru[0].line
+                and [f.location for f in gu[1:]] == [f.location for f in ru[1:]]):
+            passed.extend(idx)
+    if not passed:
+        return []
+    who = ranks_text(s.groups, passed)
+    lines = ", ".join(str(n) for n in sorted({user_frames(s.groups[i].frames)[0].line
+                                              for i in passed}))
+    return [_f("passed-collective", f"{_upper_first(who)} {_verb(s, passed)} in a collective "
+               f"the majority ({ranks_text(s.groups, s.places[0])}) already passed: who caused "
+               "it cannot be told from the stacks.",
+               f"The majority went on past {ru[0].name} line {lines} to line {ru[0].line}, so "
+               f"that call completed without {who}: either it is a "
+               "subgroup collective (group=...) whose other member skipped it - then "
+               f"{who} {_verb(s, passed)} for that member and the culprit is among the "
+               "majority - or ranks matched it out of order with another collective (an extra "
+               "or a missing call on some rank).",
+               "mldebug hang --fr: the flight recorder has each collective's group, its ranks "
+               "and sequence number.",
+               {h for i in passed for h in s.groups[i].hosts})]
+
+
 def no_majority_hint(s: Situation) -> list[Finding]:
     if len(s.places) < 2 or s.size(s.places[0]) != s.size(s.places[1]):
         return []
@@ -685,7 +724,7 @@ def gpu_hints(s: Situation) -> list[Finding]:
 
 HINT_RULES: list[Callable[[Situation], list[Finding]]] = [
     gpu_hints,
-    missing_hint, below_python, no_majority_hint, wait_hints, needs_native, thread_deadlock,
+    missing_hint, below_python, no_majority_hint, passed_collective_hint, wait_hints, needs_native, thread_deadlock,
     watch_hint, recheck_hint,
 ]
 
