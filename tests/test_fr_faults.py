@@ -271,3 +271,23 @@ def test_a_rank_stuck_outside_after_its_completed_pair_collective_is_still_the_c
     (m,) = a.mismatches
     assert m.kind == "missing" and m.culprit_ranks == [20] and m.blocked_elsewhere == []
     assert verdict_class(a) == "outside"
+
+
+def test_wrong_broadcast_src_at_8_ranks_is_decided_by_gloo_s_broadcast_tree():
+    # rank 3 broadcasts from itself; rank 1 (root 0) and rank 3 (root 3) stay in it, the rest
+    # completed. With root 0 right, gloo's tree leaves exactly 1 and 3 stuck; with root 3
+    # right (rank 1 wrong) it would leave 1 and 5: rank 3 is the culprit
+    a = run("wrong_broadcast_src_r8")
+    (m,) = a.mismatches
+    assert m.kind == "root" and m.culprit_ranks == [3], m.reasoning
+    assert "only 0 predicts exactly which ranks completed it" in m.reasoning
+    assert "root 3 would leave rank(s) 1,5 in it instead" in m.reasoning
+
+
+def test_gloo_broadcast_tree():
+    from mldebug.fr.waits import gloo_broadcast_blocked as stuck
+
+    assert stuck(list(range(8)), {}, 0) == set() == stuck(list(range(5)), {}, 3)
+    assert stuck(list(range(4)), {0: 0, 2: 2}, 0) == {0, 2} == stuck(list(range(4)), {0: 0, 2: 2}, 2)
+    assert stuck(list(range(8)), {1: 0, 3: 3}, 0) == {1, 3}
+    assert stuck(list(range(8)), {1: 0, 3: 3}, 3) == {1, 5}

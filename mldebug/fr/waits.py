@@ -83,6 +83,41 @@ def p2p_waits(ds: DumpSet, pg: str, desc: str) -> Mismatch | None:
     return Mismatch(pg, desc, 0, "p2p", culprits, why, groups, p2p=True)
 
 
+def gloo_broadcast_blocked(members: list[int], roots: dict[int, int], root: int) -> set[int]:
+    """The ranks gloo's broadcast would leave stuck if every member passed ``root`` except the
+    ranks in ``roots``, which pass theirs. gloo's tree: with v the rank's index from the root
+    (v = (i - root_index) mod n), v receives from v minus its highest set bit, then posts its
+    sends to v + 2^k for every 2^k above its highest bit, and waits for all of them; a
+    message matches only when the receiver expects it from that sender."""
+    n = len(members)
+    index = {r: i for i, r in enumerate(members)}
+    if root not in index or any(v not in index for v in roots.values()):
+        return set()
+
+    def plan(r: int) -> tuple[int | None, list[int]]:
+        base = index[roots.get(r, root)]
+        v = (index[r] - base) % n
+        parent = None if v == 0 else members[(v - (1 << (v.bit_length() - 1)) + base) % n]
+        step = 1 << v.bit_length() if v else 1
+        kids = []
+        while v + step < n:
+            kids.append(members[(v + step + base) % n])
+            step <<= 1
+        return parent, kids
+
+    plans = {r: plan(r) for r in members}
+    got = {r for r, (parent, _) in plans.items() if parent is None}
+    todo = list(got)
+    while todo:
+        r = todo.pop()
+        for c in plans[r][1]:
+            if c not in got and plans[c][0] == r:
+                got.add(c)
+                todo.append(c)
+    return {r for r in members
+            if r not in got or any(plans[c][0] != r for c in plans[r][1])}
+
+
 def root_votes(ds: DumpSet, m: Mismatch) -> Mismatch | None:
     """Ranks that never enqueued the others' #seq because they are still in a rooted
     collective (broadcast, reduce, gather, scatter) whose root they disagree on: the root
@@ -113,7 +148,23 @@ def root_votes(ds: DumpSet, m: Mismatch) -> Mismatch | None:
     head = (f"rank(s) {_fold(sorted(roots))} never enqueued #{m.seq}: they are still in the "
             f"{op} before it, and pass different roots to it ({by_root}); the other rank(s) "
             "completed it and went on. ")
-    if len(votes) > 1 and votes[0][1] > votes[1][1]:
+    present = m.groups[0].ranks if m.groups and m.groups[0].description != "(not enqueued)" else []
+    members = sorted(set(present) | set(roots))
+    gloo = all(st.backend == "gloo" for st in ds.statics if st.pg_name == m.pg)
+    fits = ([root for root, _ in votes
+             if gloo_broadcast_blocked(members, roots, root) == set(roots)]
+            if op == "broadcast" and gloo and len(members) <= 4096 else [])
+    if len(fits) == 1:
+        right = fits[0]
+        culprits = sorted(r for r, v in roots.items() if v != right)
+        other = next(root for root, _ in votes if root != right)
+        instead = sorted(gloo_broadcast_blocked(members, roots, other))
+        why = head + (f"gloo broadcasts along a binomial tree from the root; of the roots these "
+                      f"ranks pass, only {right} predicts exactly which ranks completed it and "
+                      f"which are still in it (root {other} would leave rank(s) "
+                      f"{_fold(instead) or 'none'} in it instead): the rank(s) passing another "
+                      "root are the culprits.")
+    elif len(votes) > 1 and votes[0][1] > votes[1][1]:
         right = votes[0][0]
         culprits = sorted(r for r, v in roots.items() if v != right)
         why = head + (f"Majority vote on the root: {right}; the rank(s) passing another root "
