@@ -172,7 +172,7 @@ def queue_dead_producer(with_hook: bool) -> None:
         raise KeyError(f"shard index {shard['rows']} has no 'tokens' column")
 
     if with_hook:
-        from mldebug.printing import install_excepthook
+        from mldebug import install_excepthook
 
         install_excepthook()
     q.get()
