@@ -175,7 +175,6 @@ def queue_dead_producer(with_hook: bool) -> None:
         from mldebug import install_excepthook
 
         install_excepthook()
-    q.get()
     threading.Thread(target=producer, name="prefetch", daemon=True).start()
     q.get(timeout=0.5)
     try:
