@@ -358,7 +358,10 @@ def route_fr(run: Running) -> tuple[list[int] | None, str | None, float, str, st
         return None, None, dt, "", err
     ranks = list(doc.get("culprit_ranks") or [])
     kinds = {m.get("kind") for m in doc.get("mismatches", [])}
-    if doc.get("never_enqueued") and kinds <= {"missing"}:
+    said = json.dumps(doc.get("mismatches", []))
+    if "did not hang" in said or "died rather than hang" in said:
+        cls = "dead"  # the ranks without a dump ended while the others waited
+    elif doc.get("never_enqueued") and kinds <= {"missing"}:
         cls = "outside"
     elif kinds:
         cls = "desync"
