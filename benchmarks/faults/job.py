@@ -295,9 +295,9 @@ def make_pairs() -> list[Any]:
             groups[1] = dist.new_group(pairs[1])
             groups[0] = dist.new_group(pairs[0])
             break
-        if ARGS.fault == "new_group_not_all" and CULPRIT and i == len(pairs) - 1:
+        if ARGS.fault == "new_group_not_all" and CULPRIT and RANK in members:
             injected()
-            groups.append(None)  # this rank believes the last pair needs no group
+            groups.append(None)  # this rank skips its own pair's group: it syncs in the world
             continue
         groups.append(dist.new_group(members))
     return [(members, g) for members, g in zip(pairs, groups, strict=True)]
