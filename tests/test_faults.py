@@ -88,13 +88,14 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {}
 
 @pytest.fixture(scope="module")
 def quick() -> list[Outcome]:
-    opts = runner.Options(timeout=10.0, peers=False, routes=("hang", "log", "fr"))
+    opts = runner.Options(timeout=8.0, peers=False, routes=("hang", "log", "fr"), pool=True)
     todo = runner.cases(None, [4], 1)
     assert len({c.fault.name for c in todo}) == len(catalogue.FAULTS)
-    return runner.run_all(todo, opts, jobs=3,
+    return runner.run_all(todo, opts, jobs=4,
                           progress=lambda s: print(s, file=sys.stderr, flush=True))
 
 
+@pytest.mark.timeout(900)  # the fixture runs ~46 real jobs (about 5 minutes here)
 def test_quick_subset_names_the_culprit_on_every_route(quick: list[Outcome]) -> None:
     seen = Counter(o.route for o in quick)
     assert seen["hang"] >= 25 and seen["log"] >= 40, seen
@@ -105,6 +106,7 @@ def test_quick_subset_names_the_culprit_on_every_route(quick: list[Outcome]) -> 
     assert not wrong, "wrong verdicts:\n" + "\n".join(lines)
 
 
+@pytest.mark.timeout(900)
 def test_quick_subset_no_suspect_without_a_culprit(quick: list[Outcome]) -> None:
     """The default command too, not only --watch: a healthy or slow job gets no suspect."""
     bad = [o for o in quick if not o.truth and o.culprits]

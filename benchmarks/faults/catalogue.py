@@ -193,7 +193,7 @@ FAULTS: tuple[Fault, ...] = (
       "culprit skips a collective; `mldebug hang` looks at both", "the hung job's culprit "
       "alone; no suspect in the healthy job", ("desync",), ("hang", "watch"),
       launcher="two-jobs", survivable=False,
-      extra={"fault": "skip_collective", "min_timeout": "30"}),
+      extra={"fault": "skip_collective", "min_timeout": "20"}),
     F("scheduler_sigterm", "no-culprit", "the scheduler SIGTERMs the whole job mid-training",
       "no rank is the culprit: the job was terminated from outside", ("healthy", "launch"),
       ("log",), culprits=0, outcome="dies"),

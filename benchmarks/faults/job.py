@@ -581,6 +581,10 @@ def pool() -> None:
         dist.init_process_group("gloo", store=dist.PrefixStore(f"case{i}", base), rank=RANK,
                                 world_size=world,
                                 timeout=datetime.timedelta(seconds=ARGS.timeout))
+        # what a training script prints as it starts (each case is a job's whole log)
+        from mldebug.printing import rank_print
+
+        rank_print(f"training: world_size={world}")
         try:
             one_case()
         except CaseOver:

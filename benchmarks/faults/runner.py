@@ -192,7 +192,7 @@ def start(case: Case, base: Path, opts: Options) -> Running:
                     [PY, "-m", "torch.distributed.run", "--standalone",
                      f"--nproc_per_node={case.ranks}", str(JOB), "--fault", "healthy",
                      "--side", str(other), "--timeout", str(opts.timeout),
-                     "--duration", str(opts.duration + 30)],
+                     "--duration", str(timeout_of(f, opts) + 15)],
                     **{**common, "stdout": o, "cwd": other}))
     out.close()
     return Running(case, side, procs, time.monotonic(), log)
