@@ -83,7 +83,37 @@ def test_docs_list_every_class_with_its_routes() -> None:
 
 # Where a route is known to be wrong today, with why; everything else must be right. A route
 # that becomes right here is reported at the end (the entry is then removed).
-KNOWN_MISSES: dict[tuple[str, str], str] = {}
+KNOWN_MISSES: dict[tuple[str, str], str] = {
+    ("hang", "extra_collective"): "gloo matched the extra all_reduce with the others' next one; "
+    "the stacks put the culprit and the broadcast's root apart from the majority alike (the "
+    "report says so and points to hang --fr)",
+    ("hang", "wrong_broadcast_src"): "at 4 ranks two against two: a tie the stacks cannot break",
+    ("log", "wrong_broadcast_src"): "the same tie in the tracebacks (said as cannot tell)",
+    ("hang", "dtype_mismatch"): "gloo aborts a rank (SIGABRT) before the snapshot: a dead rank, "
+    "not the culprit, is all the stacks show",
+    ("log", "dtype_mismatch"): "one gloo abort cannot tell 'my tensor is smaller' from 'my "
+    "sender's is bigger' (said as cannot tell)",
+    ("hang", "shape_mismatch"): "gloo aborts ranks before the snapshot (as dtype_mismatch)",
+    ("fr", "shape_mismatch"): "at 4 ranks the aborted ranks leave no dump: the dumps cannot tell",
+    ("hang", "pg_creation_order"): "ranks wait in new_group; which group a call creates is not "
+    "in a stack",
+    ("log", "pg_creation_order"): "the two silent ranks cannot be told apart from the lines",
+    ("hang", "new_group_not_all"): "the culprit's world collective and its partner's pair "
+    "collective both stand apart from the majority",
+    ("log", "new_group_not_all"): "as in hang: the lines cannot tell the culprit from its partner",
+    ("hang", "subgroup_skip"): "the members of a collective's group are not in a py-spy stack "
+    "(the flight recorder has them: the fr route names the culprit)",
+    ("log", "subgroup_skip"): "the partner left no line; the culprit waits beside the world ranks",
+    ("hang", "ddp_skip_backward"): "gloo aborts on the unmatched bucket all_reduce; the stacks "
+    "see the ranks at one place",
+    ("fr", "ddp_skip_backward"): "the culprit is named, but the dumps say the dumpless ranks died "
+    "(class dead, not desync)",
+    ("hang", "dist_store_error"): "every rank waits at the same store.wait line: which key is "
+    "missing is not in a stack",
+    ("log", "dist_store_error"): "a store wait lists every key, set or not (said as cannot tell)",
+    ("fr", "network_stall"): "every rank pending in the same collective gives fr analyze no "
+    "finding at all: no class to score",
+}
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +134,10 @@ def test_quick_subset_names_the_culprit_on_every_route(quick: list[Outcome]) -> 
     lines = [f"{o.route} {o.case}: said {o.culprits}/{o.cls} ({o.summary[:120]}{o.error[:120]}),"
              f" truth {o.truth}/{o.classes[0]}" for o in wrong]
     assert not wrong, "wrong verdicts:\n" + "\n".join(lines)
+    now_right = sorted(k for k in KNOWN_MISSES
+                       if any((o.route, o.case) == k and o.exact and o.class_ok for o in quick))
+    if now_right:  # not a failure: the list is kept short by hand
+        print(f"known misses now right (remove them): {now_right}", file=sys.stderr)
 
 
 @pytest.mark.timeout(900)
