@@ -226,6 +226,30 @@ def test_a_stopped_rank_is_recorded_from_the_node_document():
                                             "pid 1002: the process is stopped"}
 
 
+def test_a_rank_that_exited_during_the_dump_is_gone_not_unreadable():
+    """exit0 in the fault matrix: the culprit called exit(0) and was in its teardown (or a
+    zombie) when py-spy came; the others raise "Connection closed by peer". The rank is gone,
+    and the raising ranks are reacting to it - not suspects, and not "alive but unreadable"."""
+    from mldebug.fanout import NodeResult
+    from mldebug.hang.collect import collection_from_results
+
+    def entry(r: int, **kw) -> dict:
+        return {"pid": 1000 + r, "ppid": 1, "cmdline": ["python", "t.py"],
+                "identity": {"rank": r, "world_size": 4, "run_id": "r1", "launcher": "torchrun"},
+                "job": {"key": "run:r1", "launcher": "torchrun", "lone": False}, **kw}
+
+    for why, samples in (("process 1001 exited during the dump (State Z (zombie))", []),
+                         ("py-spy failed on pid 1001 (exit code 1): Error: No such file",
+                          [{"t": 1.0, "state": "Z", "ticks": 5}])):
+        doc = {"host": "node1", "errors": [], "processes": [
+            entry(1, dump=None, error=why, samples=samples)]}
+        coll = collection_from_results([NodeResult("node1", data=doc)])
+        assert coll.undumped == {}, why
+    procs = [proc(r, BARRIER) for r in range(4) if r != 1]
+    report = analyze(Collection(processes=procs))
+    assert "missing" in report.verdict and "alive" not in report.verdict
+
+
 def test_a_node_answering_under_another_name_is_not_dead():
     """`--nodes 10.0.0.[1-2]` or ssh aliases: the node's own host name differs from the name
     asked. Its answer is filed under the name asked, the difference is noted, and the node

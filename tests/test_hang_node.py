@@ -104,6 +104,21 @@ def test_stopped_or_traced_rank_is_named_as_such_not_as_ptrace_denied_to_root():
     assert "although running as root" in msg and "Run as root" not in msg
 
 
+def test_a_zombie_is_said_to_have_exited():
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        for _ in range(200):
+            if proc_status(child.pid).get("State", "").startswith("Z"):
+                break
+            time.sleep(0.02)
+        msg = explain_pyspy_error(child.pid, "Error: Failed to find python version", 1)
+        assert msg.startswith(f"process {child.pid} exited during the dump"), msg
+    finally:
+        child.wait()
+
+
 def test_pid_of_another_users_process_is_said_so(tmp_path):
     procs = table((10, 1, "S", ["python", "a.py"]))
     procs[10]["uid"] = 4242

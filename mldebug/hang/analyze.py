@@ -242,10 +242,11 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
         coll = collective_of(frames)
         wait, wait_at = ("debugger", note) if note else (w[0], w[1].location) if w else \
             (None, None)
+        kernel = False
         if wait is None and coll is None and frames:  # the call is in C: the kernel says
             kw = kernel_label(members[0].kernel)
             if kw is not None:
-                wait, wait_at = kw
+                (wait, wait_at), kernel = kw, True
         groups.append(Group(
             ranks=ranks,
             pids=sorted((p.host, p.pid) for p in members),
@@ -258,6 +259,7 @@ def group_processes(processes: Sequence[Process], all_threads: bool = False) -> 
             wait_at=wait_at,
             ours=note,
             hidden=len(mt.frames) - len(frames) if mt else 0,
+            kernel=kernel,
         ))
     groups.sort(key=lambda g: (-len(g.pids), g.ranks[:1] or [1 << 62], g.pids[:1]))
     return groups
@@ -432,16 +434,21 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     # ranks raising while another rank's process is gone most often raise because of it (the
     # gloo or NCCL connection to it closed): the gone rank is the suspect
     gone = [r for r in missing if r not in undumped_here]
+    # the suspects are raising or exiting while a rank is gone: a crash spreading (gloo's
+    # "Connection closed by peer"), not the cause of it - the gone ranks are the suspects
     reacting = bool(gone) and bool(v.reasons) and all(
-        rules._raising(groups[i]) for i in v.reasons)
+        rules._raising(groups[i]) or rules._python_gone(sit, groups[i]) for i in v.reasons)
     if reacting:
         suspects = []
     # the ranks with no stacks that the others wait for: stopped ones, gone ones
     absent = _absent_suspects(key, sit, stopped_here, _others_text(sit),
                               with_gone=not suspects and kind is not VerdictKind.AMBIGUOUS)
-    suspects += absent
+    # the ranks whose stacks show them odd first, then the ones known only from /proc (a
+    # stopped rank's place is unknown: it may have stopped while waiting beside the others)
     suspects.sort(key=lambda s: (s.rank if s.rank is not None else 1 << 62, s.host,
                                  s.pid or 0))
+    suspects += sorted(absent, key=lambda s: (s.rank if s.rank is not None else 1 << 62,
+                                              s.host, s.pid or 0))
     if not text and suspects:
         names = join_labels(s_label(s) for s in suspects)
         text = (f"Suspect{'s' if len(suspects) > 1 else ''}: {names} - "

@@ -78,6 +78,9 @@ def _undumped(host: str, p: dict[str, Any], error: str,
         proc = process_from_node(host, dict(p, dump=None, dump_later=None, workers=[]))
     except ValueError:
         return
+    # mldebug.hang.node.explain_pyspy_error's wording for a process gone during the dump
+    if "exited during the dump" in error or any(x.state in ("Z", "X") for x in proc.samples):
+        return  # gone: missing like any rank that exited, not alive-but-unreadable
     if proc.rank is not None and not proc.lone:
         out[(proc.job_key, proc.rank)] = f"pid {proc.pid} on {host}: {error}"[:400]
         if stopped is not None and any(x.state == "T" for x in proc.samples):

@@ -268,6 +268,7 @@ class Group:
     wait_at: str | None = None  # that frame's location
     ours: str | None = None  # "in mldebug: waiting for the debugger on rank 0" (frames hidden)
     hidden: int = 0  # mldebug frames taken out of the stack shown
+    kernel: bool = False  # wait/wait_at come from /proc (a live run only), not the frames
 
 
 @dataclass(frozen=True)

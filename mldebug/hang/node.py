@@ -175,8 +175,10 @@ def explain_pyspy_error(pid: int, stderr: str, rc: int,
     low = stderr.lower()
     if not os.path.exists(f"/proc/{pid}"):
         return f"process {pid} exited during the dump"
+    st = proc_status(pid) if status is None else status
+    if st.get("State", "").startswith(("Z", "X")):  # gone, its parent has not reaped it yet
+        return f"process {pid} exited during the dump (State {st['State']})"
     if "permission denied" in low or "operation not permitted" in low or "ptrace" in low:
-        st = proc_status(pid) if status is None else status
         tracer = st.get("TracerPid", "0")
         if tracer not in ("", "0"):
             comm = (read_text(f"/proc/{tracer}/comm") or "?").strip()

@@ -216,11 +216,14 @@ def outside_while_others_wait(s: Situation) -> Verdict | None:
         return None
     wait_desc = "; ".join(f"{ranks_text(s.groups, idx)} {_verb(s, idx)} {place(s.groups[idx[0]])}"
                           for idx in s.in_coll[:3])
-    reasons = {i: f"not in any collective (at {s.groups[i].where}"
-                  + (f"; {s.groups[i].ours}" if s.groups[i].ours else
-                     f"; waits in {s.groups[i].wait_at}" if s.groups[i].wait_at else "")
+    # what the frames say first, then what only a live run's /proc adds (the kernel wait),
+    # so a reason from saved dumps is the start of the live one
+    reasons = {i: f"not in any collective (at {g.where}"
+                  + (f"; {g.ours}" if g.ours else
+                     f"; waits in {g.wait_at}" if g.wait_at and not g.kernel else "")
                   + f") while {wait_desc}"
-               for idx in s.out_coll for i in idx}
+                  + (f"; waits in {g.wait_at}" if g.wait_at and g.kernel and not g.ours else "")
+               for idx in s.out_coll for i in idx for g in (s.groups[i],)}
     return Verdict(VerdictKind.SUSPECTS, reasons=reasons)
 
 
