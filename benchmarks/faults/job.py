@@ -575,6 +575,11 @@ def pool() -> None:
                          is_master=False, timeout=datetime.timedelta(seconds=600))
     world = int(os.environ["WORLD_SIZE"])
     for i, c in enumerate(cases):
+        # the runner says when it has read the case before (its part of the output ends
+        # there): a case's start-up lines must not land in the part of the one before
+        gate = Path(c["side"]) / "go"
+        while not gate.exists():
+            time.sleep(0.05)
         set_case(c["fault"], c["culprits"], c["mode"], c["side"])
         ARGS.duration = float(c.get("duration", 0.0))
         side(f"started-rank{RANK}", f"{os.getpid()}\n")
@@ -597,8 +602,8 @@ def pool() -> None:
         ctl = dist.PrefixStore(f"case{i}/end", base)
         ctl.set(str(RANK), "1")
         ctl.wait([str(r) for r in range(world)], datetime.timedelta(seconds=HOLD + 120))
-        side(f"done-rank{RANK}", f"{time.time():.3f}\n")
         dist.destroy_process_group()
+        side(f"done-rank{RANK}", f"{time.time():.3f}\n")  # after its last line
 
 
 def _ddp_skip(train_model: torch.nn.Module, model: torch.nn.Module,

@@ -13,6 +13,7 @@ what it left when it ended (its output, its flight-recorder dumps).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -246,8 +247,10 @@ def wait_for_fault(run: Running, opts: Options) -> float | None:
 CLI_ENV: dict[str, str] = {}  # the cluster's ssh settings, in cross-node runs
 
 
-def cli(*args: str, timeout: float = 120) -> tuple[dict[str, Any] | None, float, str]:
-    """Run the real mldebug CLI; its JSON, wall seconds and an error text."""
+def cli(*args: str, timeout: float = 120,
+        save: Path | None = None) -> tuple[dict[str, Any] | None, float, str]:
+    """Run the real mldebug CLI; its JSON, wall seconds and an error text. ``save``: where
+    its output is kept beside the case (read with --keep)."""
     t0 = time.monotonic()
     try:
         r = subprocess.run([PY, "-m", "mldebug", *args], capture_output=True, text=True,
@@ -256,6 +259,9 @@ def cli(*args: str, timeout: float = 120) -> tuple[dict[str, Any] | None, float,
     except subprocess.TimeoutExpired:
         return None, time.monotonic() - t0, f"timed out after {timeout:.0f} s"
     dt = time.monotonic() - t0
+    if save is not None:
+        with contextlib.suppress(OSError):
+            save.write_text(r.stdout + (f"\n# stderr:\n{r.stderr}" if r.stderr else ""))
     try:
         return json.loads(r.stdout), dt, ""
     except json.JSONDecodeError:
@@ -293,7 +299,7 @@ def route_hang(run: Running, watch: float | None) -> tuple[list[int] | None, str
     args = ["hang", *hang_target(run), "--json"]
     if watch:
         args += ["--watch", str(watch)]
-    doc, dt, err = cli(*args)
+    doc, dt, err = cli(*args, save=run.side / ("watch.json" if watch else "hang.json"))
     if doc is None:
         return None, None, dt, "", err
     ranks, cls, summary = read_hang(doc)
@@ -316,7 +322,8 @@ def route_hang(run: Running, watch: float | None) -> tuple[list[int] | None, str
 
 
 def route_log(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
-    doc, dt, err = cli("log", *map(str, run.logs or [run.log]), "--json")
+    doc, dt, err = cli("log", *map(str, run.logs or [run.log]), "--json",
+                       save=run.side / "log.json")
     if doc is None:
         return None, None, dt, "", err
     v = doc.get("verdict")
@@ -330,7 +337,8 @@ POOLED_RUN: dict[int, bool] = {}  # runs of pooled cases (their ranks record no 
 def route_trace(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
     """`mldebug trace show --pid`: the live ranks write their execution rings now; the ranks
     of the divergence the fewest ranks share, when they are a minority, are its culprits."""
-    doc, dt, err = cli("trace", "show", "--pid", str(run.procs[0].pid), "--json")
+    doc, dt, err = cli("trace", "show", "--pid", str(run.procs[0].pid), "--json",
+                       save=run.side / "trace.json")
     if doc is None:
         return None, None, dt, "", err
     world = len(doc.get("ranks") or []) or run.case.ranks
@@ -353,7 +361,8 @@ def route_fr(run: Running) -> tuple[list[int] | None, str | None, float, str, st
     dumps = fr_dumps(run)
     if not dumps:
         return None, None, 0.0, "", "no dump written"
-    doc, dt, err = cli("fr", "analyze", *map(str, dumps), "--json")
+    doc, dt, err = cli("fr", "analyze", *map(str, dumps), "--json",
+                       save=run.side / "fr.json")
     if doc is None:
         return None, None, dt, "", err
     ranks = list(doc.get("culprit_ranks") or [])
@@ -612,6 +621,8 @@ def run_pool(pool: list[Case], base: Path, opts: Options, tag: str,
         try:
             while todo:
                 c = todo[0]
+                # the ranks start a case once its part of the output before is read
+                (base / c.name / "go").touch()
                 got: list[Outcome] = []
                 record = recorder(c, got)
                 run = Running(c, base / c.name, [proc], time.monotonic(), log)
@@ -639,6 +650,8 @@ def run_pool(pool: list[Case], base: Path, opts: Options, tag: str,
                     f.seek(offset)
                     (run.side / "out.log").write_bytes(f.read(end - offset))
                 offset = end
+                if todo:  # the next case may start now (its lines go in its own part)
+                    (base / todo[0].name / "go").touch()
                 run.log = run.side / "out.log"
                 if not ended:
                     run.notes.append("its ranks did not end the pooled case (a fresh pool "
