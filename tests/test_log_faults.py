@@ -255,3 +255,22 @@ def test_subgroup_skip_names_only_what_the_lines_show() -> None:
     r = report("subgroup-skip")
     assert r.verdict is not None and r.culprits == [2]
     assert "reported neither an error nor a timeout" in r.verdict.detail
+
+
+def test_every_rank_waiting_without_a_world_size_says_a_silent_rank_would_be_missed() -> None:
+    """busy_python's ranks 0-2 timed out while rank 3 spun; with rank 3's lines and every line
+    stating the world size gone (a pooled case's start-up lines once landed in the case
+    before), the lines show 3 ranks all waiting: the verdict must say that a rank that printed
+    nothing is not seen, at low confidence, and --world-size names it."""
+    text = (FIX / "busy-python.log").read_text().splitlines()
+    lines = [ln for ln in text if ln.startswith(("[rank0]:", "[rank1]:", "[rank2]:"))
+             and "world" not in ln.lower()]
+    r = analyze(parse_lines(lines))
+    assert r.verdict is not None and r.verdict.code == "log-all-waiting"
+    assert "No line states the world size" in r.verdict.detail
+    assert "pass --world-size N to tell." in r.verdict.detail
+    assert r.verdict.detail.endswith("Confidence: low.")
+    parsed = parse_lines(lines)
+    parsed.world_size = 4
+    r = analyze(parsed)
+    assert r.culprits == [3], r.verdict

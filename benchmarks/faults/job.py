@@ -411,7 +411,11 @@ def more(step: int, steps: int, deadline: float | None) -> bool:
     (one all_reduce of "my time is up", MAX): ranks that stopped a step apart would desync."""
     if deadline is None:
         return step < steps
-    flag = torch.tensor([1.0 if step >= steps and time.monotonic() >= deadline else 0.0])
+    now = time.monotonic()
+    done = step >= steps and now >= deadline
+    if POOLED:  # observed while it trains: it ends once the runner has looked (or much later)
+        done = done and ((Path(ARGS.side) / "looked").exists() or now >= deadline + 90)
+    flag = torch.tensor([1.0 if done else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return not flag.item()
 

@@ -642,6 +642,7 @@ def run_pool(pool: list[Case], base: Path, opts: Options, tag: str,
                 todo.pop(0)
                 t_fault = wait_for_fault(run, opts)
                 live_routes(run, t_fault, opts, record)
+                (run.side / "looked").touch()  # a healthy case may end now
                 ended = _wait(lambda run=run: len(run.files("done")) >= ranks,  # type: ignore[misc]
                               opts.pool_duration + 40 if c.fault.outcome == "ends" else
                               opts.timeout + opts.hold_margin + 30, run)

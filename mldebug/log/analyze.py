@@ -867,11 +867,19 @@ def all_waiting(facts: Facts) -> Verdict | None:
                "NCCL_DEBUG=INFO, and set TORCH_NCCL_DUMP_ON_TIMEOUT=1 to get flight-recorder "
                "dumps for `mldebug fr analyze`.")
     missing = sorted(facts.known - set(facts.ranks))
+    unsized = ""
+    if not facts.parsed.world_size and not facts.parsed.world_hint:
+        # nothing says how many ranks ran: a rank stuck outside the collective that printed
+        # nothing (killed by the launcher before any timeout of its own) is not in the lines
+        n = len(facts.known)
+        unsized = (f" No line states the world size: if the job had more than {n} ranks, the "
+                   "ones absent from these lines printed nothing, never reached the "
+                   "collective and are the suspects; pass --world-size N to tell.")
     return Verdict(Finding(
         Severity.WARNING, f"every rank timed out in the same collective{desc}",
         f"Ranks {fold_ints(sorted(facts.waited))} all waited; no rank failed or stayed away in "
-        "these logs.", fix, code="log-all-waiting"), [],
-        "every rank's own timeout at the same place", "low" if missing else "medium")
+        "these logs." + unsized, fix, code="log-all-waiting"), [],
+        "every rank's own timeout at the same place", "low" if missing or unsized else "medium")
 
 
 def exit_only(facts: Facts) -> Verdict | None:
