@@ -372,6 +372,47 @@ def test_stall_also_dumps_the_flight_recorder_and_the_ring(tmp_path):
     assert "waiting_here" in {loc[2] for loc in ring["locations"]}
 
 
+def test_the_stacks_and_the_ring_are_written_before_the_slow_flight_recorder_dump(tmp_path):
+    # torch's first flight-recorder dump in a process imports torch._inductor (seconds):
+    # `mldebug trace show` and `hang --signal` read the stacks and the ring without it
+    r = run_py("""
+        import json, signal, threading, mldebug.fr, mldebug.trace
+        from pathlib import Path
+        rec = mldebug.fr.enable("fr")
+        mldebug.trace.enable(events="calls", ring=16)
+        go = threading.Event()
+        slow_dump = rec.dump
+        def held_dump(*a, **k):
+            go.wait(30)
+            return slow_dump(*a, **k)
+        rec.dump = held_dump
+        h = mldebug.install_dump_handler(dir="cap", poll=0.1)
+        def waiting_here():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(300):
+                time.sleep(0.02)
+                p = next(iter(Path("cap/dumps").glob("*.json")), None)
+                if p is not None:
+                    break
+            first = json.loads(p.read_text())["capture"]
+            go.set()
+            for _ in range(300):
+                time.sleep(0.02)
+                after = json.loads(p.read_text())["capture"]
+                if "flight_recorder" in after:
+                    break
+            print(json.dumps({"first": first, "after": after}))
+        waiting_here()
+    """, tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "trace" in got["first"] and "flight_recorder" not in got["first"]
+    ring = json.loads(Path(got["first"]["trace"]).read_text())
+    assert "waiting_here" in {loc[2] for loc in ring["locations"]}
+    assert got["after"]["flight_recorder"] == str(tmp_path / "fr" / "fr_rank0")
+    assert got["after"]["seq"] == got["first"]["seq"]  # one dump, completed
+
+
 def test_stale_registry_entries_are_pruned_and_own_entry_removed_at_exit(tmp_path):
     from mldebug.capture.handler import REGISTRY_FORMAT
     from mldebug.dist import short_hostname

@@ -183,11 +183,13 @@ class DumpHandler:
         return ident
 
     def write(self, threads: list[dict[str, Any]], meta: dict[str, Any],
-              later: bool = False, samples: list[dict[str, Any]] | None = None) -> Path:
+              later: bool = False, samples: list[dict[str, Any]] | None = None,
+              again: bool = False) -> Path:
         """Write the dump file: the first dump, and with ``later`` the newest one beside it
-        (``mldebug hang --watch``'s shape, so the analysis tells stuck from slow)."""
+        (``mldebug hang --watch``'s shape, so the analysis tells stuck from slow).
+        ``again``: the same dump rewritten with more of its ``capture`` block."""
         with self._lock:
-            self.dumps += 1
+            self.dumps += not again
             if not later or self._first is None:
                 self._first, latest = threads, None
             else:
@@ -215,8 +217,16 @@ class DumpHandler:
                 time.sleep(max(0.0, 0.1 - (time.monotonic() - first["t"])))
                 second = self._sample()
                 samples = [first, second] if second is not None else None
-            return self.write(threads, self._meta(reason, route, **extra), later=later,
-                              samples=samples)
+            meta = self._meta(reason, route, **extra)
+            path = self.write(threads, meta, later=later, samples=samples)
+            # the flight recorder's dump comes second: torch's first dump in a process
+            # imports torch._inductor (seconds), and whoever asked for the stacks and the
+            # ring (`mldebug hang --signal`, `mldebug trace show`) must not wait for it
+            fr = self._fr_extra(reason)
+            if fr:
+                path = self.write(threads, {**meta, **fr}, later=later, samples=samples,
+                                  again=True)
+            return path
         except Exception as e:  # noqa: BLE001
             _log(f"could not write the stack dump ({type(e).__name__}: {e})")
             return None
@@ -241,14 +251,19 @@ class DumpHandler:
             return None
         return self.write(threads, self._meta(reason, "faulthandler", **extra), later=later)
 
-    def _extras(self, reason: str) -> dict[str, Any]:
-        """The flight recorder's dump (after mldebug.fr.enable()) and the trace ring's tail;
-        their paths, for the dump's ``capture`` block."""
-        out: dict[str, Any] = {}
+    def _fr_extra(self, reason: str) -> dict[str, Any]:
+        """The flight recorder's dump (after mldebug.fr.enable()): its path, for the dump's
+        ``capture`` block."""
         rec_mod = sys.modules.get("mldebug.fr.recorder")
-        if rec_mod is not None and getattr(rec_mod, "_RECORDER", None) is not None:
-            fr = rec_mod._RECORDER.dump(f"mldebug.capture: {reason}")
-            out["flight_recorder"] = str(Path(fr).resolve()) if fr else None
+        if rec_mod is None or getattr(rec_mod, "_RECORDER", None) is None:
+            return {}
+        fr = rec_mod._RECORDER.dump(f"mldebug.capture: {reason}")
+        return {"flight_recorder": str(Path(fr).resolve()) if fr else None}
+
+    def _extras(self, reason: str) -> dict[str, Any]:
+        """The trace ring's tail and the debug server's port, for the dump's ``capture``
+        block (fast: written with the stacks; the flight recorder's dump follows)."""
+        out: dict[str, Any] = {}
         ring = sys.modules.get("mldebug.trace.ring")
         if ring is not None and ring.active() is not None:
             tr = ring.write(private_dir(self.dir / "trace"), reason=reason)
