@@ -465,3 +465,45 @@ def test_matrix_a_rank_in_a_collective_the_majority_passed_is_said_undecidable(n
     assert "subgroup collective" in hint.detail and "mldebug hang --fr" in hint.fix
     for other in ("p2p_wrong_peer", "flock", "healthy"):
         assert not any(h.code == "passed-collective" for h in analyze(fault_collection(other)).hints)
+
+
+@pytest.mark.parametrize("name,culprits,victims", [("subgroup_skip", [3], "rank 2 only waits"),
+                                                   ("extra_collective", [2], "rank 0 only waits")])
+def test_matrix_the_flight_recorder_settles_what_the_stacks_cannot(name, culprits, victims):
+    """The same classes with the ranks' flight-recorder dumps (real gloo dumps of the matrix's
+    jobs at seed 0, tests/fixtures/hang/faults/fr/): the recorder knows each collective's
+    group and sequence number, so its culprits become the suspects and the waiting ranks are
+    said to be victims."""
+    from mldebug.fr.analyze import analyze as fr_analyze
+    from mldebug.fr.loader import load_files
+    from mldebug.hang.settle import needs_fr, settle
+
+    report = analyze(fault_collection(name))
+    assert needs_fr(report) and [s.rank for s in report.suspects] != culprits
+    fr = fr_analyze(load_files(sorted((FAULTS / "fr" / name).glob("fr_rank*"))))
+    assert settle(report, fr)
+    assert [s.rank for s in report.suspects] == culprits
+    assert all(s.reason.startswith("the flight recorder: ") for s in report.suspects)
+    doc = report.to_dict()
+    assert doc["verdict"]["class"] == "desync" and doc["verdict"]["kind"] == "suspects"
+    assert "told by the flight recorder" in report.verdict and victims in report.verdict
+    assert [s["rank"] for s in doc["jobs"][0]["suspects"]] == culprits
+    codes = [f.code for f in report.findings]
+    assert "passed-collective" not in codes and "fr-settled" in codes
+    assert report.findings[0] is report.jobs[0].verdict
+
+
+def test_a_flight_recorder_naming_no_rank_of_the_job_changes_nothing():
+    from types import SimpleNamespace
+
+    from mldebug.hang.settle import settle
+
+    for culprits in ([], [99]):  # no culprit; a rank of another job's dump
+        report = analyze(fault_collection("subgroup_skip"))
+        before = report.to_dict()
+        fr = SimpleNamespace(mismatches=[SimpleNamespace(culprit_ranks=culprits)])
+        assert not settle(report, fr)
+        assert report.to_dict() == before
+    report = analyze(fault_collection("healthy"))  # nothing left open: never consulted
+    fr = SimpleNamespace(mismatches=[SimpleNamespace(culprit_ranks=[1])])
+    assert not settle(report, fr) and report.suspects == []

@@ -161,6 +161,9 @@ def start(case: Case, base: Path, opts: Options) -> Running:
     log = side / "out.log"
     out = open(log, "ab")  # noqa: SIM115 - the children's, closed when they end
     env = _env()
+    # where its ranks' flight recorders live, as a launcher's environment names it (a
+    # directory set only in code is not found by `mldebug hang`'s own flight-recorder check)
+    env["MLDEBUG_FR_DIR"] = str(side / "fr")
     procs = []
     common: dict[str, Any] = dict(stdout=out, stderr=subprocess.STDOUT, env=env,
                                   start_new_session=True, stdin=subprocess.DEVNULL, cwd=side)
@@ -194,7 +197,8 @@ def start(case: Case, base: Path, opts: Options) -> Running:
                      f"--nproc_per_node={case.ranks}", str(JOB), "--fault", "healthy",
                      "--side", str(other), "--timeout", str(opts.timeout),
                      "--duration", str(timeout_of(f, opts) + 15)],
-                    **{**common, "stdout": o, "cwd": other}))
+                    **{**common, "stdout": o, "cwd": other,
+                       "env": dict(env, MLDEBUG_FR_DIR=str(other / "fr"))}))
     out.close()
     return Running(case, side, procs, time.monotonic(), log)
 

@@ -88,6 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a.add_argument("--fr", action="store_true",
                    help="also make every rank that called mldebug.fr.enable() dump its "
                         "flight recorder, and add the cross-rank analysis (docs/fr.md)")
+    a.add_argument("--no-fr", action="store_true",
+                   help="never ask the ranks' flight recorders (by default they are asked "
+                        "only when the stacks cannot tell which rank caused a collective "
+                        "mismatch: a subgroup collective, a call matched out of order)")
     a.add_argument("--fr-dir", metavar="DIR",
                    help="with --fr: the ranks' dump directory when enable(dump_dir=...) set one "
                         "(default: as enable(); MLDEBUG_FR_DIR of each rank is found anyway)")
@@ -184,13 +188,19 @@ def run(args: argparse.Namespace) -> int:
                                          out=where, show_secrets=args.show_secrets)
         report = analyze(coll, all_threads=args.all_threads, job=args.job)
         record = None
-        if args.fr:
+        from mldebug.hang.settle import needs_fr, settle
+
+        # the stacks could not tell who caused a collective mismatch: the ranks' flight
+        # recorders can (mldebug.fr.enable()), so they are asked as --fr asks them
+        if args.fr or (not args.no_fr and report.processes and needs_fr(report)):
             from mldebug.hang import flight
 
             record = flight.collect(target, where, args.timeout, fr_dir=args.fr_dir,
                                     pids=[p.pid for p in report.processes])
             if where is not None and out is not None:  # the paths it will have
                 record.doc = _rebase(record.doc, str(where), str(out))
+            if record.analysis is not None:
+                settle(report, record.analysis)
         if where is not None:
             save_report(where, _secrets(report.to_dict(), args),
                         render_text(report, show_all=True))
@@ -214,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             if note:
                 print(note, file=sys.stderr)
         render(report, show_all=args.all)
-        if record is not None:
+        if record is not None and args.fr:
             from mldebug.hang import flight
             from mldebug.render import console
 

@@ -6,6 +6,7 @@ the dumps across ranks, and renders that analysis after the hang report.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +35,23 @@ def collect(target: FanoutOptions, out: Path | None, timeout: float, *,
 
     where = out / "fr" if out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
     doc, analysis = for_hang(target, where, timeout, fr_dir, pids)
+    if out is None and not doc.get("files"):
+        try:
+            os.rmdir(where)  # the empty directory made here: nothing came back to keep
+            doc["out_dir"] = None
+        except OSError:
+            pass
     return FlightRecord(doc, analysis)
 
 
 def render(record: FlightRecord, console: Console) -> None:
     doc = record.doc
     console.print()
-    console.print(f"Flight recorder: {len(doc['files'])} dump(s) in {doc['out_dir']}/",
-                  soft_wrap=True)
+    if doc.get("out_dir"):
+        console.print(f"Flight recorder: {len(doc['files'])} dump(s) in {doc['out_dir']}/",
+                      soft_wrap=True)
+    else:
+        console.print("Flight recorder: no dump came back", soft_wrap=True)
     if record.analysis is None:
         console.print(f"  {doc.get('hint')}", soft_wrap=True)
         return
