@@ -476,7 +476,7 @@ def test_matrix_the_flight_recorder_settles_what_the_stacks_cannot(name, culprit
     said to be victims."""
     from mldebug.fr.analyze import analyze as fr_analyze
     from mldebug.fr.loader import load_files
-    from mldebug.hang.settle import needs_fr, settle
+    from mldebug.hang.flight import needs_fr, settle
 
     report = analyze(fault_collection(name))
     assert needs_fr(report) and [s.rank for s in report.suspects] != culprits
@@ -496,7 +496,7 @@ def test_matrix_the_flight_recorder_settles_what_the_stacks_cannot(name, culprit
 def test_a_flight_recorder_naming_no_rank_of_the_job_changes_nothing():
     from types import SimpleNamespace
 
-    from mldebug.hang.settle import settle
+    from mldebug.hang.flight import settle
 
     for culprits in ([], [99]):  # no culprit; a rank of another job's dump
         report = analyze(fault_collection("subgroup_skip"))

@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
                                          out=where, show_secrets=args.show_secrets)
         report = analyze(coll, all_threads=args.all_threads, job=args.job)
         record = None
-        from mldebug.hang.settle import needs_fr, settle
+        from mldebug.hang.flight import needs_fr, settle
 
         # the stacks could not tell who caused a collective mismatch: the ranks' flight
         # recorders can (mldebug.fr.enable()), so they are asked as --fr asks them
