@@ -188,19 +188,17 @@ def run(args: argparse.Namespace) -> int:
                                          out=where, show_secrets=args.show_secrets)
         report = analyze(coll, all_threads=args.all_threads, job=args.job)
         record = None
-        from mldebug.hang.flight import needs_fr, settle
+        from mldebug.hang import flight
 
         # the stacks could not tell who caused a collective mismatch: the ranks' flight
         # recorders can (mldebug.fr.enable()), so they are asked as --fr asks them
-        if args.fr or (not args.no_fr and report.processes and needs_fr(report)):
-            from mldebug.hang import flight
-
+        if args.fr or (not args.no_fr and len(report.jobs) == 1 and flight.needs_fr(report)):
             record = flight.collect(target, where, args.timeout, fr_dir=args.fr_dir,
                                     pids=[p.pid for p in report.processes])
             if where is not None and out is not None:  # the paths it will have
                 record.doc = _rebase(record.doc, str(where), str(out))
             if record.analysis is not None:
-                settle(report, record.analysis)
+                flight.settle(report, record.analysis)
         if where is not None:
             save_report(where, _secrets(report.to_dict(), args),
                         render_text(report, show_all=True))
@@ -225,7 +223,6 @@ def run(args: argparse.Namespace) -> int:
                 print(note, file=sys.stderr)
         render(report, show_all=args.all)
         if record is not None and args.fr:
-            from mldebug.hang import flight
             from mldebug.render import console
 
             flight.render(record, console())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mldebug.fanout import FanoutOptions
 from mldebug.findings import Finding, Severity
+from mldebug.hang.frames import call_site
 from mldebug.hang.model import HangClass, Report, Suspect, VerdictKind
 from mldebug.render import fold_ints
 
@@ -80,55 +81,42 @@ def needs_fr(report: Report) -> bool:
 
 
 def settle(report: Report, analysis: Any) -> bool:
-    """Make the flight recorder's culprits the suspects of each job whose stacks could not
-    tell; True when a job changed. A job is left as it was when the recorder names no culprit,
-    or names one that is not among the job's own rank processes (another job's dump)."""
+    """Make the flight recorder's culprits the suspects of a job whose stacks could not tell;
+    True when it changed. Only a report of one job: the dumps of several jobs' ranks share
+    rank numbers and cannot be told apart. The job is left as it was when the recorder names
+    no culprit, or one that is not among the job's rank processes."""
     from mldebug.fr.diagnose import mismatch_finding
 
+    if len(report.jobs) != 1 or not needs_fr(report):
+        return False
+    j = report.jobs[0]
     mismatches = [m for m in analysis.mismatches if m.culprit_ranks]
     culprits = sorted({r for m in mismatches for r in m.culprit_ranks})
-    if not culprits:
+    by_rank = {p.rank: p for p in j.processes if p.rank is not None}
+    if not culprits or not set(culprits) <= set(by_rank):
         return False
-    changed = False
-    for j in report.jobs:
-        if not any(f.code == NEEDS_FR for f in j.findings):
-            continue
-        by_rank = {p.rank: p for p in j.processes if p.rank is not None}
-        if not set(culprits) <= set(by_rank):
-            continue
-        said = mismatch_finding(mismatches[0])
-        where = {s.rank: s.call_site for s in j.suspects}
-        for g in j.groups:
-            for r in g.ranks:
-                where.setdefault(r, g.where)
-        suspects = [Suspect(rank=r, host=by_rank[r].host, pid=by_rank[r].pid,
-                            ns_pid=by_rank[r].ns_pid, job=j.key, call_site=where.get(r),
-                            reason=f"the flight recorder: {said.title}")
-                    for r in culprits]
-        victims = sorted(s.rank for s in j.suspects if s.rank is not None
-                         and s.rank not in culprits)
-        who = ", ".join(f"rank {s.rank} ({s.host}, pid {s.pid})" for s in suspects[:4])
-        if len(suspects) > 4:
-            who += f" and {len(suspects) - 4} more"
-        title = (f"Collective mismatch, told by the flight recorder: Suspect: {who} - "
-                 f"{said.title}"
-                 + (f"; rank {fold_ints(victims)} only wait{'s' if len(victims) == 1 else ''} "
-                    "for it" if victims else ""))
-        verdict = dataclasses.replace(j.verdict, title=title, severity=Severity.ERROR)
-        told = Finding(Severity.HINT, "The flight recorder settles what the stacks could not.",
-                       said.detail, "mldebug hang --fr shows the recorder's whole analysis; "
-                       "mldebug fr analyze reads saved dumps.", SETTLED,
-                       tuple(sorted({s.host for s in suspects})))
-        several = len(report.jobs) > 1
-        if several:
-            told = dataclasses.replace(told, title=f"Job {j.key or '(unnamed)'}: {told.title}")
-        old_verdict, old_named = j.verdict, j.named_verdict().title
-        j.verdict, j.suspects = verdict, suspects
-        j.kind, j.hang_class = VerdictKind.SUSPECTS, HangClass.DESYNC
-        swap = {id(f): told for f in j.findings if f.code == NEEDS_FR}
-        j.findings = [verdict, *(swap.get(id(f), f) for f in j.findings[1:])]
-        new_verdict = j.named_verdict() if several else verdict
-        report.findings = [new_verdict if f is old_verdict or (several and f.title == old_named)
-                           else swap.get(id(f), f) for f in report.findings]
-        changed = True
-    return changed
+    said = mismatch_finding(mismatches[0])
+    where = {r: call_site(g.frames) for g in j.groups for r in g.ranks}
+    suspects = [Suspect(rank=r, host=by_rank[r].host, pid=by_rank[r].pid,
+                        ns_pid=by_rank[r].ns_pid, job=j.key, call_site=where.get(r),
+                        reason=f"the flight recorder: {said.title}")
+                for r in culprits]
+    victims = sorted(s.rank for s in j.suspects if s.rank is not None and s.rank not in culprits)
+    who = ", ".join(f"rank {s.rank} ({s.host}, pid {s.pid})" for s in suspects[:4])
+    if len(suspects) > 4:
+        who += f" and {len(suspects) - 4} more"
+    title = (f"Collective mismatch, told by the flight recorder: Suspect: {who} - {said.title}"
+             + (f"; rank {fold_ints(victims)} only wait{'s' if len(victims) == 1 else ''} "
+                "for it" if victims else ""))
+    verdict = dataclasses.replace(j.verdict, title=title, severity=Severity.ERROR)
+    told = Finding(Severity.HINT, "The flight recorder settles what the stacks could not.",
+                   said.detail, "mldebug hang --fr shows the recorder's whole analysis; "
+                   "mldebug fr analyze reads saved dumps.", SETTLED,
+                   tuple(sorted({s.host for s in suspects})))
+    swap = {id(j.verdict): verdict,
+            **{id(f): told for f in j.findings if f.code == NEEDS_FR}}
+    j.verdict, j.suspects = verdict, suspects
+    j.kind, j.hang_class = VerdictKind.SUSPECTS, HangClass.DESYNC
+    j.findings = [swap.get(id(f), f) for f in j.findings]
+    report.findings = [swap.get(id(f), f) for f in report.findings]
+    return True
