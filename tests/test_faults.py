@@ -107,9 +107,6 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("log", "subgroup_skip"): "the partner left no line; the culprit waits beside the world ranks",
     ("hang", "ddp_skip_backward"): "gloo aborts on the unmatched bucket all_reduce; the stacks "
     "see the ranks at one place",
-    ("log", "ddp_skip_backward"): "gloo aborts the rank with the smaller bucket; when the "
-    "launcher's SIGTERM stops its ring sender before that rank prints a traceback, the lines "
-    "cannot tell which of the two passed the other size (said as cannot tell)",
     ("fr", "ddp_skip_backward"): "the culprit is named, but the dumps say the dumpless ranks died "
     "(class dead, not desync)",
     ("hang", "dist_store_error"): "every rank waits at the same store.wait line: which key is "
@@ -118,6 +115,27 @@ KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("fr", "network_stall"): "every rank pending in the same collective gives fr analyze no "
     "finding at all: no class to score",
 }
+
+
+# Where the evidence a route reads depends on timing: gloo aborts the rank that notices a
+# size mismatch, and whether the culprit's ring neighbour notices too before the launcher's
+# SIGTERM stops it decides whether the lines can tell the culprit from its neighbour. There
+# the route must name the culprit, or say it cannot tell (no culprit, the right class, the
+# words "cannot tell"): never a wrong rank.
+TIMING_TIES: dict[tuple[str, str], str] = {
+    ("log", "shape_mismatch"): "one gloo abort is the culprit's own (a smaller chunk than "
+    "it expects) or its ring receiver's (a larger one): two aborts name the rank they share",
+    ("log", "ddp_skip_backward"): "gloo aborts the rank with the smaller bucket; when the "
+    "launcher's SIGTERM stops its ring sender before that rank prints a traceback, the lines "
+    "cannot tell which of the two passed the other size",
+}
+
+
+def right(o: Outcome) -> bool:
+    if o.exact and o.class_ok:
+        return True
+    return ((o.route, o.case) in TIMING_TIES and not o.culprits and o.class_ok
+            and "cannot tell" in o.summary)
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +151,7 @@ def quick() -> list[Outcome]:
 def test_quick_subset_names_the_culprit_on_every_route(quick: list[Outcome]) -> None:
     seen = Counter(o.route for o in quick)
     assert seen["hang"] >= 25 and seen["log"] >= 40, seen
-    wrong = [o for o in quick if not (o.exact and o.class_ok)
-             and (o.route, o.case) not in KNOWN_MISSES]
+    wrong = [o for o in quick if not right(o) and (o.route, o.case) not in KNOWN_MISSES]
     lines = [f"{o.route} {o.case}: said {o.culprits}/{o.cls} ({o.summary[:120]}{o.error[:120]}),"
              f" truth {o.truth}/{o.classes[0]}" for o in wrong]
     assert not wrong, "wrong verdicts:\n" + "\n".join(lines)

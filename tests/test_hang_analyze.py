@@ -300,6 +300,19 @@ def test_matrix_a_training_job_is_progress_after_the_recheck_not_a_suspect(name)
     assert not any(h.code.startswith("wait-") for h in report.hints)  # nothing waits
 
 
+def test_matrix_a_training_job_caught_in_one_collective_is_progress_not_the_network():
+    """A job whose step is one all_reduce is found with every rank in it at most instants:
+    one snapshot would blame the network (collective idle); the re-check's dump shows every
+    rank moved, so the verdict is progress with no suspect."""
+    first = analyze(fault_collection("healthy_one_collective", first_dump_only=True))
+    assert first.suspects == [] and first.jobs[0].hang_class.value in (
+        "same-collective", "collective-idle"), "the first dump alone blames what is below"
+    report = analyze(fault_collection("healthy_one_collective"))
+    assert report.suspects == [] and report.verdict_kind == "progress"
+    assert report.jobs[0].hang_class.value == "slow"
+    assert "every rank in one place" in report.verdict and "nothing is stuck" in report.verdict
+
+
 @pytest.mark.parametrize("name,culprit,cls,wait,needle", [
     ("flock", 1, "blocked", "file-lock", "flock on "),
     ("thread_lock", 2, "blocked", "lock", "a futex"),

@@ -293,7 +293,7 @@ def test_kernel_wait_names_a_flock_and_its_holder_from_proc_locks(tmp_path):
                 p.wait()
 
 
-def test_recheck_only_when_one_snapshot_would_name_someone():
+def test_recheck_whenever_a_stack_was_read():
     from mldebug.hang.node import needs_recheck
 
     def t(pid: int, *frames: tuple[str, str, int]) -> dict:
@@ -302,7 +302,9 @@ def test_recheck_only_when_one_snapshot_would_name_someone():
 
     c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
     same = [t(p, ("all_reduce", c10d, 3252), ("step", "/w/train.py", 40)) for p in (1, 2)]
-    assert not needs_recheck(same)  # every rank waits in one collective: nothing to re-check
+    # every rank in one collective: one snapshot would blame the network, a healthy job whose
+    # step is one big all_reduce looks the same at most instants
+    assert needs_recheck(same)
     assert needs_recheck([*same, t(3, ("all_reduce", c10d, 3252), ("step", "/w/train.py", 44))])
     assert needs_recheck([t(4, ("load", "/w/train.py", 9))])  # outside any collective
-    assert not needs_recheck([{"pid": 5, "dump": None}])
+    assert not needs_recheck([{"pid": 5, "dump": None}])  # nothing read: nothing to compare

@@ -464,9 +464,12 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
             text = (f"Every rank moved within {watch:g}s (its stack changed or it sent or "
                     f"received data): the job makes progress.{slowest}")
         else:  # which rank was elsewhere at one instant says nothing of who is slowest
+            first = ("The first dump had them at different places, as ranks between steps "
+                     "are." if len(places) > 1 else "The first dump had every rank in one "
+                     "place, as a job whose step is mostly one collective is at most instants.")
             text = (f"Every rank moved between two dumps {window:g}s apart (its stack changed "
-                    "or it sent or received data): the job makes progress, nothing is stuck. "
-                    "The first dump had them at different places, as ranks between steps are.")
+                    f"or it sent or received data): the job makes progress, nothing is stuck. "
+                    f"{first}")
         suspects, kind = [], VerdictKind.PROGRESS
     sit.suspects = suspects
     sit.progress = kind is VerdictKind.PROGRESS
