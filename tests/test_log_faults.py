@@ -213,6 +213,27 @@ def test_launch_verdicts_say_who_never_arrived() -> None:
     assert "store.check" in r.verdict.detail
 
 
+def test_store_waits_of_ranks_that_failed_at_once_still_name_the_missing_rank(tmp_path) -> None:
+    """Ranks that time out at the same instant interleave their tracebacks' last lines: one
+    line carries two DistStoreError messages, a key cut where the other began (the quick
+    subset in CI read '4 store keys ... cannot tell' from such a log). Each message's keys
+    are its own; the cut key is a fragment of the whole one."""
+    text = (FIX / "master-port-mismatch.log").read_text()
+    msg = "torch.distributed.DistStoreError: wait timeout after 12000ms, keys: /default_pg/0//cpu//0/2"
+    assert text.count(msg + "\n") >= 3
+    cut = msg.rindex("cpu/") + 4
+    # the first writer's line stops after 'cpu/', the second's comes whole, then the rest
+    mixed = text.replace(msg + "\n", msg[:cut] + msg + "\n" + msg[cut:] + "\n", 1)
+    # and another pair wrote one whole message right after the other on a line
+    mixed = mixed.replace(msg + "\n", msg + msg + "\n", 1)
+    assert mixed != text
+    log = tmp_path / "mixed.log"
+    log.write_text(mixed)
+    r = analyze(load([str(log)]))
+    assert r.verdict is not None and r.culprits == [2], (r.culprits, r.verdict.title)
+    assert "rank 2 never registered" in r.verdict.title
+
+
 def test_mldebug_fr_lines_give_their_rank() -> None:
     """Before init the launcher prefixes nothing: mldebug.fr's 'rank N wrote' line names it."""
     r = report("rank-never-started")

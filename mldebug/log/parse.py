@@ -214,9 +214,26 @@ _TORCH_VERSION = re.compile(r"(?:torch==|[Tt]orch version:? |PyTorch version:? )
 _UNKILLABLE = re.compile(r"Unable to shutdown process (?P<pid>\d{1,10}) via \d{1,3}, forcefully exiting via 9")
 # c10d's store (TCPStore.cpp, socket.cpp, torch 2.13): a wait that timed out names its keys; the
 # store's server names how many clients joined when it gave up waiting for them
-_STORE_WAIT = re.compile(r"wait timeout after \d{1,12}ms, keys: (?P<keys>[^\n]{1,4000})")
+_STORE_WAIT_MARK = re.compile(r"(?:\S*Error: )?wait timeout after \d{1,12}ms, keys: ")
+_STORE_KEY = re.compile(r"[^\s,()]{1,512}")
 _STORE_JOINED = re.compile(r"waiting for clients\. (?P<k>\d{1,7})/(?P<w>\d{1,7}) clients joined")
 STALL_EXIT_CODE = 54  # mldebug.capture.stall.STALL_EXIT_CODE (not imported: no torch, no capture)
+
+
+def store_keys(msg: str) -> list[str]:
+    """The keys a store wait's timeout names (at most 64). Ranks that fail at the same instant
+    interleave their lines: one line may carry two messages ('keys: /pg/0/2torch.distributed.
+    DistStoreError: wait timeout after 8000ms, keys: /pg/0/2'), so each list ends where the next
+    message starts; a key ends at a space, a comma or a bracket."""
+    marks = list(_STORE_WAIT_MARK.finditer(msg))
+    out: list[str] = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(msg)
+        for part in msg[m.end():end].split(", "):
+            k = _STORE_KEY.match(part.strip())
+            if k is not None and len(out) < 64:
+                out.append(k.group())
+    return out
 
 
 def evidence_dir(path: str) -> str:
@@ -793,16 +810,14 @@ def _store_facts(store: StoreFacts, rank: int | None, ev: Event) -> None:
     msg = ev.message
     if len(store.errors) < 1000:
         store.errors.append(ev)
-    w = _STORE_WAIT.search(msg)
-    if w is not None:
-        for key in w["keys"].split(", ")[:64]:
-            who = store.waits.get(key)
-            if who is None:
-                if len(store.waits) >= 4096:
-                    continue
-                who = store.waits[key] = set()
-            if len(who) < 4096:
-                who.add(rank)
+    for key in store_keys(msg):
+        who = store.waits.get(key)
+        if who is None:
+            if len(store.waits) >= 4096:
+                continue
+            who = store.waits[key] = set()
+        if len(who) < 4096:
+            who.add(rank)
     j = _STORE_JOINED.search(msg)
     if j is not None and store.joined is None:
         store.joined = (int(j["k"]), int(j["w"]))
