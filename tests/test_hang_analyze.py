@@ -360,6 +360,19 @@ def test_matrix_a_busy_suspect_is_said_busy_and_what_would_tell_slow_from_stuck(
     assert "Rank 3 kept running" in hint.title and "--watch 30" in hint.fix
 
 
+@pytest.mark.parametrize("name,rank", [("busy_python", 3), ("long_eval", 2)])
+def test_matrix_a_rank_looping_in_one_stack_is_spinning_not_stuck(name, rank):
+    # the same stack at both dumps, but its CPU time grew in between: the groups table says
+    # spinning, as the verdict does; the ranks asleep in the collective stay stuck
+    from mldebug.hang.report import render_text
+
+    report = analyze(fault_collection(name))
+    assert report.jobs[0].hang_class.value == "spinning"
+    states = {g["ranks"][0]: g["state"] for g in report.to_dict()["groups"]}
+    assert states[rank] == "spinning" and set(states.values()) == {"stuck", "spinning"}, states
+    assert f"Group 2: rank {rank}  on vm  - not in a collective  [spinning]" in render_text(report)
+
+
 def test_matrix_sigstop_rank_is_stopped_named_and_resumed_with_its_pid():
     coll = fault_collection("sigstop")
     ((_, r), (host, pid)), = coll.stopped.items()

@@ -195,6 +195,19 @@ def io_moved(p: Process) -> bool:
     return a.io is not None and b.io is not None and b.io > a.io
 
 
+def cpu_moved(p: Process) -> bool:
+    """With --watch: the main thread kept using CPU between the dumps (a rank looping in the
+    same stack), as ``activity`` judges it: 30% of a core, or runnable at both samples with
+    ticks."""
+    if len(p.samples) < 3:
+        return False
+    a, b = p.samples[1], p.samples[-1]
+    dt, ticks = b.t - a.t, b.ticks - a.ticks
+    if dt <= 0 or ticks <= 0:
+        return False
+    return (ticks / max(p.clk_tck, 1)) / dt >= 0.3 or (a.state == "R" and b.state == "R")
+
+
 def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
     """Split ranks with identical stacks by the loop state of their innermost user frame.
 
@@ -330,7 +343,10 @@ def _apply_watch(processes: Sequence[Process], groups: list[Group], all_threads:
                 continue
             same = process_signature(p, all_threads) == process_signature(
                 p, all_threads, p.threads_later)
-            states.add("stuck" if same and not io_moved(p) else "moving")
+            if not same or io_moved(p):
+                states.add("moving")
+            else:  # the same stack: burning CPU over the watch (a loop) or asleep
+                states.add("spinning" if cpu_moved(p) else "stuck")
         if states:
             g.state = states.pop() if len(states) == 1 else "mixed"
 
