@@ -373,6 +373,18 @@ def test_matrix_a_rank_looping_in_one_stack_is_spinning_not_stuck(name, rank):
     assert f"Group 2: rank {rank}  on vm  - not in a collective  [spinning]" in render_text(report)
 
 
+def test_every_rank_in_mldebug_breakpoint_is_a_pdb_session_not_a_fault():
+    # real dumps of recipes/pdb_batch_rank.py (4 ranks, mldebug.breakpoint(rank=2) on every
+    # rank, nobody connected): rank 2 sits in pdb, ranks 0,1,3 wait for it in the breakpoint
+    report = analyze(load([str(FAULTS.parent / "pdb_all_ranks")]))
+    v = report.verdict_finding
+    assert report.jobs[0].hang_class.value == "debugger"
+    assert "Rank 2 is in a pdb session at pdb_batch_rank.py:28 in step" in v.title, v.title
+    assert "ranks 0-1,3 wait for it in mldebug.breakpoint" in v.title
+    assert "only some ranks" not in v.title + v.fix
+    assert "mldebug pdb connect 2" in v.fix
+
+
 def test_matrix_sigstop_rank_is_stopped_named_and_resumed_with_its_pid():
     coll = fault_collection("sigstop")
     ((_, r), (host, pid)), = coll.stopped.items()
