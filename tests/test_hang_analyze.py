@@ -385,6 +385,30 @@ def test_every_rank_in_mldebug_breakpoint_is_a_pdb_session_not_a_fault():
     assert "mldebug pdb connect 2" in v.fix
 
 
+def test_signal_findings_never_name_more_ranks_than_the_header_counts():
+    # a --signal node document whose one entry is malformed is refused as a whole: the header
+    # counts 0 rank processes, and "ranks 0-3 answered through the Python route" was said too
+    import json
+
+    from mldebug.fanout import NodeResult
+    from mldebug.hang.collect import collection_from_results
+    from mldebug.hang.report import render_text
+    from mldebug.hang.signal_report import signal_findings
+
+    doc = json.loads((FAULTS / "busy_python.json").read_text())
+    for p in doc["processes"]:
+        p["route"] = "python"
+    good = NodeResult(doc["host"], data=json.loads(json.dumps(doc)))
+    doc["processes"][0]["identity"]["run_id"] = 5  # not a string: the node is refused
+    bad = NodeResult(doc["host"], data=doc)
+    for r, n, said in ((good, 4, ["ranks 0-3 answered through the Python route"]),
+                       (bad, 0, [])):
+        report = analyze(collection_from_results([r]))
+        assert render_text(report).startswith(f"mldebug hang: {n} rank processes")
+        held = {(p.host, p.pid) for p in report.processes}
+        assert [f.title for f in signal_findings([r], held)] == said
+
+
 def test_matrix_sigstop_rank_is_stopped_named_and_resumed_with_its_pid():
     coll = fault_collection("sigstop")
     ((_, r), (host, pid)), = coll.stopped.items()
