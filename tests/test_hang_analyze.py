@@ -360,6 +360,55 @@ def test_matrix_a_busy_suspect_is_said_busy_and_what_would_tell_slow_from_stuck(
     assert "Rank 3 kept running" in hint.title and "--watch 30" in hint.fix
 
 
+@pytest.mark.parametrize("name,rank", [("busy_python", 3), ("long_eval", 2)])
+def test_matrix_a_rank_looping_in_one_stack_is_spinning_not_stuck(name, rank):
+    # the same stack at both dumps, but its CPU time grew in between: the groups table says
+    # spinning, as the verdict does; the ranks asleep in the collective stay stuck
+    from mldebug.hang.report import render_text
+
+    report = analyze(fault_collection(name))
+    assert report.jobs[0].hang_class.value == "spinning"
+    states = {g["ranks"][0]: g["state"] for g in report.to_dict()["groups"]}
+    assert states[rank] == "spinning" and set(states.values()) == {"stuck", "spinning"}, states
+    assert f"Group 2: rank {rank}  on vm  - not in a collective  [spinning]" in render_text(report)
+
+
+def test_every_rank_in_mldebug_breakpoint_is_a_pdb_session_not_a_fault():
+    # real dumps of recipes/pdb_batch_rank.py (4 ranks, mldebug.breakpoint(rank=2) on every
+    # rank, nobody connected): rank 2 sits in pdb, ranks 0,1,3 wait for it in the breakpoint
+    report = analyze(load([str(FAULTS.parent / "pdb_all_ranks")]))
+    v = report.verdict_finding
+    assert report.jobs[0].hang_class.value == "debugger"
+    assert "Rank 2 is in a pdb session at pdb_batch_rank.py:28 in step" in v.title, v.title
+    assert "ranks 0-1,3 wait for it in mldebug.breakpoint" in v.title
+    assert "only some ranks" not in v.title + v.fix
+    assert "mldebug pdb connect 2" in v.fix
+
+
+def test_signal_findings_never_name_more_ranks_than_the_header_counts():
+    # a --signal node document whose one entry is malformed is refused as a whole: the header
+    # counts 0 rank processes, and "ranks 0-3 answered through the Python route" was said too
+    import json
+
+    from mldebug.fanout import NodeResult
+    from mldebug.hang.collect import collection_from_results
+    from mldebug.hang.report import render_text
+    from mldebug.hang.signal_report import signal_findings
+
+    doc = json.loads((FAULTS / "busy_python.json").read_text())
+    for p in doc["processes"]:
+        p["route"] = "python"
+    good = NodeResult(doc["host"], data=json.loads(json.dumps(doc)))
+    doc["processes"][0]["identity"]["run_id"] = 5  # not a string: the node is refused
+    bad = NodeResult(doc["host"], data=doc)
+    for r, n, said in ((good, 4, ["ranks 0-3 answered through the Python route"]),
+                       (bad, 0, [])):
+        report = analyze(collection_from_results([r]))
+        assert render_text(report).startswith(f"mldebug hang: {n} rank processes")
+        held = {(p.host, p.pid) for p in report.processes}
+        assert [f.title for f in signal_findings([r], held)] == said
+
+
 def test_matrix_sigstop_rank_is_stopped_named_and_resumed_with_its_pid():
     coll = fault_collection("sigstop")
     ((_, r), (host, pid)), = coll.stopped.items()

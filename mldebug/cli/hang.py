@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         if args.signal:
             from mldebug.hang.signal_report import to_dict
 
-            doc["capture"] = to_dict(results)
+            doc["capture"] = to_dict(results, {(p.host, p.pid) for p in report.processes})
         write_json(doc)
     else:
         if target.is_local and not args.pid and not args.slurm_job:
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
             from mldebug.hang.signal_report import render as render_capture
             from mldebug.render import console
 
-            render_capture(results, console())
+            render_capture(results, console(), {(p.host, p.pid) for p in report.processes})
     if args.html:
         if not report.processes:
             from mldebug.errors import MldebugError

@@ -195,6 +195,19 @@ def io_moved(p: Process) -> bool:
     return a.io is not None and b.io is not None and b.io > a.io
 
 
+def cpu_moved(p: Process) -> bool:
+    """With --watch: the main thread kept using CPU between the dumps (a rank looping in the
+    same stack), as ``activity`` judges it: 30% of a core, or runnable at both samples with
+    ticks."""
+    if len(p.samples) < 3:
+        return False
+    a, b = p.samples[1], p.samples[-1]
+    dt, ticks = b.t - a.t, b.ticks - a.ticks
+    if dt <= 0 or ticks <= 0:
+        return False
+    return (ticks / max(p.clk_tck, 1)) / dt >= 0.3 or (a.state == "R" and b.state == "R")
+
+
 def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
     """Split ranks with identical stacks by the loop state of their innermost user frame.
 
@@ -330,7 +343,10 @@ def _apply_watch(processes: Sequence[Process], groups: list[Group], all_threads:
                 continue
             same = process_signature(p, all_threads) == process_signature(
                 p, all_threads, p.threads_later)
-            states.add("stuck" if same and not io_moved(p) else "moving")
+            if not same or io_moved(p):
+                states.add("moving")
+            else:  # the same stack: burning CPU over the watch (a loop) or asleep
+                states.add("spinning" if cpu_moved(p) else "stuck")
         if states:
             g.state = states.pop() if len(states) == 1 else "mixed"
 
@@ -496,6 +512,8 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     cls = rules.hang_class(sit, kind, [] if reacting else [groups[i] for i in v.reasons])
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
     fix = rules.CLASS_FIXES.get(cls) or rules.FIXES[kind]
+    if cls is rules.HangClass.DEBUGGER and not missing:
+        text, fix = _pdb_session(groups) or (text, fix)
     if cls is rules.HangClass.STOPPED:
         pids = sorted({x.pid for x in suspects if x.activity == "stopped" and x.pid})
         fix = fix.replace("kill -CONT PID", "kill -CONT " + " ".join(map(str, pids))
@@ -507,6 +525,32 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                missing_ranks=missing, missing_hosts=expected, world_size=world,
                verdict=verdict, kind=kind, findings=[verdict, *rules.hints(sit)],
                hang_class=cls)
+
+
+def _pdb_session(groups: list[Group]) -> tuple[str, str] | None:
+    """Every rank inside mldebug.breakpoint, one (or some) of them in its pdb session: the
+    others wait for that session by design - the verdict and fix say so, not a fault. None
+    when a rank is elsewhere (it went on to a collective: reached by only some ranks)."""
+    from mldebug.hang import rules
+
+    if not groups or any(g.wait != "debugger" for g in groups):
+        return None
+    session = [i for i, g in enumerate(groups) if "debugger session" in (g.wait_at or "")]
+    others = [i for i in range(len(groups)) if i not in session]
+    if not session:
+        return None
+    who = rules.ranks_text(groups, session)
+    at = call_site(groups[session[0]].frames)
+    one = sum(len(groups[i].pids) for i in session) == 1
+    text = (f"{who[0].upper() + who[1:]} {'is' if one else 'are'} in a pdb session"
+            + (f" at {at}" if at else "") + " (mldebug.breakpoint), waiting for its user"
+            + (f"; {rules.ranks_text(groups, others)} wait for it in mldebug.breakpoint"
+               if others else "") + ". Not a fault: every rank reached the breakpoint.")
+    ranks = [r for i in session for r in groups[i].ranks]
+    target = str(ranks[0]) if ranks else "RANK"
+    fix = (f"Connect to it: mldebug pdb connect {target} (mldebug pdb list shows the stopped "
+           "ranks); 'c' there lets every rank go on.")
+    return text, fix
 
 
 def _most_common_str(values: Iterable[str | None]) -> str | None:

@@ -262,7 +262,7 @@ class Group:
     where: str  # innermost user frame, e.g. "buggy (collective_mismatch.py:31)"
     collective: str | None
     frames: list[StackFrame]
-    state: str | None = None  # "stuck", "moving", "mixed" with --watch
+    state: str | None = None  # "stuck", "spinning", "moving", "mixed" with --watch
     locals_key: tuple[tuple[str, str], ...] = ()
     wait: str | None = None  # what the innermost frame that matters waits in ("queue.get")
     wait_at: str | None = None  # that frame's location

@@ -170,7 +170,7 @@ def job_lines(job: Job, *, show_all: bool = False, heading: bool = False,
             if g.wait:
                 head.append((f" (waits in {g.wait})", "red"))
         if g.state:
-            head.append((f"  [{g.state}]", "green" if g.state == "moving" else "red"))
+            head.append((f"  [{g.state}]", {"moving": "green", "spinning": "yellow"}.get(g.state, "red")))
         lines.append(head)
         if len(s.lines) > 1:
             lines.append([(f"    at lines {', '.join(map(str, sorted(s.lines)[:20]))}"

@@ -4,7 +4,7 @@ and which ranks have no handler. Pure over the node documents; ``render`` prints
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mldebug.findings import Finding, Severity, findings_to_json, render_findings
@@ -29,7 +29,11 @@ def _who(procs: list[tuple[str, dict[str, Any]]]) -> str:
     return text
 
 
-def signal_findings(results: Sequence[NodeResult]) -> list[Finding]:
+def signal_findings(results: Sequence[NodeResult],
+                    held: Collection[tuple[str, int]] | None = None) -> list[Finding]:
+    """``held``: the (host, pid) of the ranks the report holds; a rank that answered but whose
+    stacks the analysis could not use (its node's document was refused) is not said to have
+    answered, so these findings never name more ranks than the header counts."""
     by_route: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
     no_handler: list[tuple[str, dict[str, Any]]] = []
     for r in results:
@@ -38,7 +42,7 @@ def signal_findings(results: Sequence[NodeResult]) -> list[Finding]:
         for p in doc.get("processes") or ():
             if p.get("error") == NO_HANDLER:
                 no_handler.append((host, p))
-            elif p.get("route"):
+            elif p.get("route") and (held is None or (r.host, p.get("pid")) in held):
                 by_route[str(p["route"])].append((host, p))
     hosts = lambda procs: tuple(sorted({h for h, _ in procs}))  # noqa: E731
     out: list[Finding] = []
@@ -66,10 +70,12 @@ def signal_findings(results: Sequence[NodeResult]) -> list[Finding]:
     return out
 
 
-def to_dict(results: Sequence[NodeResult]) -> dict[str, Any]:
-    return {"mode": "signal", "findings": findings_to_json(signal_findings(results))}
+def to_dict(results: Sequence[NodeResult],
+            held: Collection[tuple[str, int]] | None = None) -> dict[str, Any]:
+    return {"mode": "signal", "findings": findings_to_json(signal_findings(results, held))}
 
 
-def render(results: Sequence[NodeResult], console: Console) -> None:
+def render(results: Sequence[NodeResult], console: Console,
+           held: Collection[tuple[str, int]] | None = None) -> None:
     console.print()
-    render_findings(signal_findings(results), console, empty="")
+    render_findings(signal_findings(results, held), console, empty="")
