@@ -64,6 +64,8 @@ PARALLEL_SAFE = frozenset({
     "test_install", "test_numerics_bench", "test_memory_bench", "test_bench_guard",
     # fixture-based analysis of the fault matrix's real dumps
     "test_fr_faults", "test_log_faults",
+    # the docs' snippets: each Python block in its tmp_path on a free port, parse-only commands
+    "test_doc_snippets",
 })
 
 
