@@ -159,7 +159,7 @@ def test_docs_prints_pages_from_the_package(capsys):
     assert main(["docs", "hang"]) == 0
     assert capsys.readouterr().out.startswith("# mldebug hang")
     assert main(["docs", "nosuch"]) == 2
-    assert "Pages: " in capsys.readouterr().err
+    assert "Names: " in capsys.readouterr().err
 
 
 def test_completion_scripts_and_a_real_completion(tmp_path, capsys):
