@@ -217,7 +217,8 @@ def test_store_waits_of_ranks_that_failed_at_once_still_name_the_missing_rank(tm
     """Ranks that time out at the same instant interleave their tracebacks' last lines: one
     line carries two DistStoreError messages, a key cut where the other began (the quick
     subset in CI read '4 store keys ... cannot tell' from such a log). Each message's keys
-    are its own; the cut key is a fragment of the whole one."""
+    are its own (mldebug.log.parse.store_keys): the second message on a line starts a new
+    list, so the first one's cut key is not read as a key."""
     text = (FIX / "master-port-mismatch.log").read_text()
     msg = "torch.distributed.DistStoreError: wait timeout after 12000ms, keys: /default_pg/0//cpu//0/2"
     assert text.count(msg + "\n") >= 3

@@ -31,6 +31,7 @@ from mldebug.hang.model import (
     Job,
     KernelWait,
     Process,
+    ProcSample,
     Report,
     StackFrame,
     Suspect,
@@ -161,6 +162,20 @@ def kernel_label(k: KernelWait | None) -> tuple[str, str] | None:
 
 
 # -- CPU and progress, from the /proc samples -------------------------------------------
+def _cpu_between(p: Process, a: ProcSample, b: ProcSample) -> tuple[float, float, int] | None:
+    """(CPU seconds used, seconds elapsed, ticks) of the main thread from sample ``a`` to
+    ``b``; None for a bad pair (no time passed, or a reused pid's ticks went back)."""
+    dt, ticks = b.t - a.t, b.ticks - a.ticks
+    if dt <= 0 or ticks < 0:
+        return None
+    return ticks / max(p.clk_tck, 1), dt, ticks
+
+
+def _spins(a: ProcSample, b: ProcSample, used: float, dt: float, ticks: int) -> bool:
+    """Busy on the CPU: at least 30% of a core, or runnable at both samples with ticks."""
+    return used / dt >= 0.3 or (a.state == "R" and b.state == "R" and ticks > 0)
+
+
 def activity(p: Process) -> tuple[str, str] | None:
     """("spinning" | "blocked", evidence) from the samples around the dumps, or None when
     unsampled or unclear. Spinning: the main thread used CPU and was runnable at both
@@ -168,14 +183,12 @@ def activity(p: Process) -> tuple[str, str] | None:
     if len(p.samples) < 2:
         return None
     a, b = p.samples[0], p.samples[1]
-    dt = b.t - a.t
-    ticks = b.ticks - a.ticks
-    if dt <= 0 or ticks < 0:  # a reused pid or a bad sample
+    cpu = _cpu_between(p, a, b)
+    if cpu is None:
         return None
-    used = ticks / max(p.clk_tck, 1)
-    share = used / dt
+    used, dt, ticks = cpu
     states = f"{a.state}/{b.state}"
-    if share >= 0.3 or (a.state == "R" and b.state == "R" and ticks > 0):
+    if _spins(a, b, used, dt, ticks):
         return "spinning", f"CPU busy: {used:.2f}s of CPU in {dt:.2f}s, state {states}"
     if ticks <= 1 and not (a.state == "R" and b.state == "R"):
         return "blocked", f"asleep: {used:.2f}s of CPU in {dt:.2f}s, state {states}"
@@ -197,15 +210,12 @@ def io_moved(p: Process) -> bool:
 
 def cpu_moved(p: Process) -> bool:
     """With --watch: the main thread kept using CPU between the dumps (a rank looping in the
-    same stack), as ``activity`` judges it: 30% of a core, or runnable at both samples with
-    ticks."""
+    same stack), by the test ``activity`` applies around the first dump."""
     if len(p.samples) < 3:
         return False
     a, b = p.samples[1], p.samples[-1]
-    dt, ticks = b.t - a.t, b.ticks - a.ticks
-    if dt <= 0 or ticks <= 0:
-        return False
-    return (ticks / max(p.clk_tck, 1)) / dt >= 0.3 or (a.state == "R" and b.state == "R")
+    cpu = _cpu_between(p, a, b)
+    return cpu is not None and _spins(a, b, *cpu)
 
 
 def _split_by_locals(members: list[Process]) -> dict[tuple, list[Process]]:
@@ -513,7 +523,7 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
     suspect_hosts = {s.host for s in suspects} | {expected[r] for r in missing if r in expected}
     fix = rules.CLASS_FIXES.get(cls) or rules.FIXES[kind]
     if cls is rules.HangClass.DEBUGGER and not missing:
-        text, fix = _pdb_session(groups) or (text, fix)
+        text, fix = rules.pdb_session(groups) or (text, fix)
     if cls is rules.HangClass.STOPPED:
         pids = sorted({x.pid for x in suspects if x.activity == "stopped" and x.pid})
         fix = fix.replace("kill -CONT PID", "kill -CONT " + " ".join(map(str, pids))
@@ -525,32 +535,6 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
                missing_ranks=missing, missing_hosts=expected, world_size=world,
                verdict=verdict, kind=kind, findings=[verdict, *rules.hints(sit)],
                hang_class=cls)
-
-
-def _pdb_session(groups: list[Group]) -> tuple[str, str] | None:
-    """Every rank inside mldebug.breakpoint, one (or some) of them in its pdb session: the
-    others wait for that session by design - the verdict and fix say so, not a fault. None
-    when a rank is elsewhere (it went on to a collective: reached by only some ranks)."""
-    from mldebug.hang import rules
-
-    if not groups or any(g.wait != "debugger" for g in groups):
-        return None
-    session = [i for i, g in enumerate(groups) if "debugger session" in (g.wait_at or "")]
-    others = [i for i in range(len(groups)) if i not in session]
-    if not session:
-        return None
-    who = rules.ranks_text(groups, session)
-    at = call_site(groups[session[0]].frames)
-    one = sum(len(groups[i].pids) for i in session) == 1
-    text = (f"{who[0].upper() + who[1:]} {'is' if one else 'are'} in a pdb session"
-            + (f" at {at}" if at else "") + " (mldebug.breakpoint), waiting for its user"
-            + (f"; {rules.ranks_text(groups, others)} wait for it in mldebug.breakpoint"
-               if others else "") + ". Not a fault: every rank reached the breakpoint.")
-    ranks = [r for i in session for r in groups[i].ranks]
-    target = str(ranks[0]) if ranks else "RANK"
-    fix = (f"Connect to it: mldebug pdb connect {target} (mldebug pdb list shows the stopped "
-           "ranks); 'c' there lets every rank go on.")
-    return text, fix
 
 
 def _most_common_str(values: Iterable[str | None]) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mldebug.findings import Finding, Severity
-from mldebug.hang.frames import user_frames
+from mldebug.hang.frames import call_site, user_frames
 from mldebug.hang.model import (
     Group,
     HangClass,
@@ -354,6 +354,30 @@ def hang_class(s: Situation, kind: VerdictKind, suspect_groups: list[Group]) -> 
             return HangClass.COLLECTIVE_IDLE
         return HangClass.SAME_COLLECTIVE
     return HangClass.SAME_PLACE
+
+
+def pdb_session(groups: list[Group]) -> tuple[str, str] | None:
+    """Every rank inside mldebug.breakpoint, one (or some) of them in its pdb session: the
+    others wait for that session by design - the verdict and fix say so, not a fault. None
+    when a rank is elsewhere (it went on to a collective: reached by only some ranks)."""
+    if not groups or any(g.wait != "debugger" for g in groups):
+        return None
+    session = [i for i, g in enumerate(groups) if "debugger session" in (g.wait_at or "")]
+    others = [i for i in range(len(groups)) if i not in session]
+    if not session:
+        return None
+    who = ranks_text(groups, session)
+    at = call_site(groups[session[0]].frames)
+    one = sum(len(groups[i].pids) for i in session) == 1
+    text = (f"{_upper_first(who)} {'is' if one else 'are'} in a pdb session"
+            + (f" at {at}" if at else "") + " (mldebug.breakpoint), waiting for its user"
+            + (f"; {ranks_text(groups, others)} wait for it in mldebug.breakpoint"
+               if others else "") + ". Not a fault: every rank reached the breakpoint.")
+    ranks = [r for i in session for r in groups[i].ranks]
+    target = str(ranks[0]) if ranks else "RANK"
+    fix = (f"Connect to it: mldebug pdb connect {target} (mldebug pdb list shows the stopped "
+           "ranks); 'c' there lets every rank go on.")
+    return text, fix
 
 
 CLASS_FIXES = {

@@ -573,11 +573,7 @@ def store_launch(facts: Facts) -> Verdict | None:
             fix, code="log-launch", hosts=_hosts(facts, named)), named,
             "the store's 'K/W clients joined' and the ranks seen", "high" if named else "low")
     # every rank waited for the same keys: the ranks those keys belong to never set them
-    # a key cut where one rank's line broke into another's ('/default_pg/0//cpu//0/') is a
-    # prefix of a whole key and names no rank: dropped ('manifest/1' beside 'manifest/10' stays)
-    whole = sorted(store.waits)
-    keys = {k: who for i, (k, who) in enumerate(sorted(store.waits.items()))
-            if _KEY_RANK.search(k) or not (i + 1 < len(whole) and whole[i + 1].startswith(k))}
+    keys = {k: who for k, who in store.waits.items()}
     if not keys:
         return None
     owners = {k: int(m[1]) for k in keys if (m := _KEY_RANK.search(k))}
