@@ -151,6 +151,24 @@ def test_watch_marks_stuck_and_moving():
     assert any("slow, not stuck" in h.title for h in report.hints)
 
 
+def test_watch_progress_names_the_slowest_from_the_second_dump_when_the_first_had_all_waiting():
+    """A slow rank arrives at the all_reduce just as the first dump is taken: every rank
+    waits in it there. --watch's second dump finds it back in its slow data source while
+    the others wait: it is named the slowest, never a suspect."""
+    later = [tf("all_reduce", 3252), uf("step", 41), uf("main", 60)]
+    slow = [uf("slow_source", 21), uf("main", 59)]
+    procs = [proc(r, ALLREDUCE, later=later) for r in range(3)]
+    procs.append(proc(3, ALLREDUCE, later=slow))
+    report = analyze(Collection(processes=procs, watch=3.0))
+    assert report.suspects == [] and report.verdict_kind == "progress"
+    assert ("At the second dump rank 3 was outside the collective the others waited in "
+            "(at train.py:21 in slow_source): the slowest, not stuck.") in report.verdict
+    # no rank elsewhere at either dump: nobody is called the slowest
+    procs = [proc(r, ALLREDUCE, later=later) for r in range(4)]
+    report = analyze(Collection(processes=procs, watch=3.0))
+    assert report.verdict_kind == "progress" and "slowest" not in report.verdict
+
+
 def test_no_processes_is_reported_with_errors_kept():
     from mldebug.hang.model import CollectError
 

@@ -7,6 +7,7 @@ py-spy text, and are tested on fixtures.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -361,6 +362,24 @@ def _apply_watch(processes: Sequence[Process], groups: list[Group], all_threads:
             g.state = states.pop() if len(states) == 1 else "mixed"
 
 
+def _elsewhere_later(procs: Sequence[Process], all_threads: bool) -> tuple[str, str] | None:
+    """The ranks outside any collective at --watch's second dump while the others wait in
+    one, and where they were: ("rank 2", "at slow_source (job.py:21)"); None otherwise."""
+    later = [dataclasses.replace(p, threads=p.threads_later, threads_later=None)
+             for p in procs if p.threads_later is not None]
+    if len(later) < 2:
+        return None
+    groups = group_processes(later, all_threads)
+    waiting = [g for g in groups if g.collective]
+    out = [g for g in groups if not g.collective and g.frames]
+    if not waiting or not out or sum(len(g.pids) for g in out) >= sum(
+            len(g.pids) for g in waiting):
+        return None
+    labels = [p.label for g in out for p in later if (p.host, p.pid) in set(g.pids)]
+    site = call_site(out[0].frames)
+    return join_labels(labels), f"at {site}" if site else "not in any collective"
+
+
 def _order(p: Process) -> tuple[int, str, int]:
     return (p.rank if p.rank is not None else 1 << 62, p.host, p.pid)
 
@@ -486,6 +505,13 @@ def analyze_job(key: str, procs: list[Process], *, all_threads: bool = False,
             names = join_labels(s_label(s) for s in suspects)
             slowest = (f" At the first dump {names} {'were' if len(suspects) > 1 else 'was'} "
                        f"elsewhere ({suspects[0].reason}): the slowest, not stuck.")
+        elif watch is not None and (later := _elsewhere_later(procs, all_threads)):
+            # the first dump caught every rank in the collective (the slow rank had just
+            # arrived): the second dump, --watch seconds later, may show who comes last
+            names, where = later
+            slowest = (f" At the second dump {names} {'were' if ' and ' in names else 'was'} "
+                       f"outside the collective the others waited in ({where}): the slowest, "
+                       "not stuck.")
         if watch is not None:
             text = (f"Every rank moved within {watch:g}s (its stack changed or it sent or "
                     f"received data): the job makes progress.{slowest}")
@@ -569,8 +595,6 @@ def analyze(collection: Collection, *, all_threads: bool = False,
             for k, v in jobs_procs.items()]
     jobs.sort(key=lambda j: (-len(j.processes), j.key))
     if len(jobs) > 1:  # several jobs: every hint names its job
-        import dataclasses
-
         for j in jobs:
             j.findings = [j.verdict, *(dataclasses.replace(
                 f, title=f"Job {j.key or '(unnamed)'}: {f.title}") for f in j.findings[1:])]
