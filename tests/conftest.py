@@ -52,7 +52,7 @@ PARALLEL_SAFE = frozenset({
     # (not test_log: its real jobs time out after 4 s on purpose, which two busy cores blur;
     # its one failure in the parallel part was the interleaved-traceback bug fixed in 05da444)
     "test_hang_gpu", "test_dist_test", "test_debugger_remote", "test_capture_unit",
-    "test_cli", "test_docs_cmd", "test_dist", "test_hang_early", "test_printing", "test_nccl_log",
+    "test_cli", "test_docs_cmd", "test_json_envelope", "test_dist", "test_hang_early", "test_printing", "test_nccl_log",
     # jobs that mostly wait (collective timeouts, DDP steps) and reach their ranks only through
     # their own dump or session directory or by pid; benchmarks that assert no timing
     # (not test_numerics_sentinel_ddp: beside the parallel part its 4-rank job ended with

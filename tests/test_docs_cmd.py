@@ -99,7 +99,8 @@ def test_list_and_json(capsys):
     assert "memory.md § mldebug mem top" in rows["mem top"]
     assert main(["docs", "--list", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema"] == "mldebug.docs.list/1"
+    # the JSON envelope (docs/json.md); the old schema string stays one release
+    assert doc["schema"] == "mldebug.docs/2" and doc["legacy_schema"] == "mldebug.docs.list/1"
     by_name = {n["name"]: n for n in doc["names"]}
     assert set(COMMANDS) | set(_subcommands()) <= set(by_name)
     assert by_name["pdb"] == {"name": "pdb", "kind": "command", "page": "debugger",
@@ -109,7 +110,8 @@ def test_list_and_json(capsys):
     assert by_name["safety"]["kind"] == "page"
     assert main(["docs", "fr", "analyze", "--json"]) == 0
     page = json.loads(capsys.readouterr().out)
-    assert page["schema"] == "mldebug.docs/1" and page["page"] == "fr"
+    assert page["schema"] == "mldebug.docs/2" and page["page"] == "fr"
+    assert page["legacy_schema"] == "mldebug.docs/1"
     assert page["section"] == "`mldebug fr analyze`" and page["kind"] == "subcommand"
     assert page["text"].startswith("## `mldebug fr analyze`")
     assert main(["docs", "--list", "mem"]) == 2

@@ -56,7 +56,9 @@ def test_clean_environment_exits_zero_and_reports_facts():
     rc, doc = env_json()
     assert rc == 0, [f for f in doc["findings"] if f["severity"] == "error"]
     node = doc["nodes"][0]
-    assert doc["schema"] == 1 and doc["differences"] == []
+    # the JSON envelope (docs/json.md); the old integer schema stays one release
+    assert doc["schema"] == "mldebug.env/2" and doc["legacy_schema"] == 1
+    assert doc["differences"] == []
     assert node["python"]["version"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}")
     import torch  # the test process may import torch; mldebug env must not
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 from conftest import run_cli
+from envelope_check import check_envelope
 from jobs import torchrun
 
 pytest.importorskip("torch")
@@ -30,8 +31,10 @@ def test_fr_trigger_and_watch_with_pid_or_job_dump_only_that_job(tmp_path):
         rc, doc = trigger("--dir", str(frdir), "--out", str(tmp_path / "t-a"), "--pid", str(a.pid))
         assert rc == 0, doc
         assert len(doc["files"]) == 2, doc  # job A's two ranks, not job B's
+        check_envelope(doc, "fr.trigger", decides=False)  # no --analyze: nothing decided
         # --job KEY, with the key mldebug hang prints for job B
         hang = json.loads(run_cli("hang", "--pid", str(b.pid), "--json").stdout)
+        assert check_envelope(hang, "hang")["culprits"] == [s["rank"] for s in hang["suspects"]]
         key = hang["jobs"][0]["key"]
         rc, doc = trigger("--dir", str(frdir), "--out", str(tmp_path / "t-b"), "--job", key)
         assert rc == 0 and len(doc["files"]) == 2, doc
@@ -50,6 +53,7 @@ def test_fr_trigger_and_watch_with_pid_or_job_dump_only_that_job(tmp_path):
         assert r.returncode == 0, r.stderr
         w = json.loads(r.stdout)
         assert len(w["second"]["files"]) == 2, w
+        assert check_envelope(w, "fr.watch")["culprits"] == w["analysis"]["culprit_ranks"]
         # a selection that finds nothing is one line with the fix, not every job
         r = run_cli("fr", "trigger", "--dir", str(frdir), "--job", "no-such-job")
         assert r.returncode == 1 and "no rank process of job 'no-such-job'" in r.stderr

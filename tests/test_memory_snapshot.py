@@ -11,6 +11,7 @@ import sys
 import memsnap
 import pytest
 from conftest import REPO, run_cli
+from envelope_check import check_envelope
 
 from mldebug.cli import main
 from mldebug.memory.plot import timeline
@@ -128,10 +129,12 @@ def test_cli_report_compare_json(tmp_path, capsys):
     b = memsnap.write(tmp_path / "b.pickle", memsnap.training(steps=4))
     assert main(["mem", "report", str(a), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["format"] == "mldebug.mem.report/1"
+    check_envelope(doc, "mem.report")
+    assert doc["format"] == "mldebug.mem.report/1"  # kept one release (deprecated: schema)
     assert {"mem-oom", "mem-leak-suspect"} <= {f["code"] for f in doc["findings"]}
     assert main(["mem", "compare", str(a), str(b), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    check_envelope(doc, "mem.compare")
     assert doc["changes"][0]["delta"] == 2 * 4 * 2 * MiB
     assert main(["mem", "report", str(tmp_path / "missing.pickle")]) == 1
     assert "cannot open the snapshot" in capsys.readouterr().err

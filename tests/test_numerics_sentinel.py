@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from envelope_check import check_envelope
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -69,6 +70,8 @@ def test_backward_nan_is_named_and_reproducible_and_the_report_says_so(tmp_path:
     assert f.stat().st_mode & 0o777 == 0o600 and (tmp_path / "rec").stat().st_mode & 0o777 == 0o700
     r = cli("numerics", "report", str(tmp_path / "rec"), "--json")
     assert r.returncode == 0, r.stderr
+    v = check_envelope(json.loads(r.stdout), "numerics.report")
+    assert (v["kind"], v["culprits"], v["class"]) == ("culprits", [0], "non-finite")
     first = json.loads(r.stdout)["first"]
     assert {k: first[k] for k in ("rank", "step", "module", "phase", "reproducible")} == \
         {"rank": 0, "step": 2, "module": "layers.3.gate", "phase": "backward", "reproducible": True}

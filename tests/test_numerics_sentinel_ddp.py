@@ -91,9 +91,10 @@ def test_nan_born_in_backward_on_one_rank(job: tuple[str, Path]) -> None:
     rep = report(rec / "backward")
     assert first(rep) == {"rank": 2, "step": 3, "module": "layers.3.gate", "phase": "backward",
                           "reproducible": True}
-    assert rep["verdict"].startswith("first non-finite: rank 2 (")
-    assert "backward of layers.3.gate (Gate)" in rep["verdict"]
-    assert "reproducible on replay, so data or model, not hardware" in rep["verdict"]
+    assert rep["verdict"]["summary"].startswith("first non-finite: rank 2 (")
+    assert "backward of layers.3.gate (Gate)" in rep["verdict"]["summary"]
+    assert "reproducible on replay, so data or model, not hardware" in rep["verdict"]["summary"]
+    assert rep["verdict"]["culprits"] == [2] and rep["verdict_text"] == rep["verdict"]["summary"]
     assert rep["ranks"] == [0, 1, 2, 3] and rep["trips"] == 1
     assert [f["code"] for f in rep["findings"]] == ["numerics-nonfinite-reproducible"]
 
@@ -113,7 +114,7 @@ def test_a_value_corrupted_once_is_not_reproducible(job: tuple[str, Path]) -> No
     rep = report(rec / "bitflip")
     f = first(rep)
     assert (f["rank"], f["step"], f["reproducible"], f["phase"]) == (1, 2, False, None)
-    assert "silent data corruption" in rep["verdict"]
+    assert "silent data corruption" in rep["verdict"]["summary"]
     assert [x["code"] for x in rep["findings"]] == ["numerics-nonfinite-not-reproducible"]
 
 

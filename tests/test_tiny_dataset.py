@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from envelope_check import check_envelope
 
 from mldebug.cli import main
 
@@ -35,6 +36,7 @@ def test_jsonl_stratified_covers_every_label(tmp_path: Path) -> None:
                 "stratified", "--by", "label", "--seed", "3", "--json",
                 env={**os.environ, "HF_DATASETS_OFFLINE": "1"}, timeout=120)
     assert r.returncode == 0, r.stderr
+    assert check_envelope(json.loads(r.stdout), "make-tiny-dataset") == {}
     assert json.loads(r.stdout)["splits"] == {"train": {"before": 60, "after": 4}}
     ds = load(out, tmp_path)["train"]
     assert len(ds) == 4

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from envelope_check import check_envelope
 
 from mldebug.cli import main
 
@@ -44,6 +45,7 @@ def test_out_keeps_one_layer_of_each_type_with_sliced_weights(eight_layers: Path
                 env={**os.environ, **OFFLINE}, timeout=180)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    check_envelope(doc, "shrink-layers")
     assert doc["levels"] == [{"path": "", "n_before": 8, "kept": [0, 3]}]
     assert doc["load_s_before"] > 0 and doc["load_s_after"] > 0
     cfg = json.loads((out / "config.json").read_text())

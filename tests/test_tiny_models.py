@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from envelope_check import check_envelope
 
 from mldebug.cli import main
 
@@ -113,6 +114,7 @@ def test_cli_writes_card_command_and_json(tmp_path: Path) -> None:
                 "--set", "rms_norm_eps=1e-5", "--json", env=env, timeout=180)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    check_envelope(doc, "make-tiny")
     changed = {c["path"]: c["after"] for c in doc["changes"]}
     assert changed["num_hidden_layers"] == 3 and changed["rms_norm_eps"] == 1e-5
     assert doc["params_before"] > 1e9 > doc["params_after"]

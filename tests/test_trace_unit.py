@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_cli
+from envelope_check import check_envelope
 
 from mldebug.trace.analyze import analyze
 from mldebug.trace.model import Loc, RankTrace
@@ -68,6 +69,7 @@ def test_lines_ring_and_show_name_the_branch(tmp_path, python):
     r = run_cli("trace", "show", str(d), "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
+    check_envelope(rep, "trace.show")
     [div] = rep["divergences"]
     assert div["ranks"] == [2] and div["others"] == [0, 1, 3]
     assert div["branch"]["text"] == "if rank == 2 and step == 3:"

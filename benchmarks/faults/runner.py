@@ -46,18 +46,6 @@ HANG_CLASSES = {"desync": "desync", "blocked": "blocked", "spinning": "spinning"
                 "collective-idle": "network", "same-collective": "network",
                 "device-wedge": "network", "stopped": "stopped", "launch": "launch",
                 "debugger": "debugger", "same-place": "same-place", "none": "none"}
-LOG_CLASSES = {
-    "log-first-failure-exception": "exception", "log-first-failure-cuda-oom": "exception",
-    "log-first-failure-cuda-error": "exception", "log-first-failure-nccl-error": "exception",
-    "log-first-failure-overflow": "exception", "log-first-failure-dataloader-killed": "dead",
-    "log-killed": "dead", "log-crash": "dead", "log-exit-no-traceback": "dead",
-    "log-watchdog-stall": "outside", "log-monitored-barrier": "outside",
-    "log-silent-rank": "outside", "log-phase-tiebreak": "outside",
-    "log-size-mismatch": "desync", "log-rank-behind": "desync",
-    "log-collective-mismatch": "desync", "log-fingerprint-mismatch": "desync",
-    "log-launcher-failed": "launch", "log-launcher-root": "launch", "log-launch": "launch",
-    "log-all-waiting": "network", "log-stopped": "stopped", "log-terminated": "healthy",
-}
 
 
 @dataclass
@@ -330,9 +318,9 @@ def route_log(run: Running) -> tuple[list[int] | None, str | None, float, str, s
                        save=run.side / "log.json")
     if doc is None:
         return None, None, dt, "", err
-    v = doc.get("verdict")
-    cls = "healthy" if not v else LOG_CLASSES.get(v.get("code", ""), v.get("code", "?"))
-    return list(doc.get("culprits") or []), cls, dt, (v or {}).get("title", ""), ""
+    v = doc.get("verdict") or {}  # the envelope's (docs/json.md); class: mldebug.log.classes
+    cls = v.get("class") or v.get("code") or "?"
+    return list(v.get("culprits") or []), cls, dt, v.get("summary", ""), ""
 
 
 POOLED_RUN: dict[int, bool] = {}  # runs of pooled cases (their ranks record no ring)
@@ -369,19 +357,8 @@ def route_fr(run: Running) -> tuple[list[int] | None, str | None, float, str, st
                        save=run.side / "fr.json")
     if doc is None:
         return None, None, dt, "", err
-    ranks = list(doc.get("culprit_ranks") or [])
-    kinds = {m.get("kind") for m in doc.get("mismatches", [])}
-    said = json.dumps(doc.get("mismatches", []))
-    if "did not hang" in said or "died rather than hang" in said:
-        cls = "dead"  # the ranks without a dump ended while the others waited
-    elif doc.get("never_enqueued") and kinds <= {"missing"}:
-        cls = "outside"
-    elif kinds:
-        cls = "desync"
-    elif doc.get("lagging"):
-        cls = "outside"
-    else:
-        cls = "healthy"
+    v = doc.get("verdict") or {}  # the envelope's; class: mldebug.fr.classes
+    ranks, cls = list(v.get("culprits") or []), v.get("class") or "?"
     title = next((f.get("title", "") for f in doc.get("findings", [])), "")
     return ranks, cls, dt, title, ""
 

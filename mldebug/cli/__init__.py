@@ -297,7 +297,16 @@ def _main(args_list: list[str]) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from mldebug.envelope import running
+
+    running(args.command, next((v for d in SUB_DESTS if isinstance(v := getattr(args, d, None),
+                                                                    str)), None))
     return int(args._run(args))
+
+
+# the attribute each command's subcommand word is parsed into (``mldebug fr analyze``): the
+# JSON envelope's schema names it (mldebug.envelope)
+SUB_DESTS = ("fr_command", "hang_action", "mem_action", "action", "pdb_action", "trace_action")
 
 
 def _print_error(e: MldebugError) -> None:

@@ -122,16 +122,23 @@ def add_show_secrets_argument(p: argparse.ArgumentParser | argparse._ArgumentGro
 
 def print_report(report: Any, as_json: bool, render: Callable[[Any], None], *,
                  show_secrets: bool = False) -> None:
-    """``--json``: the report's ``to_dict()`` as JSON on stdout, secrets redacted
-    (``mldebug.redact.redact_doc``) unless ``show_secrets``; otherwise ``render(report)``."""
+    """``--json``: the report's ``to_dict()`` as JSON on stdout (``print_doc``); otherwise
+    ``render(report)``."""
     if as_json:
-        from mldebug.redact import redact_doc
-        from mldebug.render import print_json
-
-        doc = report.to_dict()
-        print_json(doc if show_secrets else redact_doc(doc))
+        print_doc(report.to_dict(), show_secrets=show_secrets)
     else:
         render(report)
+
+
+def print_doc(doc: dict[str, Any], *, show_secrets: bool = False) -> None:
+    """A command's ``--json`` document on stdout: in the envelope every command shares
+    (``mldebug.envelope``, docs/json.md), secrets redacted unless ``show_secrets``."""
+    from mldebug.envelope import wrap
+    from mldebug.redact import redact_doc
+    from mldebug.render import print_json
+
+    doc = wrap(doc)
+    print_json(doc if show_secrets else redact_doc(doc))
 
 
 def job_targets(pid: int | None, job: str | None) -> list[dict[str, Any]]:

@@ -156,10 +156,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _analyze(args: argparse.Namespace) -> int:
+    from mldebug.cli._common import print_doc
     from mldebug.fr.analyze import analyze
     from mldebug.fr.loader import expand_inputs, load_files
     from mldebug.fr.report import render, render_timeline
-    from mldebug.render import console, print_json
+    from mldebug.render import console
 
     if args.frames < 0:
         raise UsageError("--frames must be 0 or more.", "Pass e.g. --frames 2.")
@@ -177,7 +178,7 @@ def _analyze(args: argparse.Namespace) -> int:
     ds = load_files(files)
     result = analyze(ds, frames=args.frames)
     if args.json:
-        print_json(result.to_dict())
+        print_doc(result.to_dict())
     else:
         con = console()
         if args.all:
@@ -202,9 +203,9 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _trigger(args: argparse.Namespace) -> int:
-    from mldebug.cli._common import fanout_options
+    from mldebug.cli._common import fanout_options, print_doc
     from mldebug.fr.collect import silent_finding, trigger
-    from mldebug.render import console, print_json
+    from mldebug.render import console
 
     target = fanout_options(args)
     if not args.max_mb > 0:
@@ -233,7 +234,7 @@ def _trigger(args: argparse.Namespace) -> int:
         doc["findings"] = [silent.to_dict()] if silent is not None else []
         if analysis is not None:
             doc["analysis"] = analysis.to_dict()
-        print_json(doc)
+        print_doc(doc)
     else:
         from rich.text import Text
 
@@ -264,11 +265,11 @@ def _trigger(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from mldebug.cli._common import fanout_options
+    from mldebug.cli._common import fanout_options, print_doc
     from mldebug.fr.analyze import analyze
     from mldebug.fr.collect import watch
     from mldebug.fr.loader import load_files
-    from mldebug.render import console, print_json
+    from mldebug.render import console
 
     if not 0 < args.interval < 86400:
         raise UsageError(f"--interval must be between 0 and 86400 seconds, not {args.interval}.",
@@ -294,7 +295,7 @@ def _watch(args: argparse.Namespace) -> int:
     if args.json:
         doc = result.to_dict()
         doc["analysis"] = analysis.to_dict()
-        print_json(doc)
+        print_doc(doc)
     else:
         from rich.text import Text
 

@@ -139,6 +139,8 @@ def _rebase(obj: Any, old: str, new: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mldebug.envelope import wrap
+
     if args.hang_action == "analyze":
         from mldebug.hang.analyze import analyze
         from mldebug.hang.collect import load
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                          all_threads=args.all_threads or args.all_threads_analyze,
                          job=args.job or args.job_analyze)
         if args.json or args.json_analyze:
-            write_json(_secrets(report.to_dict(), args))
+            write_json(wrap(_secrets(report.to_dict(), args)))
         else:
             render(report, show_all=args.all or args.all_analyze)
         return 0 if report.processes else 1
@@ -213,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             from mldebug.hang.signal_report import to_dict
 
             doc["capture"] = to_dict(results, {(p.host, p.pid) for p in report.processes})
-        write_json(doc)
+        write_json(wrap(doc))
     else:
         if target.is_local and not args.pid and not args.slurm_job:
             from mldebug.hang.collect import slurm_scope_note

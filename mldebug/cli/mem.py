@@ -149,9 +149,9 @@ def _plot(args: argparse.Namespace) -> int:
     del doc
     fmt = plot.write(tl, out, Path(args.snapshot).name)
     if args.json:
-        from mldebug.render import print_json
+        from mldebug.cli._common import print_doc
 
-        print_json({"format": "mldebug.mem.plot/1", "output": str(out), "kind": fmt,
+        print_doc({"format": "mldebug.mem.plot/1", "output": str(out), "kind": fmt,
                     "device": tl.device, "events": tl.events, "peak": tl.peak,
                     "sites": tl.sites, "findings": []})
     else:
@@ -202,9 +202,9 @@ def _peak(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be positive.", "Pass seconds, e.g. --interval 0.05.")
     rep = run_peak(cmd, method=args.method, interval=args.interval)
     if args.json:
-        from mldebug.render import print_json
+        from mldebug.cli._common import print_doc
 
-        print_json(rep.to_dict())
+        print_doc(rep.to_dict())
     else:
         from mldebug.memory.report import render
         from mldebug.render import console

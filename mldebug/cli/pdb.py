@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
         return connect.connect(args.session, target, directory=directory)
     report = connect.list_sessions(target, directory)
     if args.json:
-        from mldebug.render import print_json
+        from mldebug.cli._common import print_doc
 
-        print_json(report.to_dict())
+        print_doc(report.to_dict())
     else:
         from mldebug.debugger.report import render
         from mldebug.render import console

@@ -1004,4 +1004,5 @@ def analyze(parsed: ParsedLogs) -> LogReport:
             Severity.INFO, f"mldebug left evidence{who}: {cmd}",
             "mldebug's hooks wrote it while the job ran (watchdog stacks, trace rings, "
             "flight-recorder dumps).", f"Run `{cmd}`.", code="log-evidence"))
-    return LogReport(parsed, findings, culprits, verdict.finding if verdict else None)
+    return LogReport(parsed, findings, culprits, verdict.finding if verdict else None,
+                     verdict.sure if verdict else None)

@@ -160,6 +160,7 @@ class LogReport:
     culprits: list[int] = field(default_factory=list)
     verdict: Finding | None = None  # the verdict rule's finding (also first in findings); None
     # when no rule matched: then the findings are only notes (NCCL warnings, nothing found)
+    confidence: str | None = None  # the verdict rule's: high / medium / low
 
     def to_dict(self) -> dict[str, Any]:
         p = self.parsed
@@ -170,6 +171,7 @@ class LogReport:
             "world_size": p.world_size,
             "culprits": self.culprits,
             "verdict": self.verdict.to_dict() if self.verdict else None,
+            "confidence": self.confidence,
             "findings": findings_to_json(self.findings),
             "ranks": [p.ranks[r].to_dict() for r in sorted(p.ranks)],
             "launcher": [vars(f) for f in p.launcher],
