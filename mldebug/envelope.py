@@ -97,7 +97,7 @@ def _log(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, str]]:
         first = _first(doc.get("findings") or [], "error", "warning")
         return verdict("ok" if first is None else "problems",
                        "no failure found in these lines" if first is None else first["title"],
-                       [], None if first is None else "healthy", None,
+                       [], "healthy", None,
                        "" if first is None else first.get("code", "")), {}
     kind = "culprits" if culprits else ("undecided" if sure == "low" else "problems")
     v = verdict(kind, str(old.get("title", "")), culprits, class_of(old.get("code", "")),
