@@ -369,3 +369,29 @@ def test_any_json_dump_parses_or_is_named(tmp_path, doc):
 def test_any_bytes_parse_or_are_named(tmp_path, data):
     _loads_within_bounds(tmp_path, b"\x80\x04" + data)
     _loads_within_bounds(tmp_path, b"{" + data)
+
+
+def test_trigger_finds_the_fallback_beside_a_squatted_directory(tmp_path, other_user):
+    """Another user created the flight-recorder directory first: the rank moved to a private
+    fallback beside it (``NAME-XXXXXXXX``, privdir.private_dir); `fr trigger` on the usual
+    directory finds the rank there (a link with the fallback's name is never followed)."""
+    import tempfile
+
+    squat = tmp_path / "mldebug-fr-x"
+    squat.mkdir()
+    os.chown(squat, other_user, other_user)
+    fallback = Path(tempfile.mkdtemp(prefix=squat.name + "-", dir=tmp_path))
+    (tmp_path / f"{squat.name}-linklink").symlink_to(fallback)  # never followed
+    data = pickle.dumps(synth.dump(0, [synth.entry(1)], world=1))
+
+    def answer(tok: str) -> dict:
+        node.private_dir(str(fallback / "triggered" / tok))
+        f = fallback / "triggered" / tok / "fr_rank0"
+        f.write_bytes(data)
+        return {"token": tok, "file": str(f), "rank": 0}
+
+    FakeRank(fallback, answer).start()
+    assert node.fallback_dirs(str(squat)) == [str(fallback)]
+    res = trigger_local_report(tmp_path / "out", timeout=5, dump_dir=squat)
+    (f,) = res.files
+    assert f.read_bytes() == data

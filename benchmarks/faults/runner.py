@@ -132,8 +132,11 @@ def _free_port() -> int:
 
 def timeout_of(f: Fault, opts: Options) -> float:
     """The case's collective timeout: the run's, or longer where the live routes read more
-    ranks than the job has (two jobs)."""
-    return max(opts.timeout, float(f.extra.get("min_timeout", 0)))
+    ranks than the job has (two jobs), or where --watch runs after hang on the same hung job
+    (at 12 s the desync jobs died inside watch's window: watch was scored on a dead job)."""
+    watch = opts.timeout + opts.watch + 6 if "watch" in opts.routes and f.outcome == "hang" \
+        else 0.0
+    return max(opts.timeout, float(f.extra.get("min_timeout", 0)), watch)
 
 
 def start(case: Case, base: Path, opts: Options) -> Running:
@@ -510,7 +513,7 @@ def live_routes(run: Running, t_fault: float | None, opts: Options, record: Reco
         record("trace", route_trace(run))
     if opts.peers and ("hang" in wanted or "watch" in wanted):
         record("pyspy", peer_pyspy(run), peer=True)
-    if time.monotonic() - t_fault > opts.timeout and f.outcome == "hang":
+    if time.monotonic() - t_fault > timeout_of(f, opts) and f.outcome == "hang":
         run.notes.append("live routes ran past the collective timeout")
 
 
@@ -549,7 +552,7 @@ def run_case(case: Case, base: Path, opts: Options) -> list[Outcome]:
         live_routes(run, t_fault, opts, record)
         if f.name == "scheduler_sigterm":
             run.procs[0].send_signal(signal.SIGTERM)  # what a scheduler's time limit sends
-        limit = (opts.duration + 60 if f.outcome == "ends" else opts.timeout + 45)
+        limit = (opts.duration + 60 if f.outcome == "ends" else timeout_of(f, opts) + 45)
         _wait(lambda: not run.alive(), limit, run)
     finally:
         kill_tree(run.procs)

@@ -473,13 +473,35 @@ def discover_dirs(only: set[int] | None = None) -> list[str]:
     return [d for d in found if d and os.path.isabs(d)]
 
 
+MAX_FALLBACKS = 16
+
+
+def fallback_dirs(dump_dir: str) -> list[str]:
+    """The private directories ``fr.enable()`` made beside ``dump_dir`` when it was refused
+    (another user created it first, or it was writable by all): ``NAME-XXXXXXXX``
+    (mldebug.privdir.private_dir's fallback). Real directories only, never a link, at most
+    MAX_FALLBACKS, newest first; their owner is checked when they are triggered."""
+    parent, name = os.path.split(dump_dir.rstrip("/"))
+    pattern = re.compile(re.escape(name) + r"-[A-Za-z0-9_]{8}")
+    found = []
+    try:
+        with os.scandir(parent or "/") as it:
+            for e in it:
+                if pattern.fullmatch(e.name) and e.is_dir(follow_symlinks=False):
+                    found.append((e.stat(follow_symlinks=False).st_mtime, e.path))
+    except OSError:
+        return []
+    return [p for _, p in sorted(found, reverse=True)[:MAX_FALLBACKS]]
+
+
 def trigger_all(dump_dir: str, timeout: float, include_data: bool = True,
                 max_bytes: int = MAX_DUMP_BYTES, discover: bool = False,
                 pids: set[int] | None = None) -> dict[str, Any]:
     """``trigger`` on ``dump_dir`` and, with ``discover``, on every other directory found;
     each rank item says which directory its recorder used (``dir``). ``pids``: only these
     processes are triggered (``mldebug hang --fr``: the job's ranks, not other jobs')."""
-    dirs = [dump_dir] + ([d for d in discover_dirs(pids) if d != dump_dir] if discover else [])
+    dirs = [dump_dir] + fallback_dirs(dump_dir)
+    dirs += [d for d in discover_dirs(pids) if d not in dirs] if discover else []
     merged: dict[str, Any] = {}
     for d in dirs:
         if d != dump_dir and not os.path.isdir(d):
