@@ -139,6 +139,51 @@ def private_dir(path: PathLike, *, fallback: bool = False, what: str = "director
         return new
 
 
+def subdir_at(dir_fd: int, name: str, owner: int | None = ME,
+              what: str = "directory") -> int:
+    """An fd of the directory ``name`` inside the directory ``dir_fd``, created 0700 when
+    missing, never through a symlink, checked by the rule on the fd itself: what a writer that
+    pinned its directory once (``open_dir``) uses below it, so a path swapped later never
+    redirects it."""
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"{name!r} is not a plain name inside the directory")
+    try:
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as e:
+        raise UnsafeDir(f"the {what} {name} is not a plain directory ({e.strerror}).",
+                        "Remove what is there, or choose another directory.") from None
+    try:
+        check_stat(os.fstat(fd), name, owner, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_atomic_at(dir_fd: int, name: str, data: bytes) -> None:
+    """``write_atomic`` inside the directory ``dir_fd``: a random O_EXCL/O_NOFOLLOW 0600
+    temporary renamed over ``name`` (a symlink there is replaced, never written through)."""
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"{name!r} is not a plain name inside the directory")
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
 def open_in(dir_fd: int, name: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
     """Open ``name`` (a plain name, no slash) inside the directory ``dir_fd`` without following
     a symlink; files we create are 0600."""

@@ -395,3 +395,28 @@ def test_trigger_finds_the_fallback_beside_a_squatted_directory(tmp_path, other_
     res = trigger_local_report(tmp_path / "out", timeout=5, dump_dir=squat)
     (f,) = res.files
     assert f.read_bytes() == data
+
+
+def test_enable_pins_its_directory_a_path_swapped_later_never_redirects_a_dump(tmp_path):
+    """enable(dump_dir=D) checks D once on an fd and keeps it: when D is renamed and a link to
+    another directory put in its place (whoever owns D's parent can), the dump, the
+    registration and its removal at exit all stay in the real directory; nothing is written
+    into the link's target."""
+    pytest.importorskip("torch")
+    d, moved, victim = tmp_path / "d", tmp_path / "d.moved", tmp_path / "victim"
+    victim.mkdir()
+    code = textwrap.dedent(f"""
+        import os, mldebug.fr as fr
+        rec = fr.enable({str(d)!r})
+        os.rename({str(d)!r}, {str(moved)!r})
+        os.symlink({str(victim)!r}, {str(d)!r})
+        rec.dump("manual")
+        print(sorted(os.listdir({str(moved)!r})))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(victim.iterdir()) == []
+    assert "fr_rank0" in r.stdout and any(n.startswith(".mldebug-fr-") for n in eval(r.stdout))
+    assert (moved / "fr_rank0").stat().st_size > 0
+    assert not any(p.name.startswith(".mldebug-fr-") for p in moved.iterdir())  # removed at exit

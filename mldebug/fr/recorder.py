@@ -90,6 +90,32 @@ class Recorder:
     _prev_excepthook: Any = None
     _prev_thread_hook: Any = None
     _prev_sigterm: Any = None
+    # the directory, opened and checked once (owner, mode, no link) and kept for the recorder's
+    # life: every write goes through this fd, so a path swapped for a link later (another user
+    # owning the parent) never sends a dump into their directory
+    _dir_fd: int | None = None
+
+    def dir_fd(self) -> int:
+        if self._dir_fd is None:
+            from mldebug.privdir import open_dir
+
+            self._dir_fd = open_dir(self.dump_dir, what="flight-recorder directory")
+        return self._dir_fd
+
+    def _write(self, parts: tuple[str, ...], name: str, data: bytes) -> None:
+        """``data`` to ``<dir>/<parts...>/<name>`` through the pinned directory fd."""
+        from mldebug.privdir import subdir_at, write_atomic_at
+
+        fds: list[int] = []
+        try:
+            fd = self.dir_fd()
+            for part in parts:
+                fd = subdir_at(fd, part, what="flight-recorder directory")
+                fds.append(fd)
+            write_atomic_at(fd, name, data)
+        finally:
+            for f in fds:
+                os.close(f)
 
     # -- paths ---------------------------------------------------------------------------
     @property
@@ -132,7 +158,7 @@ class Recorder:
                     where = main_thread_call()
                 path = self._dump(reason, token, where)
                 if token is not None:
-                    _atomic_write(self.done, json.dumps(
+                    self._write((), self.done.name, json.dumps(
                         {"token": token, "file": str(path) if path else None,
                          "rank": self.current_rank(), "pid": self.pid}).encode())
                 return path
@@ -140,7 +166,7 @@ class Recorder:
                 _log(f"could not write the flight-recorder dump ({type(e).__name__}: {e})")
                 if token is not None:
                     try:
-                        _atomic_write(self.done, json.dumps(
+                        self._write((), self.done.name, json.dumps(
                             {"token": token, "file": None, "error": str(e)}).encode())
                     except OSError:
                         pass
@@ -152,21 +178,19 @@ class Recorder:
 
     def _dump(self, reason: str, token: str | None = None,
               where: dict[str, Any] | None = None) -> Path:
-        folder = self.dump_dir
+        parts: tuple[str, ...] = ()
         if token is not None:
             if not _TOKEN.match(token):
                 raise ValueError(f"malformed trigger token {token[:80]!r}")
-            private_dir(str(self.dump_dir / TRIGGERED))
-            folder = self.dump_dir / TRIGGERED / token
-            private_dir(str(folder))
+            parts = (TRIGGERED, token)
+        folder = self.dump_dir.joinpath(*parts)
         raw = _raw_trace()
         from mldebug.safeload import safe_loads
 
         doc = safe_loads(raw)
         rank = self.current_rank()
         if self.raw_copy:  # torch's bytes untouched, e.g. to report a bug upstream
-            private_dir(str(self.dump_dir / "raw"))
-            _atomic_write(self.dump_dir / "raw" / f"{PREFIX}{rank}", raw)
+            self._write(("raw",), f"{PREFIX}{rank}", raw)
         doc["rank"] = rank
         doc["mldebug"] = {"rank": rank, "world_size": _world_size(), "host": self.host,
                           "pid": self.pid, "reason": reason, "time": time.time()}
@@ -174,7 +198,7 @@ class Recorder:
             doc["mldebug"]["blocked_in"] = where
         _fill_pg_config(doc)
         path = folder / f"{PREFIX}{rank}"
-        _atomic_write(path, pickle.dumps(doc, protocol=4))
+        self._write(parts, path.name, pickle.dumps(doc, protocol=4))
         self.dumps.append(path)
         _log(f"rank {rank} wrote {path} ({len(doc.get('entries', []))} entries; {reason})")
         return path
@@ -182,13 +206,17 @@ class Recorder:
     # -- trigger thread ------------------------------------------------------------------
     def start_trigger_thread(self) -> None:
         try:
-            if os.path.lexists(self.fifo):  # a previous process with this pid (private dir)
-                self.fifo.unlink()
-            os.mkfifo(self.fifo, 0o600)
-        except OSError as e:
-            _log(f"no trigger FIFO in {self.dump_dir} ({e.strerror}); dumps on failure only")
+            dfd = self.dir_fd()
+            try:  # a previous process with this pid (private dir)
+                os.unlink(self.fifo.name, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            os.mkfifo(self.fifo.name, 0o600, dir_fd=dfd)
+        except (OSError, UnsafeDir) as e:
+            _log(f"no trigger FIFO in {self.dump_dir} ({getattr(e, 'strerror', None) or e}); "
+                 "dumps on failure only")
             return
-        _atomic_write(self.registry, json.dumps(
+        self._write((), self.registry.name, json.dumps(
             {"pid": self.pid, "host": self.host, "rank": self.rank,
              # the pid is this namespace's; its start time finds it from the node's (fr/node)
              "start_time": start_time(self.pid), "pidns": pid_namespace(),
@@ -202,19 +230,20 @@ class Recorder:
             return  # a forked child exiting: the registration is its parent's
         for p in (self.registry, self.fifo, self.done):
             try:
-                p.unlink()
-            except OSError:
+                os.unlink(p.name, dir_fd=self.dir_fd())
+            except (OSError, UnsafeDir):
                 pass
 
     def _serve(self) -> None:
         while True:
             try:  # blocks until a writer opens it; never a symlink, only our FIFO
-                fd = os.open(self.fifo, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(self.fifo.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self.dir_fd())
                 with open(fd, "rb") as f:
                     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
                         raise OSError(f"{self.fifo} is not a FIFO")
                     data = f.read(4096)
-            except OSError:
+            except (OSError, UnsafeDir):
                 time.sleep(1.0)
                 continue
             for token in data.decode(errors="replace").split():
@@ -516,6 +545,10 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
     me = identity()  # any launcher's variables; torch.distributed's rank wins below
     rec = Recorder(dump_dir=d, rank=me.rank, host=me.host,
                    raw_copy=raw_copy or os.environ.get("MLDEBUG_FR_RAW") == "1")
+    try:
+        rec.dir_fd()  # checked on the fd now and kept: a later swap of the path changes nothing
+    except (UnsafeDir, OSError) as e:
+        _log(f"cannot open {d} ({e}); no dump will be written")
     try:
         import torch.distributed as dist
 
