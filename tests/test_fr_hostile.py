@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import socket
 import stat
 import subprocess
@@ -420,3 +421,42 @@ def test_enable_pins_its_directory_a_path_swapped_later_never_redirects_a_dump(t
     assert "fr_rank0" in r.stdout and any(n.startswith(".mldebug-fr-") for n in eval(r.stdout))
     assert (moved / "fr_rank0").stat().st_size > 0
     assert not any(p.name.startswith(".mldebug-fr-") for p in moved.iterdir())  # removed at exit
+
+
+FROZEN = """
+import ctypes, sys
+import mldebug.fr as fr
+fr.enable(sys.argv[2])
+lib = ctypes.PyDLL(None) if sys.argv[1] == "gil" else ctypes.CDLL(None)  # PyDLL keeps the GIL
+m = ctypes.create_string_buffer(64)  # a zeroed pthread mutex, locked twice: frozen in C
+lib.pthread_mutex_lock(m)
+print("ready", flush=True)
+lib.pthread_mutex_lock(m)
+"""
+
+
+@pytest.mark.parametrize("gil", ["gil", "nogil"])
+def test_sigterm_ends_a_rank_frozen_in_c_even_holding_the_gil(tmp_path, gil):
+    """fr.enable()'s SIGTERM handler never makes a rank harder to stop: frozen in C holding
+    the GIL (no Python thread can run) the rank still ends on SIGTERM (the guard process ends
+    it as SIGTERM's default would have) instead of living until a SIGKILL; frozen in C without
+    the GIL (a collective's wait) it dumps first and exits 143. The guard leaves with it."""
+    pytest.importorskip("torch")
+    import psutil
+
+    (tmp_path / "frozen.py").write_text(FROZEN)
+    p = subprocess.Popen([sys.executable, str(tmp_path / "frozen.py"), gil, str(tmp_path / "d")],
+                         stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        guards = psutil.Process(p.pid).children()
+        assert [" ".join(g.cmdline()).count("mldebug-fr-guard") for g in guards] == [1]
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=30)  # without the guard: never (the mutex is never released)
+        assert rc == (-signal.SIGKILL if gil == "gil" else 128 + signal.SIGTERM), rc
+        assert (tmp_path / "d" / "fr_rank0").exists() == (gil == "nogil")
+        psutil.wait_procs(guards, timeout=10)
+        assert not any(g.is_running() for g in guards)
+    finally:
+        p.kill()
+        p.wait()

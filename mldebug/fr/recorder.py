@@ -94,6 +94,7 @@ class Recorder:
     # life: every write goes through this fd, so a path swapped for a link later (another user
     # owning the parent) never sends a dump into their directory
     _dir_fd: int | None = None
+    _guard: Any = None  # the SIGTERM guard process (_start_guard)
 
     def dir_fd(self) -> int:
         if self._dir_fd is None:
@@ -312,22 +313,114 @@ class Recorder:
             w.close()
             return
         self._wakeup = (r, w)
+        try:  # a fork (a DataLoader worker) must not wake this process's watcher
+            os.register_at_fork(after_in_child=_drop_wakeup_fd)
+        except (AttributeError, ValueError):
+            pass
+        notice = self._start_guard(r)
 
         def watch() -> None:
             while True:
                 try:
-                    data = r.recv(64)
+                    data = (notice or r).recv(64)
                 except OSError:
                     return
                 if not data:
                     return
-                if signal.SIGTERM in data:
+                if notice is not None and data == b"T" or \
+                        notice is None and signal.SIGTERM in data:
+                    if notice is not None:
+                        try:
+                            notice.send(b"A")  # Python runs here: the guard stands down
+                        except OSError:
+                            pass
                     self.dump("SIGTERM")
                     # The job is being terminated with the default disposition; finish the
                     # way it would have, without waiting for the blocked main thread.
                     os._exit(128 + signal.SIGTERM)
 
         threading.Thread(target=watch, name="mldebug-fr-signal", daemon=True).start()
+
+    def _start_guard(self, r: socket.socket) -> socket.socket | None:
+        """A small process that reads the signal wakeup fd for this rank: on SIGTERM it tells
+        the watch thread, which acknowledges and dumps. No acknowledgement within
+        GUARD_ACK_S means no Python thread can run (the rank is frozen in C holding the GIL):
+        the Python handler installed here would then keep the rank alive until the
+        scheduler's SIGKILL, where without it SIGTERM would have ended it at once - so the
+        guard ends it (SIGKILL) as SIGTERM's default would have. It never acts on anything
+        but a SIGTERM this rank received; it exits with the rank (PR_SET_PDEATHSIG, EOF).
+        Returns the watch thread's end of the notice channel, or None (no guard: the watch
+        thread reads the wakeup fd itself, as before)."""
+        import subprocess
+
+        ours, theirs = socket.socketpair()
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-S", "-I", "-c", "import sys; exec(sys.stdin.read())",
+                 "mldebug-fr-guard", str(r.fileno()), str(theirs.fileno()), str(os.getpid()),
+                 str(GUARD_ACK_S), str(GUARD_DUMP_S)],
+                pass_fds=(r.fileno(), theirs.fileno()), env={}, stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, cwd="/")
+            assert self._guard.stdin is not None
+            self._guard.stdin.write(_GUARD.encode())
+            self._guard.stdin.close()
+        except (OSError, ValueError) as e:
+            _log(f"no SIGTERM guard ({e}); a rank frozen holding the GIL ignores SIGTERM")
+            ours.close()
+            theirs.close()
+            return None
+        theirs.close()
+        r.close()  # the guard reads it now
+        return ours
+
+
+GUARD_ACK_S = 3.0  # a rank whose Python cannot answer the guard within this is frozen
+GUARD_DUMP_S = 60.0  # the longest a rank that answered may take to dump and end
+
+# the guard (Recorder._start_guard), run with ``python -S -I -c``: standard library only
+_GUARD = """
+import os, select, signal, socket, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a killpg of the job reaches it too
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+# argv: -c mldebug-fr-guard WAKE_FD NOTICE_FD RANK_PID ACK_S DUMP_S
+wake = socket.socket(fileno=int(sys.argv[2]))
+notice = socket.socket(fileno=int(sys.argv[3]))
+rank, ack_s, dump_s = int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6])
+try:
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+except Exception:
+    pass
+if os.getppid() != rank:
+    sys.exit(0)
+while True:
+    data = wake.recv(64)
+    if not data:
+        sys.exit(0)
+    if bytes([signal.SIGTERM]) not in data:
+        continue
+    try:
+        notice.send(b"T")
+    except OSError:
+        sys.exit(0)
+    if select.select([notice], [], [], ack_s)[0]:
+        if notice.recv(1) != b"A":
+            sys.exit(0)
+        end = time.monotonic() + dump_s  # Python runs: the rank dumps and ends itself
+        while (left := end - time.monotonic()) > 0 and os.getppid() == rank:
+            if select.select([wake], [], [], min(left, 1.0))[0] and not wake.recv(64):
+                sys.exit(0)
+    if os.getppid() == rank:  # still the rank's child: the rank has not ended
+        os.kill(rank, signal.SIGKILL)
+    sys.exit(0)
+"""
+
+
+def _drop_wakeup_fd() -> None:
+    try:
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        pass
 
 
 # torch.distributed calls a rank can be blocked in, and the arguments that name a peer or root
