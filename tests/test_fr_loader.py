@@ -301,3 +301,31 @@ def test_group_index_sorts_collectives_and_groups_coalesced_entries(seqs):
         [i for s, i in coll if s == want] for want in distinct]
     assert gi.p2p == {(True, 1): array("i", [len(seqs), len(seqs) + 2])}
     assert got["1"].p2p == {(False, 0): array("i", [len(seqs) + 1])} and not got["1"].seqs
+
+
+def test_a_recorders_directory_gives_its_newest_triggers_dumps(tmp_path, capsys):
+    """`fr analyze $MLDEBUG_FR_DIR`: nothing failed, so no dump at the top; the dumps of the
+    newest trigger (triggered/<token>/) are read and said so - not "no files"; a link
+    among the trigger folders is never followed; dumps at the top (a failure) come first."""
+    import os
+
+    from mldebug.fr.loader import expand_inputs
+
+    d = tmp_path / "fr"
+    old, new = d / "triggered" / "1-a", d / "triggered" / "2-b"
+    for folder, ranks in ((old, [0]), (new, [0, 1])):
+        folder.mkdir(parents=True)
+        for r in ranks:
+            (folder / f"fr_rank{r}").write_bytes(b"x")
+    os.utime(old, (1, 1))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "fr_rank9").write_bytes(b"x")
+    (d / "triggered" / "3-c").symlink_to(elsewhere)
+    os.utime(d / "triggered" / "3-c", (2**31, 2**31), follow_symlinks=False)
+    (d / ".mldebug-fr-h-1.json").write_text("{}")
+    notes: list[str] = []
+    assert [p.name for p in expand_inputs([d], notes)] == ["fr_rank0", "fr_rank1"]
+    assert expand_inputs([d])[0].parent == new and "its newest trigger" in notes[0]
+    (d / "fr_rank3").write_bytes(b"x")  # a failure dump at the top: that is what is read
+    assert [p.name for p in expand_inputs([d])] == ["fr_rank3"]

@@ -171,7 +171,13 @@ def _analyze(args: argparse.Namespace) -> int:
     from mldebug.htmlview import check_view_targets, write_views
 
     check_view_targets(args)
-    files = expand_inputs(args.inputs)
+    notes: list[str] = []
+    files = expand_inputs(args.inputs, notes)
+    if notes:
+        import sys
+
+        for note in notes:
+            print(f"mldebug fr: {note}", file=sys.stderr)
     if not files:
         raise MldebugError(f"no files in {', '.join(args.inputs)}.",
                            "Collect dumps first: mldebug fr trigger --out DIR.")

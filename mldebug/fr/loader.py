@@ -65,20 +65,64 @@ class BadDump(ValueError):
     """A dump that breaks a bound or a type the format fixes; the message says which."""
 
 
-def expand_inputs(inputs: Sequence[str | Path]) -> list[Path]:
-    """Files named directly, plus every regular, non-hidden file inside named directories."""
+def _files_in(d: Path) -> list[Path]:
+    """The regular, non-hidden files of ``d`` (a symlink planted in a shared directory is not
+    followed), sorted."""
+    files = []
+    try:
+        children = sorted(d.iterdir())
+    except OSError:
+        return []
+    for child in children:
+        if child.name.startswith(".") or child.name.endswith((".tmp", ".trigger")):
+            continue
+        try:
+            if stat.S_ISREG(child.lstat().st_mode):
+                files.append(child)
+        except OSError:
+            continue
+    return files
+
+
+def _real_dir(p: Path) -> bool:
+    try:
+        return stat.S_ISDIR(p.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _newest_trigger(d: Path) -> Path | None:
+    """The newest ``triggered/<token>/`` folder of a recorder's directory (mldebug.fr.enable
+    writes each trigger's dumps there), never through a link."""
+    t = d / "triggered"
+    if not _real_dir(t):
+        return None
+    try:
+        folders = [c for c in t.iterdir() if _real_dir(c) and _files_in(c)]
+    except OSError:
+        return None
+    return max(folders, key=lambda c: c.lstat().st_mtime, default=None)
+
+
+def expand_inputs(inputs: Sequence[str | Path], notes: list[str] | None = None) -> list[Path]:
+    """Files named directly, plus every regular, non-hidden file inside named directories. A
+    recorder's own directory (``$MLDEBUG_FR_DIR``) with no dump at its top (nothing failed)
+    gives the dumps of its newest trigger (``triggered/<token>/``), else of torch's native
+    dumps (``nccl/``); ``notes`` gets a line saying which folder was read."""
     files: list[Path] = []
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            for child in sorted(p.iterdir()):
-                if child.name.startswith(".") or child.name.endswith((".tmp", ".trigger")):
-                    continue
-                try:  # a symlink planted in a shared directory is not followed
-                    if stat.S_ISREG(child.lstat().st_mode):
-                        files.append(child)
-                except OSError:
-                    continue
+            found = _files_in(p)
+            if not found:
+                sub = _newest_trigger(p) or (p / "nccl" if _real_dir(p / "nccl") else None)
+                found = _files_in(sub) if sub is not None else []
+                if found and notes is not None and sub is not None:
+                    what = ("its newest trigger" if sub.parent.name == "triggered"
+                            else "torch's native dumps")
+                    notes.append(f"{p} has no dump at its top: read the {len(found)} file(s) "
+                                 f"of {sub} ({what}).")
+            files.extend(found)
         else:
             files.append(p)
     return files
