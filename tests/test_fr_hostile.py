@@ -460,3 +460,48 @@ def test_sigterm_ends_a_rank_frozen_in_c_even_holding_the_gil(tmp_path, gil):
     finally:
         p.kill()
         p.wait()
+
+
+def test_enable_prunes_the_registrations_dead_ranks_left(tmp_path, other_user):
+    """Ranks SIGKILLed or OOM-killed never unregister: their .json/.trigger/.done piled up in
+    the user's flight-recorder directory. The next recorder there removes those of processes
+    that no longer run (or whose pid another process now holds), and only its own user's files
+    with mldebug's names; live ranks, other hosts, other users' files and links stay."""
+    from mldebug.fr.recorder import Recorder
+    from mldebug.ranks import start_time
+
+    d = tmp_path / "fr"
+    node.private_dir(str(d))
+    dead, dead2, dead3 = (subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(3))
+    for p in (dead, dead2, dead3):
+        p.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        def reg(pid: int, host: str = HOST, **doc: object) -> Path:
+            stem = d / f".mldebug-fr-{host}-{pid}"
+            stem.with_name(stem.name + ".json").write_text(json.dumps({"pid": pid, **doc}))
+            os.mkfifo(stem.with_name(stem.name + ".trigger"), 0o600)
+            stem.with_name(stem.name + ".done").write_text("{}")
+            return stem
+        gone = reg(dead.pid)
+        reused = reg(live.pid, start_time=1)  # the pid now names another process
+        kept = [reg(os.getpid(), start_time=start_time(os.getpid())),
+                reg(dead.pid, host="other-host")]
+        theirs = reg(dead2.pid)
+        for suffix in (".json", ".trigger", ".done"):
+            os.chown(theirs.with_name(theirs.name + suffix), other_user, other_user,
+                     follow_symlinks=False)
+        link = d / f".mldebug-fr-{HOST}-{dead3.pid}.json"
+        link.symlink_to(tmp_path / "target")
+        rec = Recorder(dump_dir=d, rank=0, host=HOST, tag="")
+        rec.pid = -1  # not one of the registered pids
+        assert rec.prune_stale() == 2
+        names = {p.name for p in d.iterdir()}
+        for stem in (gone, reused):
+            assert not any(n.startswith(stem.name + ".") for n in names), names
+        for stem in (*kept, theirs):
+            assert {stem.name + s for s in (".json", ".trigger", ".done")} <= names, stem
+        assert link.is_symlink()
+    finally:
+        live.kill()
+        live.wait()

@@ -205,7 +205,64 @@ class Recorder:
         return path
 
     # -- trigger thread ------------------------------------------------------------------
+    def prune_stale(self, limit: int = 10000) -> int:
+        """Remove the registrations (and their FIFO and .done) that ranks of this host and pid
+        namespace left when they died without unregistering (SIGKILL, OOM): a process that no
+        longer runs, or another process now holding its pid (start time). Only files this user
+        owns, with mldebug's names, are touched. Returns how many ranks' files went."""
+        dfd = self.dir_fd()
+        head = f"{REGISTRY_PREFIX}{self.host}-"
+        gone = 0
+        try:
+            names = os.listdir(dfd)[:limit]
+        except OSError:
+            return 0
+        for name in names:
+            stem = name[:-len(".json")] if name.endswith(".json") else None
+            if stem is None or not stem.startswith(head):
+                continue
+            pid_part = stem[len(head):]
+            if self.tag:
+                if not pid_part.endswith(self.tag):
+                    continue
+                pid_part = pid_part[:-len(self.tag)]
+            if not pid_part.isdecimal() or int(pid_part) == self.pid:
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 16:
+                    continue
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                with open(fd, "rb") as f:
+                    doc = json.loads(f.read(1 << 16) or b"{}")
+            except (OSError, ValueError):
+                continue
+            pid = int(pid_part)
+            started = doc.get("start_time") if isinstance(doc, dict) else None
+            try:
+                os.kill(pid, 0)
+                alive = not isinstance(started, int) or start_time(pid) in (None, started)
+            except ProcessLookupError:
+                alive = False
+            except OSError:  # another user's process holds the pid now: not ours to judge
+                alive = True
+            if alive:
+                continue
+            for suffix in (".json", ".trigger", ".done"):
+                try:
+                    st = os.stat(stem + suffix, dir_fd=dfd, follow_symlinks=False)
+                    if st.st_uid == os.geteuid():
+                        os.unlink(stem + suffix, dir_fd=dfd)
+                except OSError:
+                    pass
+            gone += 1
+        return gone
+
     def start_trigger_thread(self) -> None:
+        try:
+            self.prune_stale()
+        except (OSError, UnsafeDir):
+            pass
         try:
             dfd = self.dir_fd()
             try:  # a previous process with this pid (private dir)
