@@ -1,4 +1,4 @@
-"""The JSON envelope every command's --json follows (docs/json.md, mldebug.envelope): one
+"""The JSON envelope every command's --json follows (docs/json.md, mldebug.cli.envelope): one
 checker, called on real output by tests/test_json_envelope.py and by the tests that already
 run the slow commands (make-tiny, dist-test, numerics report, trace show...)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mldebug.envelope import CONFIDENCE, VERDICT_KEYS, schema_of
+from mldebug.cli.envelope import CONFIDENCE, VERDICT_KEYS, schema_of
 
 FINDING_KEYS = {"severity", "title", "detail", "fix", "code", "hosts"}
 
@@ -25,8 +25,8 @@ def _resolve(doc: dict[str, Any], path: str) -> bool:
 def check_envelope(doc: Any, key: str, *, decides: bool | None = None) -> dict[str, Any]:
     """Assert ``doc`` is an envelope of command key ``key`` ("fr.analyze", "log"); returns
     its verdict (or {}). ``decides``: whether a verdict must (True) or must not (False) be
-    there; None: the command's own rule (mldebug.envelope.DECIDERS)."""
-    from mldebug.envelope import DECIDERS
+    there; None: the command's own rule (mldebug.cli.envelope.DECIDERS)."""
+    from mldebug.cli.envelope import DECIDERS
 
     assert isinstance(doc, dict), type(doc)
     command, _, sub = key.partition(".")

@@ -1,4 +1,4 @@
-"""One JSON envelope for every command (docs/json.md, mldebug.envelope): each of the 15
+"""One JSON envelope for every command (docs/json.md, mldebug.cli.envelope): each of the 15
 commands' real --json output is checked against it - here for the fast ones, in the tests that
 already run the slow ones (make-tiny, shrink-layers, make-tiny-dataset, numerics report, trace
 show, fr trigger/watch, a live hang); a test below proves none is left out."""
@@ -18,7 +18,7 @@ from conftest import run_cli
 from envelope_check import check_envelope
 
 from mldebug.cli import COMMANDS, main
-from mldebug.envelope import VERSIONS, wrap
+from mldebug.cli.envelope import VERSIONS, wrap
 
 FIX = Path(__file__).parent / "fixtures"
 TESTS = Path(__file__).parent
@@ -133,7 +133,7 @@ def test_numerics_verdict_string_moves_to_verdict_text():
 def test_a_library_caller_gets_the_document_as_it_was():
     doc = {"schema": "x/1", "findings": []}
     assert subprocess.run([sys.executable, "-c", (
-        "from mldebug.envelope import wrap; d = {'schema': 'x/1'}; "
+        "from mldebug.cli.envelope import wrap; d = {'schema': 'x/1'}; "
         "assert wrap(dict(d)) == d")], env=dict(os.environ, PYTHONPATH=str(TESTS.parent)),
         timeout=60).returncode == 0
     assert doc == {"schema": "x/1", "findings": []}

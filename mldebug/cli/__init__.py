@@ -297,7 +297,7 @@ def _main(args_list: list[str]) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    from mldebug.envelope import running
+    from mldebug.cli.envelope import running
 
     running(args.command, next((v for d in SUB_DESTS if isinstance(v := getattr(args, d, None),
                                                                     str)), None))
@@ -305,7 +305,7 @@ def _main(args_list: list[str]) -> int:
 
 
 # the attribute each command's subcommand word is parsed into (``mldebug fr analyze``): the
-# JSON envelope's schema names it (mldebug.envelope)
+# JSON envelope's schema names it (mldebug.cli.envelope)
 SUB_DESTS = ("fr_command", "hang_action", "mem_action", "action", "pdb_action", "trace_action")
 
 

@@ -132,8 +132,8 @@ def print_report(report: Any, as_json: bool, render: Callable[[Any], None], *,
 
 def print_doc(doc: dict[str, Any], *, show_secrets: bool = False) -> None:
     """A command's ``--json`` document on stdout: in the envelope every command shares
-    (``mldebug.envelope``, docs/json.md), secrets redacted unless ``show_secrets``."""
-    from mldebug.envelope import wrap
+    (``mldebug.cli.envelope``, docs/json.md), secrets redacted unless ``show_secrets``."""
+    from mldebug.cli.envelope import wrap
     from mldebug.redact import redact_doc
     from mldebug.render import print_json
 

@@ -139,7 +139,7 @@ def _rebase(obj: Any, old: str, new: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mldebug.envelope import wrap
+    from mldebug.cli.envelope import wrap
 
     if args.hang_action == "analyze":
         from mldebug.hang.analyze import analyze

@@ -1,5 +1,5 @@
 """The fault class a flight-recorder analysis names (the fault matrix's vocabulary,
-docs/faults.md): the ``class`` of `fr analyze`'s JSON verdict (mldebug.envelope)."""
+docs/faults.md): the ``class`` of `fr analyze`'s JSON verdict (mldebug.cli.envelope)."""
 
 from __future__ import annotations
 

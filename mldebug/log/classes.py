@@ -1,5 +1,5 @@
 """The fault class each `mldebug log` verdict code names (the fault matrix's vocabulary,
-docs/faults.md): the ``class`` of log's JSON verdict (mldebug.envelope)."""
+docs/faults.md): the ``class`` of log's JSON verdict (mldebug.cli.envelope)."""
 
 from __future__ import annotations
 
