@@ -36,3 +36,35 @@ def torch_missing(feature: str) -> str:
         f"{feature} needs PyTorch, which is not installed in this Python. "
         "Install it: pip install 'mldebug[torch]' (or the torch build your cluster uses)."
     )
+
+
+# the import name of each optional dependency -> the extra of pyproject.toml that installs it
+# (tests/test_cli_typos.py checks this table against pyproject's extras)
+OPTIONAL_MODULES: dict[str, tuple[str, str]] = {
+    "torch": ("torch", "torch"),
+    "transformers": ("transformers", "tiny"),
+    "tokenizers": ("tokenizers", "tiny"),
+    "datasets": ("datasets", "tiny"),
+    "safetensors": ("safetensors", "tiny"),
+    "sentencepiece": ("sentencepiece", "tiny"),
+    "pyarrow": ("pyarrow", "tiny"),
+    "PIL": ("pillow", "tiny"),
+    "matplotlib": ("matplotlib", "plot"),
+    "pynvml": ("nvidia-ml-py", "gpu"),
+    "debugpy": ("debugpy", "ide"),
+    "lovely_tensors": ("lovely-tensors", "lovely"),
+    "viztracer": ("viztracer", "bench"),
+}
+
+
+def missing_dependency(e: ModuleNotFoundError, command: str | None) -> MldebugError | None:
+    """The error for an optional dependency that is not installed (None for any other
+    missing module: that one is a bug): what needs it, and the pip line of its extra."""
+    top = (e.name or "").split(".", 1)[0]
+    if top not in OPTIONAL_MODULES:
+        return None
+    dist, extra = OPTIONAL_MODULES[top]
+    who = f"mldebug {command}" if command else "this command"
+    also = " (or the torch build your cluster uses)" if extra == "torch" else ""
+    return MldebugError(f"{who} needs {dist}, which is not installed in this Python.",
+                        f"Install it: pip install 'mldebug[{extra}]'{also}.")

@@ -120,7 +120,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ``mldebug hang`` does not import the modules of every other command)."""
     import argparse
 
-    parser = argparse.ArgumentParser(
+    from mldebug.cli.parser import Parser
+
+    parser = Parser(
         prog="mldebug",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -264,6 +266,14 @@ def _main_guarded(args_list: list[str], debug: bool) -> int:
     except BrokenPipeError:  # `mldebug ... | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except ModuleNotFoundError as e:  # an optional dependency (an extra) is not installed
+        from mldebug.errors import missing_dependency
+
+        known = missing_dependency(e, _command_of(args_list))
+        if known is None:
+            return _report_bug(e, debug)
+        _print_error(known)
+        return 1
     except OSError as e:  # a full disk or a read-only --out is the world's doing, not a bug
         from pathlib import Path
 
@@ -290,6 +300,7 @@ def _main(args_list: list[str]) -> int:
         complete(build_parser())
     only = _prepare(args_list)
     parser = build_parser(only)
+    parser.argv = list(args_list)  # the did-you-mean of an unknown option finds its command
     try:
         args = parser.parse_args(args_list)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)
