@@ -307,3 +307,50 @@ def test_live_report_names_its_job_and_each_silent_rank_with_its_reason():
     # a saved directory's report keeps its own wording and fix
     saved = analyze(t[:1])
     assert saved.job is None and "mldebug hang analyze DIR" in saved.findings[0].fix
+
+
+def test_a_second_read_tells_slow_from_stuck():
+    """Live `trace show`: ranks in different places are read again. Every ring moved: the job
+    makes progress, the divergence is a branch (a hint, no culprit); only a minority moved:
+    those ranks are busy elsewhere while the rest wait (culprits); the envelope agrees."""
+    from mldebug.cli.envelope import wrap
+    from mldebug.trace.analyze import moved
+
+    a, b, c = Loc("t.py", 1, "f"), Loc("t.py", 2, "f"), Loc("t.py", 3, "slow")
+    first = [_trace(0, [a, b]), _trace(1, [a, b]), _trace(2, [a, c])]
+    later = [_trace(0, [b, a]), _trace(1, [b, a]), _trace(2, [c, c])]
+    assert moved(first, later) == {("h", 100), ("h", 101), ("h", 102)}
+    assert moved(first, first) == set() and moved(first, later[:1]) == {("h", 100)}
+    rep = analyze(first, live=True)
+    assert rep.divergences and not rep.progress
+    assert wrap(rep.to_dict(), "trace", "show")["verdict"]["culprits"] == [2]
+    slow = analyze(first, live=True, progress=2.0)
+    assert slow.progress and slow.findings[0].code == "trace-progress"
+    assert all(f.severity.value != "warning" for f in slow.findings)
+    v = wrap(slow.to_dict(), "trace", "show")["verdict"]
+    assert (v["kind"], v["culprits"], v["class"]) == ("ok", [], "healthy")
+    # rank 2 spins in an evaluation (its ring wrapped: no shared history), 0 and 1 stand still
+    spin = [_trace(0, [a, b]), _trace(1, [a, b]), _trace(2, [c] * 8)]
+    busy = analyze(spin, live=True, busy=({("h", 102)}, 6.0))
+    assert busy.busy == [2] and busy.findings[0].code == "trace-busy-elsewhere"
+    assert "rank 2 kept running Python code while ranks 0-1 stood still" in busy.findings[0].title
+    v = wrap(busy.to_dict(), "trace", "show")["verdict"]
+    assert (v["kind"], v["culprits"], v["class"]) == ("culprits", [2], "spinning")
+    # a majority moving is not a culprit (nor is the minority that stood still)
+    assert analyze(spin, live=True, busy=({("h", 100), ("h", 101)}, 6.0)).busy == []
+
+
+def test_a_rank_on_the_cpu_runs_a_rank_asleep_waits():
+    """trace show's second look also reads /proc: a rank whose ring is one loop saturated
+    (it reads the same each time) still runs when its main thread used the CPU."""
+    from mldebug.cli.trace import BUSY_CPU, CLK_TCK, _runs
+
+    def s(t: float, ticks: int, state: str = "S") -> dict[str, object]:
+        return {"t": t, "ticks": ticks, "state": state}
+
+    busy = int(CLK_TCK * 2 * BUSY_CPU) + 1  # a bit more than BUSY_CPU of a core over 2 s
+    assert _runs(s(0, 0, "R"), s(2, busy, "S"))
+    assert not _runs(s(0, 0), s(2, 1))  # asleep in a collective: a tick at most
+    assert _runs(s(0, 0, "R"), s(2, 2, "R"))  # runnable at both on a loaded node, and ran
+    assert not _runs(s(0, 5, "R"), s(2, 5, "R"))  # runnable but never scheduled: no tick
+    assert not _runs(s(2, 0), s(2, busy)) and not _runs(s(0, 9), s(2, 3))  # bad pairs

@@ -331,17 +331,17 @@ POOLED_RUN: dict[int, bool] = {}  # runs of pooled cases (their ranks record no 
 
 def route_trace(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
     """`mldebug trace show --pid`: the live ranks write their execution rings now; the ranks
-    of the divergence the fewest ranks share, when they are a minority, are its culprits."""
+    the envelope's verdict names the culprits (a minority divergence, none when every ring
+    moved between two reads)."""
     doc, dt, err = cli("trace", "show", "--pid", str(run.procs[0].pid), "--json",
                        save=run.side / "trace.json")
     if doc is None:
         return None, None, dt, "", err
-    world = len(doc.get("ranks") or []) or run.case.ranks
+    v = doc.get("verdict") or {}  # the envelope's (mldebug/cli/envelope.py _trace)
+    ranks = sorted(v.get("culprits") or [])
     divs = [d for d in doc.get("divergences") or [] if d.get("ranks")]
-    ranks: list[int] = []
-    summary = "no divergence"
-    if divs and len(divs[0]["ranks"]) < world / 2:
-        ranks = sorted(divs[0]["ranks"])
+    summary = v.get("summary") or "no divergence"
+    if ranks and divs:
         left = divs[0].get("left_at") or {}
         summary = f"ranks {ranks} left at {left.get('file', '?')}:{left.get('line', '?')}"
     return ranks, None, dt, summary, ""

@@ -175,6 +175,14 @@ def _trace(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, str]]:
     world = len(doc.get("ranks") or [])
     divs = [d for d in doc.get("divergences") or [] if d.get("ranks")]
     first = _first(doc.get("findings") or [], "error", "warning")
+    if doc.get("progress"):  # live: every ring moved between two reads (a slow branch)
+        return verdict("ok", "every rank's ring moved between two reads: the job makes "
+                       "progress", [], "healthy", "medium", "trace-progress"), {}
+    if doc.get("busy"):  # live: a minority kept running while the rest stood still
+        f = next((f for f in doc.get("findings") or [] if f.get("code") == "trace-busy-elsewhere"),
+                 first)
+        return verdict("culprits", f["title"] if f else "busy elsewhere", list(doc["busy"]),
+                       "spinning", "medium", "trace-busy-elsewhere"), {}
     if divs and world and len(divs[0]["ranks"]) < world / 2:
         return verdict("culprits", first["title"] if first else "ranks diverge",
                        list(divs[0]["ranks"]), "desync", "medium",

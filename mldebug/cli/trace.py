@@ -174,7 +174,60 @@ def _live(pid: int | None, job: str | None, timeout: float) -> Any:
                 f"mldebug hang analyze {' '.join(dumps)}")
     one_rank = pid is not None and job is None and [int(t["pid"]) for t in ranks] == [pid] \
         and (ranks[0].get("identity") or {}).get("rank") is not None
-    return analyze(traces, [], notes, job=label, live=True,
-                   unnoted=("not selected: --pid named one rank; pass the launcher's pid or "
-                            f"--job {key} for every rank of the job here") if one_rank and key
-                   else None)
+    unnoted = ("not selected: --pid named one rank; pass the launcher's pid or "
+               f"--job {key} for every rank of the job here") if one_rank and key else None
+    report = analyze(traces, [], notes, job=label, live=True, unnoted=unnoted)
+    if (report.divergences or len(report.groups) > 1) and not report.missing \
+            and len(traces) > 1:
+        # one read cannot tell a rank stuck in a branch from a slow rank passing through it:
+        # read again until every ring moved (progress) or RECHECK_S passed (hang's re-check).
+        # A slow rank's peers wait in C for it, so one short look may see only some move.
+        import time
+
+        from mldebug.ranks import alive, proc_sample
+        from mldebug.trace.analyze import moved
+
+        want = {(t.host, t.pid) for t in traces}
+        seen: set[tuple[str, int]] = set()  # rings that changed, or ranks that ended
+        ended: set[tuple[str, int]] = set()
+        cpu_busy: set[tuple[str, int]] = set()  # main thread on the CPU (a saturated ring
+        #                                         of one loop reads the same each time)
+        before = {k: proc_sample(k[1]) for k in want}
+        start = time.monotonic()
+        print(f"mldebug: the ranks are in different places; reading their rings again for up "
+              f"to {RECHECK_S:g}s to tell slow from stuck", file=sys.stderr)
+        while time.monotonic() - start < RECHECK_S and seen != want:
+            time.sleep(RECHECK_STEP_S)
+            again, _ = results(ask(ranks, timeout))
+            seen |= moved(traces, again)
+            for k in want - seen:
+                now, then = proc_sample(k[1]), before.get(k)
+                if now is None or not alive(k[1]):
+                    ended.add(k)  # the rank finished or was ended meanwhile: not stuck here
+                elif then is not None and _runs(then, now):
+                    cpu_busy.add(k)
+            seen |= ended
+        took = round(time.monotonic() - start, 1)
+        if seen == want and len(ended) < len(want):
+            report = analyze(traces, [], notes, job=label, live=True, unnoted=unnoted,
+                             progress=took)
+        elif not ended and (busy := (seen | cpu_busy)):
+            report = analyze(traces, [], notes, job=label, live=True, unnoted=unnoted,
+                             busy=(busy, took))
+    return report
+
+
+RECHECK_S = 6.0  # trace show's longest look for progress in a live job whose ranks diverge
+RECHECK_STEP_S = 1.0  # between its reads
+BUSY_CPU = 0.3  # of a core, used by a rank's main thread over the look: it runs (not waits)
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _runs(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The main thread ran between two /proc samples (mldebug.ranks.proc_sample): at least
+    BUSY_CPU of a core, or runnable at both with ticks (a shared, loaded node), as
+    ``mldebug hang`` calls a rank spinning."""
+    dt, ticks = b["t"] - a["t"], b["ticks"] - a["ticks"]
+    if dt <= 0 or ticks <= 0:
+        return False
+    return ticks / CLK_TCK >= BUSY_CPU * dt or (a["state"] == "R" and b["state"] == "R")

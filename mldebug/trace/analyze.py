@@ -4,6 +4,7 @@ shared event just before it - typically a rank-dependent ``if``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 
 from mldebug.findings import Finding, Severity
@@ -184,18 +185,73 @@ def findings(traces: list[RankTrace], groups: list[TraceGroup],
     return out
 
 
+def moved(before: list[RankTrace], after: list[RankTrace]) -> set[tuple[str, int]]:
+    """The (host, pid) of the ranks whose ring changed between two reads (``trace show --pid``
+    reads again when ranks diverge): those ran Python code in between. When every rank has
+    moved, the job makes progress and a divergence is a branch some ranks take (a slow one),
+    not where one is stuck. A rank missing from the second read, or whose recorded events are
+    the same, did not move."""
+    later = {(t.host, t.pid): t for t in after}
+    out: set[tuple[str, int]] = set()
+    for t in before:
+        b = later.get((t.host, t.pid))
+        if b is not None and [e.key for e in b.events] != [e.key for e in t.events]:
+            out.add((t.host, t.pid))
+    return out
+
+
+def progress_finding(seconds: float) -> Finding:
+    return Finding(
+        Severity.INFO, f"every rank's ring moved between two reads {seconds:g}s apart: the job "
+        "makes progress, nothing is stuck",
+        detail="The places where ranks left the others' path below are branches some ranks "
+               "take (a slow data source, rank-0 work), not where one stopped.",
+        fix="If a step is slow, the rank that takes the branch is the slowest; time it "
+            "(mldebug hang --watch 5 shows where each rank spends its time).",
+        code="trace-progress")
+
+
+def busy_finding(busy: list[RankTrace], still: list[RankTrace], seconds: float) -> Finding:
+    who = _ranks_text([t.label for t in busy], [t.rank for t in busy if t.rank is not None])
+    rest = _ranks_text([t.label for t in still], [t.rank for t in still if t.rank is not None])
+    last = busy[0].events[-1].describe() if busy[0].events else "(nothing recorded)"
+    return Finding(
+        Severity.WARNING, f"{who} kept running Python code while {rest} stood still for "
+        f"{seconds:g}s", detail=f"{who}'s ring moved between two reads (last at {last}); "
+        f"{rest} recorded nothing new: they wait, most likely in a collective, for {who}.",
+        fix=f"Look at what {who} is doing at {busy[0].events[-1].where if busy[0].events else 'its last event'} "
+            "(an evaluation, a checkpoint, a loop): it runs longer than the others wait; "
+            "mldebug hang --watch 5 shows its stack.", code="trace-busy-elsewhere")
+
+
 def analyze(traces: list[RankTrace], errors: list[str] | None = None,
             notes: list[tuple[int | None, int, str]] | None = None, *,
             job: str | None = None, live: bool = False,
-            unnoted: str | None = None) -> TraceReport:
+            unnoted: str | None = None, progress: float | None = None,
+            busy: tuple[set[tuple[str, int]], float] | None = None) -> TraceReport:
     """``notes``: (rank, pid, why) of the ranks without a ring: dump+abort's notes, or with
     ``live`` the ranks a live ``trace show --pid/--job`` asked (``job``: that job's key);
-    ``unnoted``: why a rank of the world size that no note names has no ring."""
+    ``unnoted``: why a rank of the world size that no note names has no ring;
+    ``progress``: the seconds between two reads in which every rank's ring moved (``moved``):
+    the divergences are then branches, said so, and their warnings are hints; ``busy``: the
+    (host, pid) of a minority of ranks that moved while the rest did not, and the seconds
+    looked: they are the culprits (busy elsewhere while the others wait)."""
     groups = group(traces)
     divs = divergences(traces)
     world, miss = missing(traces, list(notes or ()),
                           unnoted or (NOT_HERE if live else NO_RING))
-    return TraceReport(traces=traces, groups=groups, divergences=divs,
-                       findings=findings(traces, groups, divs, miss, world, live),
+    found = findings(traces, groups, divs, miss, world, live)
+    if progress is not None and not miss:
+        found = [progress_finding(progress)] + [
+            dataclasses.replace(f, severity=Severity.HINT) if f.code.startswith(
+                "trace-path-diverged") else f for f in found]
+    busy_ranks: list[int] = []
+    if busy is not None and not miss and progress is None:
+        movers = [t for t in traces if (t.host, t.pid) in busy[0]]
+        still = [t for t in traces if (t.host, t.pid) not in busy[0]]
+        if movers and still and len(movers) < len(traces) / 2:
+            found = [busy_finding(movers, still, busy[1])] + found
+            busy_ranks = sorted(t.rank for t in movers if t.rank is not None)
+    return TraceReport(traces=traces, groups=groups, divergences=divs, findings=found,
                        errors=list(errors or ()), missing=miss, world_size=world, job=job,
-                       live=live)
+                       live=live, progress=progress is not None and not miss, busy=busy_ranks)

@@ -87,11 +87,15 @@ class TraceReport:
     world_size: int | None = None  # expected ranks, when the rings or the notes tell
     job: str | None = None  # live: the job's key (as 'mldebug hang' names jobs)
     live: bool = False  # the rings were asked for now (trace show --pid/--job), not read from DIR
+    progress: bool = False  # live: every rank's ring moved between two reads (analyze.moved)
+    busy: list[int] = field(default_factory=list)  # live: the minority that moved, the rest not
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "job": self.job,
             "live": self.live,
+            "progress": self.progress,
+            "busy": self.busy,
             "ranks": [{"host": t.host, "pid": t.pid, "rank": t.rank, "events": t.kind,
                        "reason": t.reason, "recorded": len(t.events), "threads": t.threads,
                        "last": asdict(t.events[-1]) if t.events else None}
