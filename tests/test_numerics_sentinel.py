@@ -280,6 +280,7 @@ def test_report_skips_bad_files_with_reasons(tmp_path: Path) -> None:
 
 
 def test_import_and_report_need_no_torch(tmp_path: Path) -> None:
+    (tmp_path / "numerics-node1-rank0.jsonl").touch()  # as a sentinel that never tripped leaves it
     code = ("import sys, mldebug, mldebug.cli; assert 'NanSentinel' in dir(mldebug); "
             f"rc = mldebug.cli.main(['numerics', 'report', {str(tmp_path)!r}]); "
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
@@ -287,6 +288,31 @@ def test_import_and_report_need_no_torch(tmp_path: Path) -> None:
                        env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
     assert r.returncode == 0, r.stderr
     assert "no non-finite value recorded" in r.stdout
+
+
+def test_nothing_tripped_is_told_from_a_directory_no_sentinel_wrote(tmp_path: Path) -> None:
+    """Issue #40: an empty or wrong directory said 'no non-finite value recorded', exit 0.
+    A sentinel creates its rank's file when it starts; a directory without one is an error."""
+    torch.manual_seed(0)
+    net = Net()
+    s = NanSentinel(net, dir=tmp_path / "rec", print_report=False)
+    with s.step(batch(0)):
+        net(*batch(0)).backward()
+    [f] = list((tmp_path / "rec").iterdir())
+    assert records.FILE_RE.match(f.name) and f.stat().st_size == 0
+    assert (f.stat().st_mode & 0o777) == 0o600
+    r = cli("numerics", "report", str(tmp_path / "rec"))
+    assert r.returncode == 0 and "no non-finite value recorded" in r.stdout
+    assert "in 1 file(s)" in r.stdout
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "events.jsonl").write_text("{}\n")
+    for d in ("empty", "other"):
+        r = cli("numerics", "report", str(tmp_path / d))
+        assert r.returncode == 1 and r.stdout == "", r.stdout
+        assert r.stderr.startswith(f"mldebug: error: {tmp_path / d} holds no NanSentinel record "
+                                   "file (numerics-HOST-rankN.jsonl)"), r.stderr
+        assert "Pass the dir= of NanSentinel(...)" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.cuda

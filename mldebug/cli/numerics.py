@@ -19,7 +19,9 @@ or point it at a shared one) and names the first non-finite value:
   mldebug numerics report nan-records
   mldebug numerics report nan-records --json    (first: rank, step, module, phase, reproducible)
 
-Exit code 0 when the records were read (whatever the verdict); 1 for an unreadable directory."""
+Exit code 0 when the records were read (whatever the verdict, 'no non-finite value recorded'
+included: every rank's sentinel creates its file when it starts); 1 for a directory that holds
+no record file (empty, or not the sentinel's dir=) or cannot be read."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -60,6 +60,14 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def create_record_file(path: Path) -> None:
+    """The rank's record file, created empty when its sentinel starts (0600, never through a
+    symlink): a directory a sentinel wrote to is never empty, so ``mldebug numerics report``
+    tells 'nothing tripped' from 'not a sentinel's directory'."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600))
+
+
 # ---- reading (bounded) --------------------------------------------------------------------
 
 @dataclass
@@ -97,6 +105,13 @@ def load_records(directory: str | Path) -> Loaded:
     except OSError as e:
         raise MldebugError(f"cannot list {root}: {e.strerror}.", "Check the path and its "
                            "permissions.") from None
+    if not candidates:
+        raise MldebugError(
+            f"{root} holds no NanSentinel record file (numerics-HOST-rankN.jsonl), here or one "
+            "level down: not a directory a sentinel wrote to.",
+            "Pass the dir= of NanSentinel(...) (default: mldebug-numerics in the job's working "
+            "directory, or $MLDEBUG_DIR/mldebug-numerics); each rank's sentinel creates its "
+            "file when it starts.")
     if len(candidates) > MAX_FILES:
         out.skipped.append((str(root), f"more than {MAX_FILES} record files; the rest skipped"))
         candidates = candidates[:MAX_FILES]

@@ -211,6 +211,12 @@ class NanSentinel:
         self.host = socket.gethostname().split(".")[0]
         self.dir = self._private_dir(dir)
         self.path = records.record_path(self.dir, self.host, self.rank)
+        try:
+            records.create_record_file(self.path)
+        except OSError as e:
+            raise MldebugError(f"NanSentinel: cannot create its record file {self.path} "
+                               f"({e.strerror}).", "Pass dir= a directory you can write "
+                               "(a symlink there is refused).") from None
         self.step_number = 0
         self.micro_batch = 0
         self.trips = 0
