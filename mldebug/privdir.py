@@ -225,9 +225,23 @@ def read_bounded(path: PathLike, limit: int = 64 << 20) -> bytes:
 
 
 def default_dir() -> Path:
-    """$MLDEBUG_DIR, else ``mldebug-capture`` in the job's working directory."""
+    """Where a rank's hooks write (watchdog/dump-handler stacks, trace rings): $MLDEBUG_DIR,
+    else ``$XDG_STATE_HOME/mldebug/capture/<job>`` (``~/.local/state/...``), one directory per
+    job (mldebug.ranks.job_of's key: torchrun's run id, the Slurm job and step, ...; else
+    ``pid-<pid>``). Never the job's working directory, which is often its source checkout."""
     env = os.environ.get("MLDEBUG_DIR")
-    return Path(env) if env else Path.cwd() / "mldebug-capture"
+    if env:
+        return Path(env)
+    import re
+    import socket
+
+    from mldebug.ranks import job_of
+
+    key = job_of(dict(os.environ), socket.gethostname().split(".")[0], None)["key"]
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:120] if key else f"pid-{os.getpid()}"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                             "state")
+    return Path(base) / "mldebug" / "capture" / name
 
 
 def registry_dir(home: PathLike | None = None) -> Path:

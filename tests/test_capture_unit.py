@@ -523,3 +523,41 @@ def test_registrations_take_turns_and_a_stopped_holder_never_holds_up_the_job(tm
     with _registry_lock(reg, wait=30):  # released: taken at once
         pass
     assert (reg / ".lock").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_default_directory_is_per_job_and_never_the_jobs_source_directory(tmp_path,
+                                                                              monkeypatch):
+    """Issue #40: ./mldebug-capture landed in the job's working directory (often its source
+    checkout). Now: $MLDEBUG_DIR, else a per-job directory under the user's state home; a real
+    watchdog dump lands there, 0700, and nothing is created in the working directory."""
+    from mldebug.privdir import default_dir
+
+    code = textwrap.dedent("""
+        import os, sys, time, json, mldebug
+        from mldebug.privdir import default_dir
+        print(default_dir(), flush=True)
+        wd = mldebug.watchdog(timeout=0.5, on_stall="dump")
+        time.sleep(2.5)
+        wd.close()
+    """)
+    src = tmp_path / "checkout"
+    src.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLDEBUG_DIR", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR")}
+    env.update(PYTHONPATH=str(REPO), XDG_STATE_HOME=str(tmp_path / "state"),
+               TORCHELASTIC_RUN_ID="abc-123", RANK="0", WORLD_SIZE="1")
+    r = subprocess.run([sys.executable, "-c", code], cwd=src, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    where = Path(r.stdout.splitlines()[0])
+    assert where == tmp_path / "state" / "mldebug" / "capture" / "run_abc-123"
+    assert list(src.iterdir()) == []  # nothing in the job's working directory
+    assert [p.name for p in (where / "dumps").iterdir()][0].endswith(".json")
+    assert (where.stat().st_mode & 0o777) == 0o700
+    # the key is one path component whatever the launcher put in it; $MLDEBUG_DIR wins
+    monkeypatch.delenv("MLDEBUG_DIR", raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "../../etc")
+    d = default_dir()
+    assert d.name == "run_.._.._etc" and d.parent.name == "capture"
+    monkeypatch.setenv("MLDEBUG_DIR", str(tmp_path / "mine"))
+    assert default_dir() == tmp_path / "mine"

@@ -346,8 +346,8 @@ _HANDLER: DumpHandler | None = None
 
 def install_dump_handler(dir: str | Path | None = None, signum: int | str = signal.SIGUSR1,
                          locals: bool = False, poll: float = 1.0) -> DumpHandler:
-    """Dump every thread's stack into ``dir`` (default ``$MLDEBUG_DIR`` or ./mldebug-capture)
-    whenever this process gets ``signum``; what ``mldebug hang --signal`` asks for. Calling
+    """Dump every thread's stack into ``dir`` (default ``$MLDEBUG_DIR``, else the job's
+    directory under ~/.local/state/mldebug/capture: privdir.default_dir) whenever this process gets ``signum``; what ``mldebug hang --signal`` asks for. Calling
     again returns the installed handler."""
     global _HANDLER
     if _HANDLER is None:
