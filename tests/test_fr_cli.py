@@ -15,11 +15,38 @@ def test_env_prints_current_and_old_names():
     assert r.returncode == 0, r.stderr
     lines = dict(line.split("  #")[0].removeprefix("export ").split("=", 1)
                  for line in r.stdout.splitlines() if line.startswith("export "))
-    assert lines["TORCH_FR_BUFFER_SIZE"] == "500" and lines["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"
+    assert lines["TORCH_FR_BUFFER_SIZE"] == "500" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in lines
+    # torch 2.9+ warns on every rank when the old buffer name is set: printed commented out
+    assert "# export TORCH_NCCL_TRACE_BUFFER_SIZE=500  # torch before 2.9 only" in r.stdout
     assert lines["TORCH_FR_DUMP_ON_TIMEOUT"] == lines["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and lines["TORCH_NCCL_DESYNC_DEBUG"] == "1"
     assert lines["TORCH_FR_DUMP_TEMP_FILE"] == "/scratch/fr/nccl/fr_rank"
     assert lines["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/fr/nccl/fr_rank"
     assert "before torch 2.9" in r.stdout
+
+
+def test_enable_sets_no_name_this_torch_warns_about(tmp_path):
+    """Issue #40: fr.enable() made every rank print torch's 'TORCH_NCCL_TRACE_BUFFER_SIZE is
+    deprecated' warning. A real 1-rank gloo job under enable(): no deprecation line."""
+    import subprocess
+    import sys
+
+    from mldebug.fr.recorder import native_env, torch_before
+
+    assert not torch_before(2, 9)  # this venv's torch 2.13
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in native_env(tmp_path)
+    assert native_env(tmp_path, legacy=True)["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    code = ("import socket, torch, torch.distributed as dist, mldebug.fr as fr\n"
+            "fr.enable()\n"
+            "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
+            "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, "
+            "world_size=1)\n"
+            "dist.all_reduce(torch.ones(2)); dist.destroy_process_group(); print('ok')\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TORCH_")}
+    env.update(PYTHONPATH=str(REPO), MLDEBUG_FR_DIR=str(tmp_path / "fr"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    assert "deprecated" not in r.stderr, r.stderr
 
 
 def test_analyze_human_json_and_all(tmp_path):

@@ -29,7 +29,10 @@ def test_native_env_uses_both_names_and_a_subdirectory(tmp_path):
     stem = str(tmp_path / "nccl" / "fr_rank")
     assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == stem
     assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == stem
-    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "123"
+    assert env["TORCH_FR_BUFFER_SIZE"] == "123"
+    # the old buffer name only for torch before 2.9 (newer torch warns on every rank: #40)
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
+    assert native_env(tmp_path, 123, legacy=True)["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "123"
 
 
 def test_enable_keeps_user_settings_and_dump_works_without_a_job(tmp_path):
@@ -41,7 +44,7 @@ def test_enable_keeps_user_settings_and_dump_works_without_a_job(tmp_path):
         rec = mldebug.fr.enable({str(tmp_path)!r}, trigger=False, on_failure=False)
         assert os.environ["TORCH_FR_BUFFER_SIZE"] == "77"
         assert os.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-        assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "77"
+        assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ  # torch 2.13 warns on it
         p = mldebug.fr.dump("test")
         d = pickle.load(open(p, "rb"))
         print(p.name, d["mldebug"]["reason"], d["rank"])

@@ -319,16 +319,22 @@ def _watch(args: argparse.Namespace) -> int:
     return 0
 
 
+# names only torch before 2.9 reads, printed commented out (mldebug.fr.enable() sets them
+# only there): torch 2.9+ prints a deprecation warning on every rank when they are set
+OLD_ONLY = frozenset({"TORCH_NCCL_TRACE_BUFFER_SIZE"})
+
+
 def _env(args: argparse.Namespace) -> int:
     from mldebug.fr.recorder import default_dir, native_env
 
     d = Path(args.dir) if args.dir else default_dir()
-    env = native_env(d, args.buffer_size)
+    env = native_env(d, args.buffer_size, legacy=True)  # the job's torch is not known here
     comments = {
         "TORCH_NCCL_DESYNC_DEBUG": "name the rank/collective that fell out of step at a timeout",
         "TORCH_FR_BUFFER_SIZE": "entries kept per rank; non-zero turns the recorder on "
                                 "(before torch 2.9: TORCH_NCCL_TRACE_BUFFER_SIZE)",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "pre-2.9 name; the NCCL debug pipe still reads it",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "torch before 2.9 only (uncomment there): newer torch "
+                                        "warns on every rank when it is set",
         "TORCH_FR_DUMP_ON_TIMEOUT": "NCCL: dump when the watchdog fires (gloo never does; "
                                     "use mldebug.fr.enable() there)",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "pre-2.9 name of TORCH_FR_DUMP_ON_TIMEOUT",
@@ -341,5 +347,6 @@ def _env(args: argparse.Namespace) -> int:
     print(f"# PyTorch flight recorder, native path (set before init_process_group). "
           f"Make the directory first: mkdir -p {d / 'nccl'}")
     for key, value in env.items():
-        print(f"export {key}={shlex.quote(value)}  # {comments.get(key, '')}")
+        off = "# " if key in OLD_ONLY else ""
+        print(f"{off}export {key}={shlex.quote(value)}  # {comments.get(key, '')}")
     return 0

@@ -45,18 +45,38 @@ def default_dir() -> Path:
     return Path(env) if env else Path(f"/tmp/mldebug-fr-{os.getuid()}")
 
 
-def native_env(dump_dir: str | Path, buffer_size: int = 2000) -> dict[str, str]:
+def torch_before(major: int, minor: int) -> bool:
+    """Whether the installed torch is older than ``major.minor`` (from its metadata: no torch
+    import); an unknown version counts as older (its old spellings are then set too)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        parts = version("torch").split("+", 1)[0].split(".")
+        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) < \
+            (major, minor)
+    except (PackageNotFoundError, ValueError, IndexError):
+        return True
+
+
+def native_env(dump_dir: str | Path, buffer_size: int = 2000,
+               legacy: bool | None = None) -> dict[str, str]:
     """PyTorch's own recorder settings, current names and their pre-2.9 spellings.
+
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE`` only for torch before 2.9 (``legacy``; default: the
+    installed torch's version): newer torch reads ``TORCH_FR_BUFFER_SIZE`` and prints a
+    deprecation warning on every rank when the old name is set (issue #40).
 
     NCCL dumps on a watchdog timeout to ``<dir>/nccl/fr_rank<R>`` and on a write to the pipe
     ``<dir>/nccl/fr_rank<R>.pipe``. These are read when the NCCL process group is created,
     so they must be in the environment before ``init_process_group``.
     """
     stem = str(Path(dump_dir) / NATIVE_SUBDIR / PREFIX)
+    old = {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(buffer_size)} if (
+        torch_before(2, 9) if legacy is None else legacy) else {}
     return {
         "TORCH_NCCL_DESYNC_DEBUG": "1",
         "TORCH_FR_BUFFER_SIZE": str(buffer_size),
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": str(buffer_size),  # before 2.9; the pipe reads it
+        **old,  # before 2.9 (the NCCL pipe read it there)
         "TORCH_FR_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # before 2.9
         "TORCH_FR_DUMP_TEMP_FILE": stem,
