@@ -300,7 +300,9 @@ def _main(args_list: list[str]) -> int:
         complete(build_parser())
     only = _prepare(args_list)
     parser = build_parser(only)
-    parser.argv = list(args_list)  # the did-you-mean of an unknown option finds its command
+    from mldebug.cli.parser import Parser
+
+    Parser.argv = list(args_list)  # the did-you-mean of an unknown option finds its command
     try:
         args = parser.parse_args(args_list)
     except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2)

@@ -19,7 +19,8 @@ class Parser(argparse.ArgumentParser):
     argv: list[str] = []  # set on the top parser by mldebug.cli._main (for unknown options)
 
     def error(self, message: str) -> NoReturn:
-        where, hint, lists = self, "", "its options"
+        where: argparse.ArgumentParser = self
+        hint, lists = "", "its options"
         if message.startswith(_UNKNOWN):
             where = innermost(self, self.argv)
             hint = option_hint(where, message[len(_UNKNOWN):].split())
