@@ -120,7 +120,33 @@ def check_target(path: str | Path, *, force: bool, flag: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise MldebugError(f"cannot write {p}: the directory {parent} is not writable.",
                            f"Pass a {flag} path in a directory you can write.")
+    why = shared_parent_reason(parent)
+    if why:
+        raise UsageError(f"{flag} {p}: the directory {parent} {why}, so another user could "
+                         "swap the file while mldebug writes it (--out refuses the same).",
+                         f"Pass a {flag} path in a directory you own (or a sticky one of root's, "
+                         "like /tmp).")
     return p
+
+
+def shared_parent_reason(parent: Path) -> str | None:
+    """Why a file must not be written into ``parent``, or None: a directory of another user
+    (they rename what is in it, sticky bit or not), or one others can write without the
+    sticky bit. Root's sticky /tmp and the user's own directories are fine."""
+    import stat
+
+    from mldebug.privdir import owner_name
+
+    try:
+        st = os.stat(parent)
+    except OSError:
+        return None  # the writability check above answers for it
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"belongs to {owner_name(st.st_uid)}"
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+        return f"can be written by other users (mode {mode:04o}, no sticky bit)"
+    return None
 
 
 def _written_by_us(p: Path) -> bool:

@@ -14,6 +14,12 @@ One rule for every command that writes:
   only when the block succeeds - with SIGINT and SIGTERM held off for the two renames, so an
   interrupted run leaves the finished output or nothing. A replaced directory is renamed
   aside and deleted through the parent's fd, only when it still holds the marker.
+- **Claimed, so two writers never mix** (``staged``): the staging directory has one name per
+  output (``.NAME.tmp-writing``), made with ``mkdir`` (atomic) and held with ``flock`` on a
+  file inside for the writer's life: a second run to the same ``out`` is refused at once and
+  writes nowhere; one left by a killed run (lock free) is removed and taken over. Without
+  ``replace`` (``mldebug hang --out`` without ``--force``) an ``out`` another run filled since
+  the check is refused too, never replaced.
 - **Files created, never reused** (``write_new``, ``Staged.write``): ``O_CREAT|O_EXCL|
   O_NOFOLLOW``, 0600 unless asked otherwise, relative to a directory fd we created.
 
@@ -255,15 +261,75 @@ def _tmp_name(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(4)}"
 
 
+CLAIM_LOCK = ".mldebug-writing"  # inside the staging directory: flock held by its writer
+
+
+def _claim_state(parent: int, name: str) -> str:
+    """What holds the staging name: "stale" (ours - this user's private directory, by fd -
+    with a lock file nobody holds: a killed run's), "busy" (a writer at work) or "foreign"
+    (not a private directory of this user: planted)."""
+    import fcntl
+
+    try:
+        fd = os.open(name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
+    except OSError:
+        return "foreign"  # a file, a link
+    try:
+        try:
+            check_stat(os.fstat(fd), Path(name), what="staging directory")
+        except MldebugError:
+            return "foreign"
+        try:
+            lock = os.open(CLAIM_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return "busy"  # its writer is creating it now
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return "stale"
+        except OSError:
+            return "busy"
+        finally:
+            os.close(lock)
+    finally:
+        os.close(fd)
+
+
+def _claim(parent: int, out: Path) -> str:
+    """Make this run's staging directory for ``out`` (``mkdir``: one run wins); the name."""
+    name = f".{out.name}.tmp-writing"
+    for attempt in range(2):
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+            return name
+        except FileExistsError:
+            state = _claim_state(parent, name)
+            if state == "stale" and attempt == 0:
+                remove_at(parent, name)  # a killed run's: ours, its lock free
+                continue
+            if state == "foreign":
+                raise UsageError(f"{out.parent / name} exists and is not a private directory "
+                                 "of yours (planted?); nothing was written.",
+                                 "Pass an --out in a directory only you can write.") from None
+            raise UsageError(f"another mldebug run is writing {out} now ({out.parent / name} "
+                             "is its work in progress); this run wrote nothing.",
+                             "Wait for it to finish, or pass another --out.") from None
+    raise AssertionError("unreachable")
+
+
 @contextmanager
 def staged(out: Path, *, command: str = "", marker: str = MARKER,
-           marker_text: str | None = None, private: bool = False) -> Iterator[Staged]:
+           marker_text: str | None = None, private: bool = False,
+           replace: bool = True) -> Iterator[Staged]:
     """Build ``out`` in a fresh directory beside it; it replaces ``out`` only when the block
     finishes without an exception (and SIGTERM unwinds like one), so a failed or interrupted
     run leaves ``out`` as it was. Call ``check_out`` first (it resolves ``out``).
 
     ``private``: the directory stays 0700 (reports with command lines, stacks); otherwise it
-    becomes 0755 like any directory a user makes (a tiny model to share)."""
+    becomes 0755 like any directory a user makes (a tiny model to share). ``replace``: an
+    ``out`` that holds files when the run starts or ends may be replaced (when mldebug wrote
+    it); without, it is refused (``--out`` without ``--force``: another run filled it)."""
+    import fcntl
+
     out = resolve(out)
     name = out.name
     try:
@@ -274,20 +340,18 @@ def staged(out: Path, *, command: str = "", marker: str = MARKER,
         raise (err or UsageError(f"cannot create {out.parent}: {e.strerror}.",
                                  "Pass an --out you can write.")) from None
     tmp = ""
-    tmp_fd = -1
+    tmp_fd = lock = -1
     try:
         with sigterm_unwinds():
             try:
-                for _ in range(100):
-                    tmp = _tmp_name(f".{name}.tmp-")
-                    try:
-                        os.mkdir(tmp, 0o700, dir_fd=parent)
-                        break
-                    except FileExistsError:
-                        continue
+                tmp = _claim(parent, out)
                 tmp_fd = os.open(tmp, _DIR | os.O_NOFOLLOW, dir_fd=parent)
                 # ours, by fd: the one private-directory rule (a planted one is refused)
                 check_stat(os.fstat(tmp_fd), out.parent / tmp, what="staging directory")
+                lock = os.open(CLAIM_LOCK, _NEW, 0o600, dir_fd=tmp_fd)
+                fcntl.flock(lock, fcntl.LOCK_EX)  # held until the swap or this process ends
+                if not replace:
+                    _refuse_filled(parent, out)
                 if not private:
                     os.fchmod(tmp_fd, 0o755)
                 text = marker_text if marker_text is not None else json.dumps(
@@ -295,6 +359,9 @@ def staged(out: Path, *, command: str = "", marker: str = MARKER,
                 write_at(tmp_fd, marker, text.encode(), 0o600 if private else 0o644)
                 yield Staged(out.parent / tmp, tmp_fd, out)
                 with _signals_held():
+                    if not replace:
+                        _refuse_filled(parent, out)
+                    os.unlink(CLAIM_LOCK, dir_fd=tmp_fd)  # still held: the fd stays open
                     _swap_in(parent, tmp, name, marker)
                     tmp = ""
             except MldebugError:
@@ -310,7 +377,29 @@ def staged(out: Path, *, command: str = "", marker: str = MARKER,
         if tmp:
             with _signals_held():
                 remove_at(parent, tmp)
+        if lock >= 0:
+            os.close(lock)  # after the removal: nobody takes a half-removed claim over
         os.close(parent)
+
+
+def _refuse_filled(parent: int, out: Path) -> None:
+    """An ``out`` that holds files now (another run's, since the check) is not replaced."""
+    try:
+        fd = os.open(out.name, _DIR | os.O_NOFOLLOW, dir_fd=parent)
+    except FileNotFoundError:
+        return
+    except OSError:
+        raise UsageError(f"{out} changed while mldebug worked (now not a directory); nothing "
+                         "was written.", "Pass a new --out.") from None
+    try:
+        with os.scandir(fd) as it:
+            full = any(True for _ in it)
+    finally:
+        os.close(fd)
+    if full:
+        raise UsageError(f"{out} was filled by another run while this one worked (two runs "
+                         "with the same --out?); this run wrote nothing there.",
+                         "Pass a new --out, or --force to replace what is there.")
 
 
 def remove_at(parent: int, name: str) -> None:

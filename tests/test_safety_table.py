@@ -140,6 +140,106 @@ def test_path_hang_out_files_are_private_and_replaced_whole(tmp_path, capsys, mo
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")] == []
 
 
+@pytest.mark.parametrize("cmd", sorted(OUT_COMMANDS))
+def test_path_a_second_writer_to_the_same_out_is_refused_and_writes_nowhere(cmd, tmp_path, capsys,
+                                                                           monkeypatch):
+    """row: path-second-writer (#39: two `hang --out D` started together both said 'saved',
+    D held one run's dumps). A run writing o holds its claim; another to o is told at once."""
+    from mldebug import paths
+
+    monkeypatch.chdir(tmp_path)
+    src = _src(tmp_path)
+    if cmd == "shrink-layers":  # it reads its model before the --out claim: a real tiny one
+        assert _cli(["make-tiny", "llama", "--out", str(src / "model"), "--force"], capsys)[0] == 0
+    with paths.staged(tmp_path / "o", command="the first run", private=True) as first:
+        first.write("mine", "first run's")
+        rc, out, err = _cli(OUT_COMMANDS[cmd](src, "o"), capsys)
+        assert rc == 2 and "another mldebug run is writing" in err and "wrote nothing" in err, \
+            (cmd, rc, err)
+    assert (tmp_path / "o" / "mine").read_text() == "first run's"
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [".mldebug-output", "mine"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.")] == []
+
+
+def test_path_a_killed_writers_claim_is_taken_over_a_planted_one_refused(tmp_path, capsys,
+                                                                        monkeypatch, other_user):
+    """row: path-stale-claim - a run killed while writing leaves its claim (ours, lock free):
+    the next run takes it over; one another user planted is refused, never entered."""
+    from mldebug.paths import CLAIM_LOCK
+
+    monkeypatch.chdir(tmp_path)
+    claim = tmp_path / ".run.tmp-writing"
+    claim.mkdir(mode=0o700)
+    (claim / CLAIM_LOCK).write_text("")  # its writer is gone: nobody holds the lock
+    (claim / "dumps").mkdir()
+    rc, _, err = _cli(["hang", "--pattern", "zzz-no-such-process", "--out", "run"], capsys)
+    assert rc == 1 and "saved" in err and (tmp_path / "run" / "report.json").is_file()
+    assert not claim.exists()
+    planted = tmp_path / ".again.tmp-writing"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, other_user, -1)
+    rc, _, err = _cli(["hang", "--pattern", "zzz-no-such-process", "--out", "again"], capsys)
+    assert rc == 2 and "not a private directory of yours" in err, err
+    assert planted.stat().st_uid == other_user and not (tmp_path / "again").exists()
+
+
+def test_path_two_hang_out_runs_started_together_one_wins_whole(secret_rank, tmp_path):
+    """row: path-second-writer, for real: two `mldebug hang --pid P --out D` processes at once.
+    One saves D whole; the other exits 2 saying so (whichever order they reach D in)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    argv = [sys.executable, "-m", "mldebug", "hang", "--pid", str(secret_rank.pid), "--out",
+            str(tmp_path / "D")]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path) for _ in range(2)]
+    done = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
+    for p in procs:
+        if p.stdout:
+            p.stdout.close()
+        if p.stderr:
+            p.stderr.close()
+    assert sorted(rc for rc, _ in done) == [0, 2], done
+    loser = next(err for rc, err in done if rc == 2)
+    assert "another mldebug run is writing" in loser or "was filled by another run" in loser
+    assert "saved" not in loser
+    dumps = list((tmp_path / "D" / "dumps").iterdir())
+    assert len(dumps) == 1 and (tmp_path / "D" / "report.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".D.")] == []
+
+
+VIEW_COMMANDS: dict[str, Callable[[Path], list[str]]] = {
+    "fr analyze --html": lambda f: ["fr", "analyze", str(FIXTURES / "fr" / "raw_gloo"),
+                                    "--html", str(f)],
+    "fr analyze --trace-event": lambda f: ["fr", "analyze",
+                                           str(FIXTURES / "fr" / "raw_gloo"),
+                                           "--trace-event", str(f)],
+}
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("cmd", sorted(VIEW_COMMANDS))
+@pytest.mark.parametrize("where", ["other-users-dir", "world-writable-no-sticky"])
+def test_path_views_follow_the_out_rules_for_their_directory(cmd, where, tmp_path, capsys,
+                                                             other_user):
+    """row: path-view-shared-dir (#39: --html/--trace-event wrote into a directory any user can
+    write, where --out refuses): a directory of another user, or one others can write without
+    the sticky bit, is refused before any work; root's sticky /tmp-like directory is fine."""
+    d = tmp_path / where
+    d.mkdir()
+    if where == "other-users-dir":
+        os.chown(d, other_user, -1)
+        os.chmod(d, 0o1777)
+    else:
+        os.chmod(d, 0o777)
+    rc, out, err = _cli(VIEW_COMMANDS[cmd](d / "view.out"), capsys)
+    assert rc == 2 and "another user could swap the file" in err, (cmd, where, err)
+    assert list(d.iterdir()) == []
+    sticky = tmp_path / "sticky"
+    sticky.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(sticky, 0o1777)  # owned by us (root here), like /tmp
+    rc, out, err = _cli(VIEW_COMMANDS[cmd](sticky / f"{where}.out"), capsys)
+    assert rc == 0 and (sticky / f"{where}.out").is_file(), err
+
+
 # -- class: links ----------------------------------------------------------------------------
 LINK_READERS: dict[str, Callable[[Path], list[str]]] = {
     "hang analyze": lambda d: ["hang", "analyze", str(d)],

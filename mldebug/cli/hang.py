@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     from mldebug.hang.report import render, render_text, write_json
 
     # --out: written into a private directory beside it, swapped in at the end (all or nothing)
-    with staged_out(out) if out is not None else contextlib.nullcontext() as stage:
+    with staged_out(out, force=args.force) if out is not None else contextlib.nullcontext() as stage:
         where = stage.path if stage is not None else None
         results, coll, written = collect(opts, target, progress=not args.json, docs=docs,
                                          out=where, show_secrets=args.show_secrets)

@@ -315,13 +315,14 @@ def check_out(out: Path, *, force: bool) -> Path:
     return paths.check_out(p, force=force, marker=OUT_MARKER, command="mldebug hang")
 
 
-def staged_out(out: Path) -> Any:
+def staged_out(out: Path, *, force: bool = False) -> Any:
     """The context ``mldebug hang --out`` writes in: a private directory beside ``out`` that
     replaces it when the run ends (``mldebug.paths.staged``), so an interrupted run leaves
     the finished directory or nothing."""
     from mldebug import paths
 
-    return paths.staged(out, marker=OUT_MARKER, marker_text=_MARKER_TEXT, private=True)
+    return paths.staged(out, marker=OUT_MARKER, marker_text=_MARKER_TEXT, private=True,
+                        replace=force)
 
 
 _MARKER_TEXT = "written by mldebug hang --out; --force may replace this directory\n"
@@ -331,7 +332,7 @@ def prepare_out(out: Path, *, force: bool) -> Path:
     """Make ``out`` an empty directory of ours holding the marker (``check_out``, then an
     empty staged directory swapped in); the resolved path."""
     out = check_out(out, force=force)
-    with staged_out(out):
+    with staged_out(out, force=force):
         pass
     return out
 
