@@ -84,3 +84,9 @@ def test_a_missing_module_that_is_no_extra_is_still_a_bug(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=tmp_path, timeout=60, env={"HOME": str(tmp_path), "PATH": "/usr/bin"})
     assert r.returncode == 1 and "internal error (a bug in mldebug)" in r.stderr, r.stderr
+
+
+def test_a_far_guess_is_not_offered(capsys):
+    """--html on a command without it is not 'did you mean --help?'."""
+    assert main(["hang", "analyze", "x", "--html", "v.html"]) == 2
+    assert "Did you mean" not in capsys.readouterr().err

@@ -58,7 +58,8 @@ def option_hint(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
         if dashed in known:
             close = [dashed]
         else:
-            close = difflib.get_close_matches(dashed, known, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(dashed, [k for k in known if k != "--help"], n=1,
+                                              cutoff=0.75)
         if close:
             return f"Did you mean {close[0]} (for {name})?"
     return ""
