@@ -185,6 +185,19 @@ def job_of(env: dict[str, str], host: str, launcher: tuple[int, str] | None) -> 
     return {"key": key, "launcher": name, "lone": False}
 
 
+def job_home(env: dict[str, str], host: str, pid: int, ppid: int) -> str:
+    """The name of one job's folder on this node (``/tmp/mldebug-fr-<uid>/<this>``): the job
+    key (``job_of``) made a file name, then the launcher process the rank runs under (its pid
+    and start time). Every local rank of one launcher shares it; two jobs with one key in turn
+    (torchrun on the same MASTER_PORT without --rdzv-id: ``master:...`` both times) never do,
+    nor does a new launcher that was given an old one's pid. A process without a launcher
+    key is a job of its own (``pid-<pid>``)."""
+    key = job_of(env, host, None)["key"]
+    who, started = (ppid, start_time(ppid)) if key else (pid, start_time(pid))
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", key)[:120] if key else "pid"
+    return f"{name}-{who}-{started if started is not None else 0}"
+
+
 def _net_tag(pid: int) -> str:
     """``""`` when ``pid`` shares this process's network namespace, else ``@net<inode>``: two
     containers on one host may each run a job on 127.0.0.1:29500, which are two jobs."""

@@ -27,7 +27,7 @@ from typing import Any
 # renamed or removed; 2 for every command that had a --json before the envelope came (the
 # schema string they had, if any, stays one release as ``legacy_schema``)
 VERSIONS: dict[str, int] = {
-    "hang": 3, "hang.analyze": 3, "fr.analyze": 2, "fr.trigger": 2, "fr.watch": 2, "env": 2,
+    "hang": 3, "hang.analyze": 3, "fr.analyze": 2, "fr.trigger": 2, "fr.jobs": 1, "fr.watch": 2, "env": 2,
     "nccl-log": 2, "log": 2, "dist-test": 2, "numerics.report": 2, "make-tiny": 2,
     "shrink-layers": 2, "make-tiny-dataset": 2, "mem.report": 2, "mem.compare": 2,
     "mem.plot": 2, "mem.top": 2, "mem.peak": 2, "mem.probe": 2, "pdb.list": 2,

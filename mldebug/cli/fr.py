@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also trigger recorders in every MLDEBUG_FR_DIR found in the rank "
                         "processes' environments and every /tmp/mldebug-fr-<uid>")
     t.add_argument("--analyze", action="store_true", help="analyse the gathered dumps too")
+    t.add_argument("--list", action="store_true",
+                   help="trigger nothing: list the jobs' folders under --dir (one per job, "
+                        "made by mldebug.fr.enable()), their live ranks and dumps, newest "
+                        "first")
     t.add_argument("--frames", type=int, default=2, metavar="N",
                    help="user frames per call site with --analyze (default: 2)")
     add_target_arguments(t, default_timeout=30.0,
@@ -54,8 +58,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "only), align entries per process group by sequence number and report "
                        "the first divergence, missing and lagging ranks, with the culprit "
                        "rank(s) and their call sites. JSON schema: docs/fr.md.")
-    a.add_argument("inputs", nargs="+", metavar="DIR|FILE",
-                   help="a directory of dumps, or dump files (any names)")
+    a.add_argument("inputs", nargs="*", metavar="DIR|FILE",
+                   help="a directory of dumps, or dump files (any names); none: the job "
+                        "--job or --pid names, found in its folder under --dir")
+    a.add_argument("--dir", metavar="DIR",
+                   help="with --job/--pid: the ranks' dump directory (default: "
+                        "$MLDEBUG_FR_DIR or /tmp/mldebug-fr-<uid>, as mldebug.fr.enable())")
+    a.add_argument("--job", metavar="KEY",
+                   help="read the dumps of this job's folder (its key, as 'mldebug fr trigger "
+                        "--list' and 'mldebug hang' name jobs); the job may have ended")
+    a.add_argument("--pid", type=int, metavar="PID",
+                   help="read the dumps of the job whose launcher (or one rank) has this pid")
     a.add_argument("--all", action="store_true",
                    help="also print every rank's whole timeline side by side")
     a.add_argument("--frames", type=int, default=2, metavar="N",
@@ -164,6 +177,15 @@ def _analyze(args: argparse.Namespace) -> int:
 
     if args.frames < 0:
         raise UsageError("--frames must be 0 or more.", "Pass e.g. --frames 2.")
+    if args.inputs and (args.job is not None or args.pid is not None):
+        raise UsageError("pass dump files or directories, or --job/--pid, not both.",
+                         "Drop the paths to read the job's folder, or drop --job/--pid.")
+    if not args.inputs:
+        if args.job is None and args.pid is None:
+            raise UsageError("fr analyze needs dumps: a directory, files, or --job/--pid.",
+                             "Pass the directory 'mldebug fr trigger' printed, or --job KEY "
+                             "('mldebug fr trigger --list' lists the jobs).")
+        args.inputs = [_job_folder(args)]
     for item in args.inputs:
         if not Path(item).exists():
             raise UsageError(f"{item} does not exist.",
@@ -208,11 +230,98 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_folder(args: argparse.Namespace) -> str:
+    """The folder of the job --job/--pid names under --dir (newest with dumps, if several)."""
+    import sys
+
+    from mldebug.fr import node
+
+    base = args.dir or node.default_dir()
+    homes = node.list_homes(base)["homes"]
+    if args.job is not None:
+        picked = [h for h in homes if h["key"] == args.job]
+        what = f"--job {args.job}"
+    else:
+        pids = {args.pid}
+        try:
+            pids |= job_pids(args, True) or set()
+        except MldebugError:
+            pass  # the job has ended: its launcher's pid, as its folder recorded it
+        picked = [h for h in homes if h["launcher_pid"] == args.pid or set(h["pids"]) & pids]
+        what = f"--pid {args.pid}"
+    with_dumps = [h for h in picked if h["dumps"]]
+    if not with_dumps:
+        known = sorted({str(h["key"]) for h in homes if h["key"]})[:5]
+        raise MldebugError(
+            f"no job folder with dumps under {base} matches {what}"
+            + (f" ({len(picked)} without dumps)" if picked else "") + ".",
+            "List the jobs with 'mldebug fr trigger --list'" + (
+                f" (keys here: {', '.join(known)})" if known else "")
+            + ", or pass the dump directory itself.")
+    if len(with_dumps) > 1:
+        print(f"mldebug fr: {len(with_dumps)} job folders match {what}: reading the newest, "
+              f"{with_dumps[0]['dir']} (the others: mldebug fr trigger --list).",
+              file=sys.stderr)
+    return str(with_dumps[0]["dir"])
+
+
+def _list(args: argparse.Namespace) -> int:
+    import time
+
+    from mldebug.cli._common import fanout_options, print_doc
+    from mldebug.fr.collect import list_jobs
+    from mldebug.render import console, fold_ints
+
+    target = fanout_options(args)
+    pids = job_pids(args, target.is_local)
+    docs = list_jobs(target, args.dir, pids)
+    homes = sum(len(d["homes"]) for d in docs)
+    if args.json:
+        from mldebug.cli.envelope import running
+
+        running("fr", "jobs")  # its own document: mldebug.fr.jobs/1
+        print_doc({"nodes": docs, "jobs": homes})
+        return 0
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console()
+    table = Table(box=None, pad_edge=False)
+    for col in ("host", "job", "live ranks", "dumps", "changed", "folder"):
+        table.add_column(col)
+    now = time.time()
+    for d in docs:
+        for h in d["homes"]:
+            age = max(0.0, now - float(h.get("mtime") or now))
+            when = (f"{age:.0f}s ago" if age < 120 else f"{age / 60:.0f}m ago" if age < 7200
+                    else f"{age / 3600:.0f}h ago")
+            live = (f"{fold_ints(h['ranks'])} ({len(h['pids'])} pid)" if h["ranks"]
+                    else f"{len(h['pids'])} pid" if h["pids"] else "none (ended)")
+            table.add_row(Text(str(d["host"])), Text(str(h.get("key") or "-")), Text(live),
+                          Text(str(h["dumps"])), Text(when), Text(str(h["dir"])))
+        for note in d["notes"] + ([d["error"]] if d.get("error") else []):
+            con.print(Text(f"{d['host']}: {note}", style="yellow"))
+    if homes:
+        con.print(table)
+        con.print(Text(f"{homes} job folder(s)   next: mldebug fr analyze --job KEY, or "
+                       "mldebug fr analyze FOLDER"))
+    else:
+        con.print(Text(f"no job folder under {args.dir or 'the default directory'}: no rank "
+                       "called mldebug.fr.enable() here (or it was given another directory: "
+                       "--dir DIR)"))
+    return 0
+
+
 def _trigger(args: argparse.Namespace) -> int:
     from mldebug.cli._common import fanout_options, print_doc
     from mldebug.fr.collect import silent_finding, trigger
     from mldebug.render import console
 
+    if args.list:
+        if args.out or args.analyze:
+            raise UsageError("--list triggers nothing, so --out and --analyze have no dumps.",
+                             "Drop --list to trigger the dumps.")
+        return _list(args)
     target = fanout_options(args)
     if not args.max_mb > 0:
         raise UsageError(f"--max-mb must be a positive number, not {args.max_mb}.",

@@ -320,6 +320,7 @@ class NodeArgs:
     dir: str | None = None
     discover: bool = False
     pids: str | None = None  # comma-separated
+    list: bool = False  # list the job folders (node.list_homes), trigger nothing
 
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.errors", "mldebug.privdir", "mldebug.dist",
@@ -348,6 +349,35 @@ def _fan_out(target: FanoutOptions, dump_dir: str | Path | None, timeout: float,
     return [r.host for r in results]
 
 
+def list_jobs(target: FanoutOptions, dump_dir: str | Path | None = None,
+              pids: set[int] | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """``mldebug fr trigger --list``: every node's job folders (``node.list_homes``), one
+    document per node ({"host", "homes", "notes", "error"?}), in the order asked."""
+    d = str(dump_dir or node_script.default_dir())
+    if target.is_local:
+        return [node_script.list_homes(d, pids)]
+    from mldebug import fanout
+
+    args = NodeArgs(target.timeout, dir=None if dump_dir is None else str(dump_dir), list=True)
+    docs: list[dict[str, Any]] = []
+
+    def on_result(res: fanout.NodeResult) -> None:
+        doc, res.data = res.data, None
+        if not isinstance(doc, dict) or not isinstance(doc.get("homes"), list):
+            docs.append({"host": res.host, "homes": [], "notes": [],
+                         "error": res.error or "the node sent no list"})
+            return
+        docs.append({"host": res.host, "homes": [h for h in doc["homes"][:node_script.MAX_HOMES]
+                                                 if isinstance(h, dict)],
+                     "notes": [str(n)[:2000] for n in doc.get("notes") or []][:20]})
+
+    results = fanout.run(fanout.NodeJob(NODE_MODULES, args, NODE_SCHEMA), target, on_result,
+                         progress=progress)
+    order = {r.host: i for i, r in enumerate(results)}
+    docs.sort(key=lambda doc: order.get(doc["host"], len(order)))
+    return docs
+
+
 def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
              fr_dir: str | Path | None = None, pids: Any = None) -> tuple[dict[str, Any], Any]:
     """What ``mldebug hang --fr`` adds: trigger the recorders of the job's rank processes
@@ -362,9 +392,12 @@ def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
     doc: dict[str, Any] = result.to_dict()
     default = str(fr_dir or node_script.default_dir())
     elsewhere: dict[str, list[int]] = {}
+    # the default, its fallback (``-XXXXXXXX``) and their job folders: where enable() puts them
+    usual = re.compile(re.escape(default.rstrip("/")) + r"(-[A-Za-z0-9_]{8})?")
     for n in result.nodes:
         for d, rank in n.dirs:
-            if d != default and rank is not None:
+            if not (usual.fullmatch(d) or usual.fullmatch(os.path.dirname(d))) \
+                    and rank is not None:
                 elsewhere.setdefault(d, []).append(rank)
     doc["recorders_elsewhere"] = [{"dir": d, "ranks": sorted(rs)} for d, rs in elsewhere.items()]
     notes = [f"rank(s) {fold_ints(sorted(rs))} had their recorder in {d}, not in {default}"

@@ -113,19 +113,37 @@ def expand_inputs(inputs: Sequence[str | Path], notes: list[str] | None = None) 
     for item in inputs:
         p = Path(item)
         if p.is_dir():
-            found = _files_in(p)
-            if not found:
-                sub = _newest_trigger(p) or (p / "nccl" if _real_dir(p / "nccl") else None)
-                found = _files_in(sub) if sub is not None else []
-                if found and notes is not None and sub is not None:
-                    what = ("its newest trigger" if sub.parent.name == "triggered"
-                            else "torch's native dumps")
-                    notes.append(f"{p} has no dump at its top: read the {len(found)} file(s) "
-                                 f"of {sub} ({what}).")
+            found = _recorder_files(p, notes)
+            if not found and not _real_dir(p / "triggered"):
+                # the default directory holds one folder per job (fr.enable()): the newest
+                from mldebug.fr.node import job_homes
+
+                for home in job_homes(str(p), 64):
+                    found = _recorder_files(Path(home), None)
+                    if found:
+                        if notes is not None:
+                            notes.append(f"{p} holds one folder per job: read the newest with "
+                                         f"dumps, {home} ({len(found)} file(s)); "
+                                         "'mldebug fr trigger --list' lists them all.")
+                        break
             files.extend(found)
         else:
             files.append(p)
     return files
+
+
+def _recorder_files(p: Path, notes: list[str] | None) -> list[Path]:
+    """The dumps of one directory: its top, else its newest trigger, else torch's own."""
+    found = _files_in(p)
+    if not found:
+        sub = _newest_trigger(p) or (p / "nccl" if _real_dir(p / "nccl") else None)
+        found = _files_in(sub) if sub is not None else []
+        if found and notes is not None and sub is not None:
+            what = ("its newest trigger" if sub.parent.name == "triggered"
+                    else "torch's native dumps")
+            notes.append(f"{p} has no dump at its top: read the {len(found)} file(s) "
+                         f"of {sub} ({what}).")
+    return found
 
 
 def load_files(paths: Iterable[str | Path], workers: int | None = None) -> DumpSet:

@@ -57,6 +57,33 @@ def default_dir() -> str:
     return os.environ.get("MLDEBUG_FR_DIR") or f"/tmp/mldebug-fr-{os.getuid()}"
 
 
+# One folder per job under the default directory (``fr.enable()`` without a directory):
+# ``/tmp/mldebug-fr-<uid>/<job home>/`` (mldebug.ranks.job_home), so no job's dumps replace
+# another's. The folder's ``.mldebug-fr-job.json`` says whose it is (key, launcher, host).
+HOME_INFO = ".mldebug-fr-job.json"
+NOT_HOMES = frozenset({TRIGGERED, "nccl", "raw"})  # a recorder directory's own folders
+MAX_HOMES = 4096  # job folders looked at under one directory, newest first
+
+
+def job_homes(dump_dir: str, limit: int = MAX_HOMES) -> list[str]:
+    """The job folders under ``dump_dir`` (real directories, never a link, none of a
+    recorder's own folders), newest first, at most ``limit``; their owner is checked where
+    they are used."""
+    found = []
+    try:
+        with os.scandir(dump_dir) as it:
+            for n, e in enumerate(it):
+                if n >= 4 * limit:
+                    break
+                if e.name in NOT_HOMES or e.name.startswith(".") or len(e.name) > 255:
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    found.append((e.stat(follow_symlinks=False).st_mtime, e.path))
+    except OSError:
+        return []
+    return [p for _, p in sorted(found, reverse=True)[:limit]]
+
+
 def check_dir(path: str, uid: int | None = None) -> os.stat_result:
     """The directory's lstat when it is safe to use (``mldebug.privdir``'s rule; ``uid``: the
     owner it must have, None: any); raises UnsafeDir saying why and what to do."""
@@ -243,15 +270,23 @@ def _fetch_dump(dir_fd: int, owner: int, token: str, file: Any) -> tuple[bytes, 
     return data, mode, parts[-1]
 
 
-def trigger(dump_dir: str, timeout: float, include_data: bool = True,
-            max_bytes: int = MAX_DUMP_BYTES, pids: set[int] | None = None) -> dict[str, Any]:
-    host = short_hostname()
-    out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
-    # /tmp/mldebug-fr-<uid> is that user's by name: another user's directory there is a plant
+def named_owner(dump_dir: str) -> int | None:
+    """The uid ``/tmp/mldebug-fr-<uid>`` (or its fallback ``...-XXXXXXXX``) belongs to by its
+    name: another user's directory there is a plant. None: any owner (a directory chosen)."""
     named = re.fullmatch(r"mldebug-fr-([0-9]{1,9})(-[A-Za-z0-9_]{8})?",
                          os.path.basename(dump_dir.rstrip("/")))
+    return int(named.group(1)) if named else None
+
+
+def trigger(dump_dir: str, timeout: float, include_data: bool = True,
+            max_bytes: int = MAX_DUMP_BYTES, pids: set[int] | None = None,
+            uid: int | None = None) -> dict[str, Any]:
+    """Trigger the ranks registered in ``dump_dir``; ``uid``: the owner it must have (default:
+    the one its name says, else any)."""
+    host = short_hostname()
+    out: dict[str, Any] = {"host": host, "dir": dump_dir, "ranks": [], "notes": []}
     try:
-        st = check_dir(dump_dir, int(named.group(1)) if named else None)
+        st = check_dir(dump_dir, uid if uid is not None else named_owner(dump_dir))
     except FileNotFoundError:
         out["notes"].append(f"{dump_dir} does not exist on {host}: no rank called "
                             "mldebug.fr.enable() with this directory here")
@@ -502,11 +537,21 @@ def trigger_all(dump_dir: str, timeout: float, include_data: bool = True,
     processes are triggered (``mldebug hang --fr``: the job's ranks, not other jobs')."""
     dirs = [dump_dir] + fallback_dirs(dump_dir)
     dirs += [d for d in discover_dirs(pids) if d not in dirs] if discover else []
+    owners: dict[str, int | None] = {}
+    for base in list(dirs):  # each directory's job folders, owned as the directory is
+        try:
+            owner = check_dir(base, named_owner(base)).st_uid
+        except (OSError, UnsafeDir):
+            continue  # said when the directory itself is triggered
+        for home in job_homes(base):
+            if home not in owners:
+                owners[home] = owner
+                dirs.append(home)
     merged: dict[str, Any] = {}
     for d in dirs:
         if d != dump_dir and not os.path.isdir(d):
             continue
-        doc = trigger(d, timeout, include_data, max_bytes, pids)
+        doc = trigger(d, timeout, include_data, max_bytes, pids, owners.get(d))
         for item in doc["ranks"]:
             item["dir"] = d
             if "bytes" in item:
@@ -521,8 +566,102 @@ def trigger_all(dump_dir: str, timeout: float, include_data: bool = True,
     if len(dirs) > 1 and any(i.get("dir") != dump_dir for i in merged["ranks"]):
         merged["notes"] = [n for n in merged["notes"] if "is registered in" not in n
                            and "does not exist on" not in n]
-    merged["dirs"] = dirs
+    merged["dirs"] = [d for d in dirs if d not in owners
+                      or any(i.get("dir") == d for i in merged["ranks"])][:64]
     return merged
+
+
+def list_homes(dump_dir: str, pids: set[int] | None = None,
+               limit: int = MAX_HOMES) -> dict[str, Any]:
+    """What ``mldebug fr trigger --list`` shows of this node: every job folder under
+    ``dump_dir`` and its fallbacks (and those directories themselves when ranks registered
+    there), newest first: the job's key, its live ranks (registrations of this host whose
+    process runs), its dumps, when it last changed. ``pids``: only folders where one of
+    these processes registered. Reads names and small files only, never a dump."""
+    host = short_hostname()
+    out: dict[str, Any] = {"host": host, "ranks": [], "homes": [], "notes": []}
+    bases = [dump_dir] + fallback_dirs(dump_dir)
+    for base in bases:
+        try:
+            owner = check_dir(base, named_owner(base)).st_uid
+        except FileNotFoundError:
+            continue
+        except (OSError, UnsafeDir) as e:
+            out["notes"].append(f"{host}: {getattr(e, 'message', None) or e}")
+            continue
+        for d in [base] + job_homes(base, limit):
+            item = _home_item(d, owner, host, base)
+            if item is None or (pids is not None and not set(item["pids"]) & pids):
+                continue
+            if d == base and not item["pids"] and not item["dumps"]:
+                continue
+            out["homes"].append(item)
+            if len(out["homes"]) >= limit:
+                out["notes"].append(f"more than {limit} job folders; the newest are listed")
+                return out
+    out["homes"].sort(key=lambda h: -h["mtime"])
+    return out
+
+
+def _home_item(d: str, owner: int, host: str, base: str) -> dict[str, Any] | None:
+    try:
+        st = check_dir(d, owner)
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, UnsafeDir):
+        return None
+    try:
+        info = _read_json(dfd, HOME_INFO, owner) or {}
+        pids: list[int] = []
+        ranks: list[int] = []
+        dumps = 0
+        newest = st.st_mtime
+        names = os.listdir(dfd)[:10000]
+        for name in names:
+            if name.startswith(REGISTRY_PREFIX + host + "-") and name.endswith(".json") \
+                    and name != HOME_INFO:
+                doc = _read_json(dfd, name, owner)
+                try:
+                    own, _, rank = registration(doc, name)
+                except ValueError:
+                    continue
+                start = (doc or {}).get("start_time")
+                pidns = (doc or {}).get("pidns")
+                pid = host_pid(own, start if isinstance(start, int) else None, {},
+                               pidns if isinstance(pidns, str) and len(pidns) < 64 else None)
+                if pid is not None:
+                    pids.append(pid)
+                    if rank is not None:
+                        ranks.append(rank)
+            elif _DUMP_NAME.match(name):
+                dumps += 1
+        for sub in (TRIGGERED, "nccl"):
+            try:
+                sfd = open_in(dfd, sub, owner, "dir")
+            except (OSError, ValueError):
+                continue
+            try:
+                for name in os.listdir(sfd)[:10000]:
+                    if sub == "nccl":
+                        dumps += bool(_DUMP_NAME.match(name))
+                        continue
+                    try:
+                        tfd = open_in(sfd, name, owner, "dir")
+                    except (OSError, ValueError):
+                        continue
+                    try:
+                        newest = max(newest, os.fstat(tfd).st_mtime)
+                        dumps += sum(1 for n in os.listdir(tfd)[:10000] if _DUMP_NAME.match(n))
+                    finally:
+                        os.close(tfd)
+            finally:
+                os.close(sfd)
+    finally:
+        os.close(dfd)
+    key = info.get("key") if isinstance(info.get("key"), str) else None
+    return {"dir": d, "base": base, "key": key[:300] if key else None,
+            "launcher_pid": info.get("launcher_pid") if isinstance(
+                info.get("launcher_pid"), int) else None,
+            "pids": sorted(pids), "ranks": sorted(ranks), "dumps": dumps, "mtime": newest}
 
 
 def main(argv: list[str]) -> int:
@@ -533,8 +672,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-bytes", type=int, default=MAX_DUMP_BYTES)
     p.add_argument("--discover", action="store_true")
     p.add_argument("--pids", default=None, help="comma-separated: only these processes")
+    p.add_argument("--list", action="store_true", help="list the job folders, trigger nothing")
     a = p.parse_args(argv)
     pids = {int(x) for x in a.pids.split(",") if x.isdecimal()} if a.pids is not None else None
+    if a.list:
+        emit(list_homes(a.dir or default_dir(), pids))
+        return 0
     doc = trigger_all(a.dir or default_dir(), a.timeout, include_data=not a.no_data,
                       max_bytes=a.max_bytes, discover=a.discover, pids=pids)
     emit(doc)

@@ -195,6 +195,7 @@ class Recorder:
             finally:
                 self._dumping_thread = None
                 if self._terminate_after:
+                    self._unregister()
                     _die_by(signal.SIGTERM)
 
     def _dump(self, reason: str, token: str | None = None,
@@ -225,12 +226,45 @@ class Recorder:
         return path
 
     # -- trigger thread ------------------------------------------------------------------
-    def prune_stale(self, limit: int = 10000) -> int:
+    def prune_siblings(self, limit: int = 256) -> int:
+        """``prune_stale`` in the other job folders beside this one (the default directory's
+        ``<job>/`` folders, newest ``limit``): a job that ended by SIGKILL leaves its
+        registrations there, and no later job uses that folder again. Only folders this user
+        owns (``privdir.subdir_at``); dumps are evidence and stay."""
+        from mldebug.fr.node import HOME_INFO, job_homes, open_in
+        from mldebug.privdir import open_dir
+
+        parent = self.dump_dir.parent
+        try:
+            os.stat(HOME_INFO, dir_fd=self.dir_fd(), follow_symlinks=False)
+        except OSError:
+            return 0  # not in a job folder: a directory somebody chose has no siblings of ours
+        gone = 0
+        pfd = open_dir(parent, what="flight-recorder directory")
+        try:
+            for home in job_homes(str(parent), limit):
+                name = os.path.basename(home)
+                if name == self.dump_dir.name:
+                    continue
+                try:
+                    hfd = open_in(pfd, name, os.geteuid(), "dir")
+                except (OSError, ValueError):
+                    continue
+                try:
+                    gone += self.prune_stale(dfd=hfd)
+                finally:
+                    os.close(hfd)
+        finally:
+            os.close(pfd)
+        return gone
+
+    def prune_stale(self, limit: int = 10000, dfd: int | None = None) -> int:
         """Remove the registrations (and their FIFO and .done) that ranks of this host and pid
         namespace left when they died without unregistering (SIGKILL, OOM): a process that no
         longer runs, or another process now holding its pid (start time). Only files this user
-        owns, with mldebug's names, are touched. Returns how many ranks' files went."""
-        dfd = self.dir_fd()
+        owns, with mldebug's names, are touched. Returns how many ranks' files went.
+        ``dfd``: another directory than this recorder's (``prune_siblings``)."""
+        dfd = self.dir_fd() if dfd is None else dfd
         head = f"{REGISTRY_PREFIX}{self.host}-"
         gone = 0
         try:
@@ -279,10 +313,11 @@ class Recorder:
         return gone
 
     def start_trigger_thread(self) -> None:
-        try:
-            self.prune_stale()
-        except (OSError, UnsafeDir):
-            pass
+        for prune in (self.prune_stale, self.prune_siblings):
+            try:
+                prune()
+            except (OSError, UnsafeDir):
+                pass
         try:
             dfd = self.dir_fd()
             try:  # a previous process with this pid (private dir)
@@ -366,6 +401,7 @@ class Recorder:
             self._terminate_after = True  # the dump in progress re-raises when it ends
             return
         self.dump("SIGTERM", where=call_in(_stack(frame)))
+        self._unregister()  # no atexit after a signal: the registration goes now
         _die_by(signum)
 
     def _watch_wakeup_fd(self) -> None:
@@ -412,6 +448,7 @@ class Recorder:
                         except OSError:
                             pass
                     self.dump("SIGTERM")
+                    self._unregister()
                     # The job is being terminated with the default disposition; finish the
                     # way it would have, without waiting for the blocked main thread.
                     os._exit(128 + signal.SIGTERM)
@@ -679,13 +716,16 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
     """Turn the flight recorder on for this rank and make it dumpable from outside.
 
     Call once, before or after ``init_process_group``. Returns the recorder; calling again
-    returns the same one. ``dump_dir`` defaults to ``$MLDEBUG_FR_DIR`` or
-    ``/tmp/mldebug-fr-<uid>`` (where ``mldebug fr trigger`` looks). ``raw_copy`` (or
+    returns the same one. ``dump_dir`` defaults to ``$MLDEBUG_FR_DIR`` or, when neither is
+    given, this job's own folder ``/tmp/mldebug-fr-<uid>/<job>/`` (``mldebug.ranks.job_home``:
+    the job key and the launcher; ``mldebug fr trigger`` looks in every job's folder and
+    ``--list`` lists them), so one job never replaces another's dumps. ``raw_copy`` (or
     ``MLDEBUG_FR_RAW=1``) also keeps torch's unmodified bytes in ``<dir>/raw/``.
     """
     global _RECORDER
     if _RECORDER is not None:
         return _RECORDER
+    chosen = dump_dir is not None or bool(os.environ.get("MLDEBUG_FR_DIR"))
     d = Path(dump_dir) if dump_dir is not None else default_dir()
     try:
         private_dir(str(d))
@@ -699,7 +739,21 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
         from mldebug.privdir import private_dir as fresh_private_dir
 
         d = fresh_private_dir(d, fallback=True, what="flight-recorder directory")
-        os.environ["MLDEBUG_FR_DIR"] = str(d)
+        chosen = False
+    home_key: str | None = None
+    in_home = False
+    if not chosen:  # the default: one folder per job in it, so no job replaces another's dumps
+        from mldebug.ranks import job_home, job_of
+
+        me0 = identity()
+        home_key = job_of(dict(os.environ), me0.host, None)["key"]
+        home = d / job_home(dict(os.environ), me0.host, os.getpid(), os.getppid())
+        try:
+            private_dir(str(home))
+            d, in_home = home, True
+        except (UnsafeDir, OSError) as e:
+            _log(f"no job folder in {d} ({e}); dumps go to {d} itself")
+        os.environ["MLDEBUG_FR_DIR"] = str(d)  # this process's children: the same folder
     if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
         os.environ["TORCH_FR_BUFFER_SIZE"] = str(buffer_size)
     if native:
@@ -717,6 +771,12 @@ def enable(dump_dir: str | Path | None = None, trigger: bool = True, on_failure:
                    raw_copy=raw_copy or os.environ.get("MLDEBUG_FR_RAW") == "1")
     try:
         rec.dir_fd()  # checked on the fd now and kept: a later swap of the path changes nothing
+        if in_home:
+            from mldebug.fr.node import HOME_INFO
+
+            rec._write((), HOME_INFO, json.dumps(
+                {"key": home_key, "launcher_pid": os.getppid() if home_key else None,
+                 "host": me.host, "created": time.time()}).encode())
     except (UnsafeDir, OSError) as e:
         _log(f"cannot open {d} ({e}); no dump will be written")
     try:
