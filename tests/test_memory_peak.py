@@ -118,6 +118,20 @@ def test_probe_stops_at_max():
     assert r.returncode == 2 and "cannot read the size" in r.stderr
 
 
+def test_probe_default_max_is_a_tenth_of_memavailable_or_4gib():
+    """#39: the default once took all available memory of a shared node."""
+    from mldebug.memory.probe import GiB, default_max, mem_available
+
+    meminfo = "MemTotal:       263767000 kB\nMemFree:  1000 kB\nMemAvailable:   20971520 kB\n"
+    assert mem_available(meminfo) == 20 * GiB
+    assert mem_available("MemTotal: 1 kB\n") is None
+    assert default_max(20 * GiB) == (2 * GiB, "10% of available memory")
+    assert default_max(200 * GiB) == (4 * GiB, "the 4 GiB default cap")
+    assert default_max(200 * GiB, 512 * MiB) == (512 * MiB, "the cgroup limit")
+    assert default_max(20 * GiB, 8 * GiB) == (2 * GiB, "10% of available memory")
+    assert default_max(mem_available(meminfo) or 0) == (2 * GiB, "10% of available memory")
+
+
 def test_probe_cuda_without_a_gpu_is_a_clear_error():
     import torch
 

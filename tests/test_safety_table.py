@@ -473,6 +473,32 @@ def test_numbers_nproc_over_the_bound_is_refused_before_anything_starts(capsys):
     assert rc == 2 and "--max-nproc" in err and "launching" not in out
 
 
+# -- class: resources ------------------------------------------------------------------------
+def test_resources_mem_probe_default_is_bounded(tmp_path, capsys, monkeypatch):
+    """row: resources-mem-probe-default - `mem probe` without --max once took all available
+    memory of a shared node (#39). The default is 10% of MemAvailable (here a meminfo saying
+    640 MiB: 64 MiB) or 4 GiB, whichever is smaller, and says so in one line with the way
+    further; --json carries the bound."""
+    from mldebug.memory import probe
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  263767000 kB\nMemAvailable:   655360 kB\n")
+    monkeypatch.setattr(probe, "MEMINFO", str(meminfo))
+    monkeypatch.setattr(probe.cgroup, "limit", lambda pid="self": (None, None))
+    rc, out, err = _cli(["mem", "probe", "--json"], capsys)
+    doc = json.loads(out)
+    bound = 64 * 1024**2
+    assert rc == 0 and doc["bound"] == doc["maximum"] == bound, doc
+    assert doc["max_from"] == "10% of available memory" and doc["stopped_by"] == "max"
+    assert 0 < doc["allocated"] <= bound
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "bounded at 64.00 MiB" in lines[0] and "--max" in lines[0], err
+    rc, out, err = _cli(["mem", "probe", "--max", "96MiB", "--step", "32MiB", "--json"], capsys)
+    doc = json.loads(out)  # an explicit size is honoured as before, and says nothing more
+    assert (doc["maximum"], doc["allocated"], doc["bound"]) == (96 * 1024**2, 96 * 1024**2, None)
+    assert "bounded" not in err
+
+
 # -- class: signals --------------------------------------------------------------------------
 _STAGED = """
 import sys, time

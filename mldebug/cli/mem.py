@@ -85,14 +85,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         description="Allocate (and touch) memory in a child process step by "
                                     "step until something stops it: --max, a cgroup limit, the "
                                     "OOM killer, MemoryError or a CUDA OOM. The default --max is "
-                                    "the smaller of available memory and the cgroup limit, so "
-                                    "the probe never takes the machine down.")
+                                    "10% of available memory (on cuda: of the device's free "
+                                    "memory) or 4 GiB, whichever is smaller, and never above "
+                                    "the cgroup limit, so the probe never takes a shared node; "
+                                    "pass --max to probe further.")
     pr.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where to allocate (default: cpu; cuda needs torch)")
     pr.add_argument("--step", metavar="SIZE",
                     help="bytes per step, e.g. 1GiB (default: 1GiB, smaller for small limits)")
     pr.add_argument("--max", metavar="SIZE",
-                    help="stop after this much (default: min(available, cgroup limit))")
+                    help="stop after this much (default: 10%% of available memory or 4GiB, "
+                         "whichever is smaller, at most the cgroup limit)")
     add_json_argument(pr)
 
 
@@ -219,6 +222,14 @@ def _probe(args: argparse.Namespace) -> int:
 
     rep = probe(args.device, step=parse_size(args.step) if args.step else None,
                 maximum=parse_size(args.max) if args.max else None)
+    if rep.bound is not None:
+        import sys
+
+        from mldebug.memory.units import fmt_bytes
+
+        print(f"mem probe: bounded at {fmt_bytes(rep.bound)} by default (from {rep.max_from}: "
+              "10% of available memory or 4 GiB, whichever is smaller); pass --max SIZE to "
+              "probe further.", file=sys.stderr)
     _print(rep, args.json)
     return 0
 
