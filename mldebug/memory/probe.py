@@ -61,7 +61,8 @@ if not torch.cuda.is_available():
 if maximum == 0:  # the default bound: 10% of the device's free memory, at most the cap
     free = torch.cuda.mem_get_info()[0]
     maximum = min(free // int(sys.argv[3]), int(sys.argv[4]))
-    print("BOUND", maximum, free, flush=True)
+    step = max(1, min(step, maximum))
+    print("BOUND", maximum, step, free, flush=True)
 keep, total = [], 0
 print("READY", torch.cuda.get_device_name(0), flush=True)
 while total + step <= maximum:
@@ -185,6 +186,7 @@ def probe(device: str = "cpu", step: int | None = None, maximum: int | None = No
             rep.allocated = int(line.split()[1])
         elif line.startswith("BOUND "):  # the CUDA child's default bound
             rep.maximum = rep.bound = int(line.split()[1])
+            rep.step = int(line.split()[2])
             if rep.bound == DEFAULT_CAP:
                 rep.max_from = "the 4 GiB default cap"
     err = proc.stderr.read() if proc.stderr else ""
