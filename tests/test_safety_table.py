@@ -563,6 +563,39 @@ def test_signals_sigterm_during_hang_out_leaves_nothing(secret_rank, tmp_path):
     assert rc == 143 and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_make_tiny_dataset_removes_its_temporary_directory(sig, tmp_path):
+    """row: signals-tiny-ds-tmp - SIGTERM while make-tiny-dataset reads its source once left
+    an mldebug-tiny-ds-* directory in /tmp (#39); SIGTERM now unwinds like Ctrl-C. The source
+    is large enough (40 MB of JSONL) that the run is still reading when the signal comes."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    src = tmp_path / "big.jsonl"
+    block = "".join(f'{{"a": {i}, "t": "{"x" * 80}"}}\n' for i in range(1000))
+    src.write_text(block * 400)
+    p = subprocess.Popen([sys.executable, "-m", "mldebug", "make-tiny-dataset", str(src), "-n",
+                          "1", "--out", str(tmp_path / "tiny")], cwd=REPO,
+                         env=dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmpdir)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_default_sigint)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(x.name.startswith("mldebug-tiny-ds-") for x in tmpdir.iterdir()):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert p.poll() is None, "the run ended before the signal: make the source larger"
+        p.send_signal(sig)
+        rc = p.wait(60)
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == (143 if sig == signal.SIGTERM else 130), (rc, p.stderr and p.stderr.read())
+    assert list(tmpdir.iterdir()) == []
+    assert not (tmp_path / "tiny").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_signals_sigkill_of_mldebug_takes_the_launched_ranks_with_it(tmp_path):

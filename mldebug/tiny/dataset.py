@@ -18,6 +18,7 @@ from typing import Any
 
 from mldebug.errors import MldebugError, UsageError
 from mldebug.findings import Finding, Severity, findings_to_json
+from mldebug.lifetime import sigterm_unwinds
 from mldebug.outdir import check_out, staged
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
@@ -187,11 +188,9 @@ def make_tiny_dataset(source: str, out: Path, n: int, *, fmt: str = "jsonl",
         raise UsageError("--select stratified needs --by FIELD.", "E.g. --by label.")
     src_path = Path(source).expanduser()
     out = check_out(out, force=force, inputs=[src_path] if src_path.exists() else [])
-    cache = tempfile.TemporaryDirectory(prefix="mldebug-tiny-ds-")  # keep copies out of ~/.cache
-    try:
-        return _make(source, out, n, fmt, image_size, seed, select, by, command, cache.name)
-    finally:
-        cache.cleanup()
+    # keep copies out of ~/.cache; removed on SIGTERM too (it unwinds like Ctrl-C: #39)
+    with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="mldebug-tiny-ds-") as cache:
+        return _make(source, out, n, fmt, image_size, seed, select, by, command, cache)
 
 
 def _make(source: str, out: Path, n: int, fmt: str, image_size: int, seed: int, select: str,
