@@ -33,9 +33,45 @@ _warned: set[str] = set()
 
 def lock_path() -> str:
     """The lock file every process on this host shares (override: MLDEBUG_PRINT_LOCK)."""
-    return os.environ.get("MLDEBUG_PRINT_LOCK") or os.path.join(
-        tempfile.gettempdir(), f"mldebug-print-{os.getuid()}.lock"
-    )
+    return os.environ.get("MLDEBUG_PRINT_LOCK") or default_lock_path()
+
+
+def default_lock_path() -> str:
+    return os.path.join(tempfile.gettempdir(), f"mldebug-print-{os.geteuid()}.lock")
+
+
+def _private(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def fallback_lock_path() -> str:
+    """Where every process of this user on this host locks when the default lock file in the
+    shared /tmp is refused (another user squatted its name, #39): ``$XDG_RUNTIME_DIR`` when it
+    is a 0700 directory of ours, else ``~/.cache/mldebug/print-HOST.lock`` (created 0700; the
+    home is $HOME only when it is ours - under sudo it may be the caller's - else the
+    account's). OSError or UnsafeDir when there is none."""
+    import pwd
+    import socket
+
+    from mldebug.privdir import private_dir
+
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(xdg):
+        try:
+            if _private(os.lstat(xdg)):
+                return os.path.join(xdg, "mldebug-print.lock")
+        except OSError:
+            pass
+    home = os.environ.get("HOME", "")
+    try:
+        ours = os.path.isabs(home) and os.stat(home).st_uid == os.geteuid()
+    except OSError:
+        ours = False
+    if not ours:
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    d = private_dir(os.path.join(home, ".cache", "mldebug"), what="print lock directory")
+    return str(d / f"print-{host or 'host'}.lock")
 
 
 def open_lock_file(path: str) -> int:
@@ -69,6 +105,20 @@ def _reset(path: str) -> None:
         _lock_fd = open_lock_file(path)
     except OSError as e:
         _lock_fd = None
+        if not os.environ.get("MLDEBUG_PRINT_LOCK"):  # the default, squatted: ours elsewhere
+            from mldebug.errors import MldebugError
+
+            try:
+                fallback = fallback_lock_path()
+                _lock_fd = open_lock_file(fallback)
+            except (OSError, MldebugError):
+                pass
+            else:
+                if path not in _warned:
+                    _warned.add(path)
+                    why = str(e) if str(e).startswith(path) else f"{path}: {e}"
+                    sys.stderr.write(f"mldebug.printflock: {why}; using {fallback} instead.\n")
+                return
         if path not in _warned:  # a print must never fail a rank: warn once, print unlocked
             _warned.add(path)
             sys.stderr.write(f"mldebug.printflock: not using the lock file {path} ({e}); "

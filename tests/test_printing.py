@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import REPO
 
 WRITER = r"""
 import sys
+from pathlib import Path
 from mldebug import printflock
 me, n, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for i in range(n):
@@ -167,4 +169,86 @@ def test_another_users_lock_file_is_refused(tmp_path):
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0 and r.stdout == "hi\n"
     assert f"owned by uid {uid}" in r.stderr
+    assert "instead" not in r.stderr  # the user chose that path: no fallback, unlocked
     assert os.stat(lock).st_uid == uid
+
+
+SQUAT_WRITER = WRITER + r"""
+import os
+from mldebug import printing
+st = os.fstat(printing._fd())
+sys.stderr.write(f"LOCK {st.st_dev} {st.st_ino}\n")
+"""
+
+
+def _squatted_default(tmp_path, uid: int, gid: int) -> tuple[Path, os.stat_result]:
+    """TMPDIR whose default lock file name another user took first (a squatter)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    squat = tmp / f"mldebug-print-{os.geteuid()}.lock"
+    squat.write_text("theirs\n")
+    os.chown(squat, uid, gid)
+    return squat, os.stat(squat)
+
+
+def _two_writers(env: dict[str, str], tmp_path) -> tuple[set[str], list[str]]:
+    """Two processes printing blocks far beyond PIPE_BUF at once: the lock files they hold
+    (LOCK dev inode) and the lines of their stderr."""
+    n, width = 100, 30000
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        procs = [subprocess.Popen([sys.executable, "-c", SQUAT_WRITER, w, str(n), str(width)],
+                                  stdout=f, stderr=subprocess.PIPE, text=True, env=env)
+                 for w in ("a", "b")]
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert intact(out.read_text(), ["a", "b"], n, width) == []
+    locks = {x for e in errs for x in e.splitlines() if x.startswith("LOCK ")}
+    return locks, [x for e in errs for x in e.splitlines() if not x.startswith("LOCK ")]
+
+
+def test_a_squatted_default_lock_file_falls_back_to_a_private_one(tmp_path):
+    """#39: another user created root's /tmp/mldebug-print-0.lock first, and every rank's
+    prints went unlocked (interleaved). Now every process of ours takes the same private
+    fallback ($XDG_RUNTIME_DIR here), says so once, and leaves the squatted file alone."""
+    uid, gid = second_user()
+    squat, before = _squatted_default(tmp_path, uid, gid)
+    xdg = tmp_path / "run"
+    xdg.mkdir(mode=0o700)
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(squat.parent),
+               XDG_RUNTIME_DIR=str(xdg))
+    env.pop("MLDEBUG_PRINT_LOCK", None)
+    locks, err = _two_writers(env, tmp_path)
+    fallback = os.stat(xdg / "mldebug-print.lock")
+    assert locks == {f"LOCK {fallback.st_dev} {fallback.st_ino}"}, locks
+    assert fallback.st_ino != before.st_ino and fallback.st_uid == os.geteuid()
+    assert len(err) == 2 and all(f"is owned by uid {uid}" in x and
+                                 f"using {xdg / 'mldebug-print.lock'} instead" in x
+                                 for x in err), err
+    after = os.stat(squat)
+    assert (after.st_uid, after.st_mode, after.st_mtime_ns) == \
+        (before.st_uid, before.st_mode, before.st_mtime_ns)
+    assert squat.read_text() == "theirs\n"
+
+
+def test_a_squatted_default_lock_without_a_runtime_dir_uses_the_home_cache(tmp_path):
+    """No usable $XDG_RUNTIME_DIR (unset, or another user's): ~/.cache/mldebug, made 0700."""
+    uid, gid = second_user()
+    squat, before = _squatted_default(tmp_path, uid, gid)
+    home = tmp_path / "home"
+    home.mkdir()
+    theirs = tmp_path / "their-run"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, uid, gid)
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(squat.parent), HOME=str(home),
+               XDG_RUNTIME_DIR=str(theirs))
+    env.pop("MLDEBUG_PRINT_LOCK", None)
+    locks, err = _two_writers(env, tmp_path)
+    cache = home / ".cache" / "mldebug"
+    [lock] = list(cache.iterdir())
+    st = os.stat(lock)
+    assert locks == {f"LOCK {st.st_dev} {st.st_ino}"} and lock.name.startswith("print-")
+    assert os.stat(cache).st_mode & 0o777 == 0o700 and list(theirs.iterdir()) == []
+    assert len(err) == 2 and all(f"using {lock} instead" in x for x in err), err
+    assert squat.read_text() == "theirs\n" and os.stat(squat).st_uid == uid
+
