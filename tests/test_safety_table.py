@@ -499,6 +499,34 @@ def test_resources_mem_probe_default_is_bounded(tmp_path, capsys, monkeypatch):
     assert "bounded" not in err
 
 
+# -- class: damaged input -------------------------------------------------------------------
+# A crashed node leaves NULs, cut lines, absurd numbers: each is a problem of one line, one
+# field or one file, noted, never of the whole run (#39).
+_CUDA = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_damaged_nul_block_before_the_last_lines_is_skipped_and_noted(tmp_path, capsys):
+    """row: damaged-nul-block - a block of NULs (a crashed node's unwritten pages) before a
+    rank's last lines: the log is read past it, the CUDA error after it is the verdict."""
+    head = ("[rank0]:step 100 loss 2.31\n[rank1]:step 100 loss 2.30\n"
+            "[rank0]:step 101 loss 2.29\n")
+    tail = ("[rank1]:Traceback (most recent call last):\n"
+            '[rank1]:  File "/u/train.py", line 41, in <module>\n'
+            "[rank1]:    loss.backward()\n"
+            f"[rank1]:{_CUDA}\n")
+    clean = _write(tmp_path / "clean.log", head + tail)
+    damaged = tmp_path / "job.log"
+    damaged.write_bytes(head.encode() + b"\x00" * 4096 + tail.encode())
+    rc_clean, out, err = _cli(["log", str(clean), "--json"], capsys)
+    rc, out, err = _cli(["log", str(damaged), "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == rc_clean and doc["culprits"] == [1], (rc, err, out[:2000])
+    assert _CUDA in doc["verdict"]["title"] and "cuda" in doc["verdict"]["code"], doc["verdict"]
+    assert any("4096 NUL bytes at line 4" in n for n in doc["notes"]), doc["notes"]
+    rc, out, err = _cli(["log", str(damaged)], capsys)
+    assert _CUDA in out and "4096 NUL bytes" in out + err and "\x00" not in out + err
+
+
 # -- class: signals --------------------------------------------------------------------------
 _STAGED = """
 import sys, time

@@ -39,16 +39,33 @@ CHUNK = 8 << 20  # bytes read at a time: memory is this plus one line, whatever 
 SNIFF = 1 << 16
 
 
-def _chunks(stream: object) -> Iterator[bytes]:
+def _chunks(stream: object, name: str | None = None,
+            nuls: list[int] | None = None) -> Iterator[bytes]:
     """Whole lines, CHUNK bytes at a time; a line over MAX_LINE bytes is cut there (the rest
-    of it skipped), so memory stays bounded for a file without a single newline."""
+    of it skipped), so memory stays bounded for a file without a single newline. ``name``:
+    the first block is sniffed (raw) before anything is yielded. NUL bytes are dropped (a
+    crashed node's unwritten blocks; the lines after them are the ones that matter) and
+    counted into ``nuls``: [bytes dropped, line of the first]."""
     read = stream.read  # type: ignore[attr-defined]
     tail = b""
     skipping = False
+    first = True
+    newlines = 0  # newlines before this block (the line of a NUL run)
     while True:
         block = read(CHUNK)
         if not block:
             break
+        if first and name is not None:
+            sniff(block[:SNIFF], name)  # the head: a first line over MAX_LINE is cut, not refused
+        first = False
+        if b"\x00" in block:
+            if nuls is not None:
+                if not nuls[0]:
+                    nuls[1] = newlines + block.count(b"\n", 0, block.find(b"\x00")) + 1
+                nuls[0] += block.count(b"\x00")
+            block = block.replace(b"\x00", b"")
+        if nuls is not None:
+            newlines += block.count(b"\n")
         if skipping:
             i = block.find(b"\n")
             if i < 0:
@@ -66,6 +83,10 @@ def _chunks(stream: object) -> Iterator[bytes]:
         yield tail
 
 
+_NUL_RUN = re.compile(rb"\x00+")
+_CONTROL = re.compile(rb"[\x01-\x08\x0e-\x1a\x1c-\x1f]")  # not \t \n \r \f \v ESC
+
+
 def sniff(head: bytes, name: str) -> None:
     """Refuse what is not a text log, in one line: binary, compressed, no line breaks."""
     fix = "Pass the job's text log (the launcher's output or per-rank files)."
@@ -74,9 +95,15 @@ def sniff(head: bytes, name: str) -> None:
     if head[:4] in (b"\x28\xb5\x2f\xfd", b"PK\x03\x04") or head[:3] == b"BZh":
         raise UsageError(f"{name}: a compressed archive, not a text log.", "Unpack it first. " + fix)
     sample = head[:SNIFF]
-    if b"\x00" in sample or (sample[:1] == b"\x80" and b"\n" not in sample[:64]):
-        raise UsageError(f"{name}: binary data (a NUL byte or a pickle), not a text log.",
-                         fix + " Flight-recorder dumps go to `mldebug fr analyze`.")
+    text = sample.replace(b"\x00", b"") if b"\x00" in sample else sample
+    # a block of NULs (a crashed node's unwritten pages) is damage, read past it; NULs
+    # scattered through the data, or control bytes, are a binary file (ELF, pickle, a struct)
+    if (sample[:1] == b"\x80" and b"\n" not in sample[:64]) or sample[:4] == b"\x7fELF" \
+            or (text is not sample and len(_NUL_RUN.findall(sample)) > 16) \
+            or len(_CONTROL.findall(text)) * 20 > len(text):
+        raise UsageError(f"{name}: binary data (NUL or control bytes throughout, or a pickle), "
+                         "not a text log.", fix + " Flight-recorder dumps go to `mldebug fr analyze`.")
+    sample = text
     bad = sample.decode("utf-8", "replace").count("\ufffd")
     if bad * 10 > len(sample):
         raise UsageError(f"{name}: not UTF-8 text ({bad} undecodable bytes in the first "
@@ -255,9 +282,7 @@ def _feed_grep(parser: LogParser, path: Path, source: str, file_rank: int | None
 def _feed(parser: LogParser, stream: object, source: str, file_rank: int | None) -> None:
     parser.start_source(source, file_rank)
     line = 1
-    for i, chunk in enumerate(_chunks(stream)):
-        if i == 0:
-            sniff(chunk, source)
+    for chunk in _chunks(stream, source, parser.nuls):
         line += parser.feed_chunk(chunk, source, file_rank, line)
     parser.end_source()
 

@@ -280,6 +280,7 @@ class LogParser:
     _open_tb: int = 0
     _context_lines: int = 0
     _file_rank: int | None = None
+    nuls: list[int] = field(default_factory=lambda: [0, 0])  # NUL bytes dropped, line of the first
     prefilter: bool = True  # False: parse every line (the reference the prefilter is tested against)
 
     def feed_source(self, lines: Iterable[str], source: str, file_rank: int | None = None) -> None:
@@ -342,6 +343,11 @@ class LogParser:
 
     def line_bytes(self, raw: bytes, line_no: int, source: str, file_rank: int | None) -> None:
         """One line as read from the file (its number counts from 1 in ``source``)."""
+        if b"\x00" in raw:  # a crashed node's unwritten block glued to a line: damage, dropped
+            if not self.nuls[0]:
+                self.nuls[1] = line_no
+            self.nuls[0] += raw.count(b"\x00")
+            raw = raw.replace(b"\x00", b"")
         self.line(raw[:MAX_LINE].decode("utf-8", "replace"), f"{source}:{line_no}", file_rank)
 
     def count_lines(self, n: int) -> None:
@@ -377,11 +383,16 @@ class LogParser:
         self._open_tb = 0
         self._context_lines = 0
         self._file_rank = file_rank
+        self.nuls = [0, 0]
         if file_rank is not None:  # an empty per-rank file still says the rank existed
             self.parsed.rank(file_rank)
 
     def end_source(self) -> None:
         self._flush_table()
+        count, line = self.nuls
+        if count:
+            self.parsed.notes.append(f"{self.parsed.sources[-1]}: {count} NUL byte{'s' * (count != 1)}"
+                                     f" at line {line} (a crashed node's unwritten blocks?) skipped")
 
     def feed(self, raw: str, where: str, file_rank: int | None = None) -> None:
         p = self.parsed
