@@ -527,6 +527,42 @@ def test_damaged_nul_block_before_the_last_lines_is_skipped_and_noted(tmp_path, 
     assert _CUDA in out and "4096 NUL bytes" in out + err and "\x00" not in out + err
 
 
+def _pyspy_json(pid: int, line: str = "41", thread_id: str = "140000") -> str:
+    frames = [{"name": "all_reduce", "filename": "/site-packages/torch/distributed/distributed_c10d.py",
+               "short_filename": "distributed_c10d.py", "module": None, "line": 2050, "locals": None},
+              {"name": "train", "filename": "/u/train.py", "short_filename": "train.py",
+               "module": None, "line": "LINE", "locals": None}]
+    doc = json.dumps([{"pid": pid, "thread_id": "TID", "thread_name": "MainThread",
+                       "os_thread_id": pid, "active": True, "owns_gil": False, "frames": frames}])
+    return doc.replace('"LINE"', line).replace('"TID"', thread_id)  # raw JSON numbers
+
+
+@pytest.mark.parametrize("value", ["1e400", "-Infinity", "NaN", "true", "9" * 30])
+def test_damaged_nonfinite_json_numbers_cost_one_file_not_the_run(value, tmp_path, capsys):
+    """row: damaged-nonfinite-json - py-spy JSON (and a hang dump) whose frame line or
+    thread_id is 1e400/-Infinity/NaN once ended the whole run in 'internal error:
+    OverflowError'. The damaged file is named in one note; the good file is analysed."""
+    good = _write(tmp_path / "good-100.json", _pyspy_json(100))
+    bad = _write(tmp_path / "bad-101.json", _pyspy_json(101, line=value, thread_id="-Infinity"))
+    dump = json.loads(_pyspy_json(102))  # the same frame line inside mldebug's own dump format
+    dump_doc = json.dumps({"format": "mldebug.hang.dump/1", "host": "vm", "pid": 102,
+                           "identity": {"rank": 2, "world_size": 3}, "dump": dump})
+    bad_dump = _write(tmp_path / "vm-rank2-102.json", dump_doc.replace('"line": 41', f'"line": {value}'))
+    rc_good, out, err = _cli(["hang", "analyze", str(good)], capsys)
+    rc, out, err = _cli(["hang", "analyze", str(good), str(bad), str(bad_dump)], capsys)
+    assert rc == rc_good and "pid 100" in out, (rc, out, err)
+    assert "bad-101.json" in out + err and "'line'" in out + err, out
+    assert "vm-rank2-102.json" in out + err, out
+    rc, out, err = _cli(["hang", "analyze", str(good), str(bad), "--json"], capsys)
+    doc = json.loads(out)  # strict JSON: no Infinity/NaN copied into it
+    assert any(e["host"] == "bad-101.json" for e in doc["errors"]), doc["errors"]
+    json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
+    # a damaged thread id alone costs nothing but a note: the stack is kept
+    only_tid = _write(tmp_path / "tid-103.json", _pyspy_json(103, thread_id=value))
+    rc, out, err = _cli(["hang", "analyze", str(good), str(only_tid)], capsys)
+    assert "pid 103" in out and "tid-103.json" in out and "thread_id" in out, out
+
+
 # -- class: signals --------------------------------------------------------------------------
 _STAGED = """
 import sys, time

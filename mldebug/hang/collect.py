@@ -23,7 +23,7 @@ from mldebug.hang.model import (
     ProcSample,
 )
 from mldebug.hang.options import CollectOptions, options_from_args
-from mldebug.hang.pyspy import parse_text_dump, threads_from_json
+from mldebug.hang.pyspy import json_int, parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
@@ -57,6 +57,8 @@ def _opt_int(v: Any) -> int | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{v!r} is not an integer")
+    if not -(1 << 63) < v < 1 << 63:
+        raise ValueError(f"{str(v)[:24]}... is out of range")
     return v
 
 
@@ -87,8 +89,10 @@ def _undumped(host: str, p: dict[str, Any], error: str,
             stopped[(proc.job_key, proc.rank)] = (host, proc.pid)
 
 
-def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Process:
-    """A Process from one entry of a node document; ValueError when it is malformed."""
+def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100,
+                      bad: list[str] | None = None) -> Process:
+    """A Process from one entry of a node document; ValueError when it is malformed (a frame
+    line inf or NaN too). A damaged thread id is read as 0 and named in ``bad``."""
     if not isinstance(p, dict):
         raise ValueError("a process entry is not an object")
     ident = p.get("identity") or {}
@@ -118,10 +122,10 @@ def process_from_node(host: str, p: dict[str, Any], clk_tck: int = 100) -> Proce
             continue
         if not isinstance(data, list):
             raise ValueError(f"'{key}' is not a py-spy thread list")
-        setattr(proc, attr, threads_from_json(data))
+        setattr(proc, attr, threads_from_json(data, bad))
     for w in p.get("workers") or ():
         if isinstance(w, dict) and w.get("dump") is not None:
-            proc.workers.append(process_from_node(host, w, clk_tck))
+            proc.workers.append(process_from_node(host, w, clk_tck, bad))
     proc.samples = samples_from_node(p.get("samples"))
     route = p.get("route")
     proc.route = route if isinstance(route, str) and len(route) <= 32 else None
@@ -468,9 +472,10 @@ def _load(paths: Iterable[str]) -> Collection:
             except (ValueError, RecursionError) as e:
                 coll.errors.append(CollectError(f.name, None, f"unreadable JSON: {e}"[:200]))
                 continue
+            bad: list[str] = []  # damaged thread ids read as 0 (one note for the file)
             if isinstance(data, dict) and data.get("format") == DUMP_FORMAT:
                 try:
-                    proc = process_from_node(str(data.get("host", "?")), data)
+                    proc = process_from_node(str(data.get("host", "?")), data, bad=bad)
                 except (AttributeError, TypeError, ValueError) as e:
                     coll.errors.append(CollectError(f.name, None, f"malformed dump: {e}"))
                     continue
@@ -483,12 +488,16 @@ def _load(paths: Iterable[str]) -> Collection:
                                   []).append(proc)
             elif isinstance(data, list):  # plain py-spy --json
                 try:
-                    coll.processes.append(Process(host="", pid=_pid_from(data, f),
-                                                  threads=threads_from_json(data)))
+                    coll.processes.append(Process(host="", pid=_pid_from(data, f, bad),
+                                                  threads=threads_from_json(data, bad)))
                 except (AttributeError, TypeError, ValueError) as e:
                     coll.errors.append(CollectError(f.name, None, f"malformed py-spy JSON: {e}"))
+                    continue
             else:
                 coll.errors.append(CollectError(f.name, None, "not a py-spy or mldebug dump"))
+            if bad:
+                coll.errors.append(CollectError(f.name, None, "damaged numbers read as 0/none (the"
+                                                f" rest of the file is analysed): {', '.join(bad)}"))
         else:
             text = raw.decode(errors="replace")
             if looks_like_faulthandler(text):
@@ -539,8 +548,11 @@ def _abort_notes(coll: Collection, dirs: list[Path]) -> None:
             coll.errors.append(CollectError(d.name, pid, f"{who} has no dump: {why}"))
 
 
-def _pid_from(data: list[Any], f: Path) -> int:
+def _pid_from(data: list[Any], f: Path, bad: list[str] | None = None) -> int:
     for t in data:
         if isinstance(t, dict) and t.get("pid"):
-            return int(t["pid"])
+            pid = json_int(t["pid"], "pid", bad, None)
+            if pid is not None:
+                return pid
+            break
     return trailing_number(f.name) or 0

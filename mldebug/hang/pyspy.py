@@ -5,6 +5,7 @@ Pure functions: text or decoded JSON in, model objects out.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -15,26 +16,50 @@ from mldebug.hang.model import Process, StackFrame, Thread
 _FRAMES: dict[tuple[Any, ...], StackFrame] = {}
 _STACKS: dict[tuple[int, ...], list[StackFrame]] = {}
 _CAP = 1 << 18
+_INT_BOUND = 1 << 63
+
+
+def json_int(v: Any, field: str, bad: list[str] | None = None, default: int | None = 0) -> int | None:
+    """An integer field of a dump. json.loads reads 1e400 as inf and takes NaN/Infinity: a
+    non-finite, boolean or absurd (2**63 or more) number is damage of this one field, read as
+    ``default`` and named in ``bad`` (``bad`` None: ValueError, the file is malformed).
+    Anything else is ``int(v)`` as before (a string or list there still raises)."""
+    if v is None:
+        return default
+    n: int | None = None
+    if not isinstance(v, bool) and not (isinstance(v, float) and not math.isfinite(v)):
+        n = int(v)
+        if not -_INT_BOUND < n < _INT_BOUND:
+            n = None
+    if n is None:
+        if bad is None:
+            raise ValueError(f"'{field}' is {str(v)[:24]} (1e400, NaN or Infinity in the file?),"
+                             " not a finite integer: skipped")
+        if len(bad) < 8:
+            bad.append(f"{field} {str(v)[:24]}")
+        return default
+    return n
 
 
 def frame_from_json(f: dict[str, Any]) -> StackFrame:
-    """One py-spy JSON frame; frames without locals are shared (see _FRAMES)."""
+    """One py-spy JSON frame; frames without locals are shared (see _FRAMES). A damaged line
+    number (inf, NaN) raises ValueError: read as 0 it would split the rank from its peers."""
+    line = json_int(f.get("line") or 0, "line") or 0
     if not f.get("locals"):
-        key = (f.get("name"), f.get("filename"), f.get("line"), f.get("short_filename"),
+        key = (f.get("name"), f.get("filename"), line, f.get("short_filename"),
                f.get("module"))
         hit = _FRAMES.get(key)
         if hit is None:
-            hit = _build_frame(f)
+            hit = _build_frame(f, line)
             if len(_FRAMES) < _CAP:
                 _FRAMES[key] = hit
         return hit
-    return _build_frame(f)
+    return _build_frame(f, line)
 
 
-def _build_frame(f: dict[str, Any]) -> StackFrame:
+def _build_frame(f: dict[str, Any], line: int) -> StackFrame:
     filename = str(f.get("filename") or "")
     module = f.get("module")
-    line = int(f.get("line") or 0)
     native = bool(module) or (line == 0 and not filename.endswith(".py"))
     local_items: list[tuple[str, str]] = []
     for loc in f.get("locals") or ():
@@ -50,14 +75,17 @@ def _build_frame(f: dict[str, Any]) -> StackFrame:
     )
 
 
-def threads_from_json(data: list[dict[str, Any]]) -> list[Thread]:
-    """py-spy ``dump --json``: a list of thread objects, frames innermost first."""
+def threads_from_json(data: list[dict[str, Any]], bad: list[str] | None = None) -> list[Thread]:
+    """py-spy ``dump --json``: a list of thread objects, frames innermost first. A damaged
+    thread id (inf, NaN, 1e400, a boolean) is read as 0 (os_thread_id: None) and named in
+    ``bad``; a damaged frame line raises ValueError (the file is skipped)."""
     threads = []
+    ids = bad if bad is not None else []
     for t in data:
         threads.append(Thread(
             name=str(t.get("thread_name") or ""),
-            thread_id=int(t.get("thread_id") or 0),
-            os_thread_id=t.get("os_thread_id"),
+            thread_id=json_int(t.get("thread_id") or 0, "thread_id", ids) or 0,
+            os_thread_id=json_int(t.get("os_thread_id"), "os_thread_id", ids, None),
             active=t.get("active"),
             owns_gil=t.get("owns_gil"),
             frames=_shared_stack([frame_from_json(f) for f in t.get("frames") or ()]),
