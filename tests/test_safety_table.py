@@ -563,6 +563,42 @@ def test_damaged_nonfinite_json_numbers_cost_one_file_not_the_run(value, tmp_pat
     assert "pid 103" in out and "tid-103.json" in out and "thread_id" in out, out
 
 
+@pytest.mark.timeout(120)
+def test_damaged_huge_rank_count_is_stated_as_a_lower_bound(tmp_path, capsys):
+    """row: damaged-huge-rank-count - a 1,000,001-rank log (one line per rank) said
+    '36867 ranks seen': rank prefixes are sampled (256 KiB of each 8 MiB on the grep path, 1 MiB
+    in Python) and the sample stops at 65,536 ranks (the memory bound, kept). The header now
+    says 'at least N ranks seen' when the sample missed ranks; a job whose ranks all show up
+    early in each sample keeps its exact count."""
+    from mldebug.log.collect import load
+
+    huge = tmp_path / "huge.log"
+    with huge.open("w") as f:
+        f.write("[rank0]:world_size=1000001\n")
+        for start in range(0, 1_000_001, 100_000):
+            f.write("".join(f"[rank{r}]:step 1 loss 2.0\n"
+                            for r in range(start, min(start + 100_000, 1_000_001))))
+        f.write("[rank7]:Traceback (most recent call last):\n"
+                '[rank7]:  File "/u/train.py", line 3, in <module>\n[rank7]:RuntimeError: boom\n')
+    rc, out, err = _cli(["log", str(huge)], capsys)
+    head = out.splitlines()[0]
+    seen = int(head.split("at least ", 2)[2].split()[0])
+    assert 0 < seen < 1_000_001 and "ranks seen (rank prefixes are sampled" in head, head
+    assert "world size 1000001" in head and "RuntimeError: boom" in out, out[:2000]
+    rc, out, err = _cli(["log", str(huge), "--json"], capsys)
+    doc = json.loads(out)
+    assert doc["ranks_lower_bound"] is True and doc["culprits"] == [7]
+    assert load([str(huge)], grep_min=1 << 62).ranks_lower_bound  # the Python path too
+    # 4 ranks over 5 MiB: every sample is cut, but it saw every rank early: the count is exact
+    small = tmp_path / "four.log"
+    small.write_text("".join(f"[rank{i % 4}]:step {i} loss 2.0\n" for i in range(250_000)))
+    for kw in ({}, {"grep_min": 1 << 62}):
+        parsed = load([str(small)], **kw)  # type: ignore[arg-type]
+        assert len(parsed.ranks) == 4 and not parsed.ranks_lower_bound, kw
+    rc, out, err = _cli(["log", str(small)], capsys)
+    assert "; 4 ranks seen." in out.splitlines()[0], out
+
+
 # -- class: signals --------------------------------------------------------------------------
 _STAGED = """
 import sys, time

@@ -217,7 +217,8 @@ def _feed_grep(parser: LogParser, path: Path, source: str, file_rank: int | None
             sniff(b"x" * CHUNK, source)  # raises: no line break
         for at in range(0, size, CHUNK):
             f.seek(at)
-            parser.sample_ranks(b"\n" + f.read(RANK_SAMPLE_GREP))
+            parser.sample_ranks(b"\n" + f.read(RANK_SAMPLE_GREP),
+                                whole=min(size - at, CHUNK) <= RANK_SAMPLE_GREP)
         proc = subprocess.Popen(
             [grep, "-a", "-n", "-b", "-F", "-e", GREP_PATTERN, "--", str(path)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,

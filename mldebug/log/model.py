@@ -133,6 +133,7 @@ class ParsedLogs:
     sources: list[str] = field(default_factory=list)
     lines: int = 0
     lines_lower_bound: bool = False  # grep read the file: lines = the last line that mattered
+    ranks_lower_bound: bool = False  # the rank sample missed ranks (or hit its memory bound)
     world_size: int | None = None  # --world-size
     world_hint: int | None = None  # the largest world size a line stated
     torch_version: str | None = None  # from "PyTorch version: 2.3.1" / "torch==2.3.1" lines
@@ -168,6 +169,7 @@ class LogReport:
             "sources": p.sources,
             "lines": p.lines,
             "lines_lower_bound": p.lines_lower_bound,
+            "ranks_lower_bound": p.ranks_lower_bound,
             "world_size": p.world_size,
             "culprits": self.culprits,
             "verdict": self.verdict.to_dict() if self.verdict else None,

@@ -28,6 +28,7 @@ from mldebug.text import sanitize
 MAX_LINE = 16384  # characters of one line that are looked at
 MAX_CONTEXT = 100_000  # lines read one by one while a traceback stays open (a cut log)
 RANK_SAMPLE = 1 << 20  # bytes of each chunk whose launcher prefixes are scanned for ranks
+MAX_SAMPLED_RANKS = 1 << 16  # ranks the sample adds (memory: one RankLog each); then it stops
 MAX_WARN_GROUPS = 200
 MAX_WARN_RANKS = 4096
 
@@ -281,6 +282,7 @@ class LogParser:
     _context_lines: int = 0
     _file_rank: int | None = None
     nuls: list[int] = field(default_factory=lambda: [0, 0])  # NUL bytes dropped, line of the first
+    _ranks_unsaturated: bool = False  # this source's last rank sample may have missed ranks
     prefilter: bool = True  # False: parse every line (the reference the prefilter is tested against)
 
     def feed_source(self, lines: Iterable[str], source: str, file_rank: int | None = None) -> None:
@@ -365,17 +367,27 @@ class LogParser:
             return False
         return True
 
-    def sample_ranks(self, chunk: bytes) -> None:
+    def sample_ranks(self, chunk: bytes, whole: bool | None = None) -> None:
         """Ranks from the launcher prefixes of the first MiB of each chunk: a rank that printed
-        only lines the prefilter skips still counts as present (not silent)."""
+        only lines the prefilter skips still counts as present (not silent). ``whole``: the
+        sample is the whole of its part of the file (default: unless the chunk was cut). A
+        cut sample still finding new ranks in its second half (a log of 1,000,001 ranks: each
+        line a new one) has missed some: the count becomes a lower bound (``ranks_lower_bound``)."""
         if self._file_rank is not None:
             return
         head = chunk[:RANK_SAMPLE]
         ranks = self.parsed.ranks
-        for m in _RANK_SAMPLE.finditer(head) if len(ranks) < 1 << 16 else ():
+        if len(ranks) >= MAX_SAMPLED_RANKS:  # the memory bound: more may be there, unsampled
+            self._ranks_unsaturated = self._ranks_unsaturated or b"\n[" in head
+            return
+        last_new = -1
+        for m in _RANK_SAMPLE.finditer(head):
             r = int(m[1] or m[2] or m[3])
             if r not in ranks:
                 self.parsed.rank(r)
+                last_new = m.start()
+        cut = not whole if whole is not None else len(chunk) > len(head)
+        self._ranks_unsaturated = cut and last_new > len(head) // 2
 
     def start_source(self, source: str, file_rank: int | None) -> None:
         self.parsed.sources.append(source)
@@ -384,11 +396,13 @@ class LogParser:
         self._context_lines = 0
         self._file_rank = file_rank
         self.nuls = [0, 0]
+        self._ranks_unsaturated = False
         if file_rank is not None:  # an empty per-rank file still says the rank existed
             self.parsed.rank(file_rank)
 
     def end_source(self) -> None:
         self._flush_table()
+        self.parsed.ranks_lower_bound = self.parsed.ranks_lower_bound or self._ranks_unsaturated
         count, line = self.nuls
         if count:
             self.parsed.notes.append(f"{self.parsed.sources[-1]}: {count} NUL byte{'s' * (count != 1)}"

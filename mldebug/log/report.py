@@ -36,8 +36,13 @@ def render(report: LogReport, console: Console) -> None:
     from rich.text import Text
 
     p = report.parsed
+    seen = f"{len(p.ranks)} ranks seen."
+    if p.ranks_lower_bound:  # the sample of a large log missed ranks: say so, and what it saw
+        seen = (f"at least {len(p.ranks)} ranks seen (rank prefixes are sampled in a large log;"
+                 f" the highest rank number seen is {max(p.ranks)}"
+                 + (f", a line states world size {p.world_hint}" if p.world_hint else "") + ").")
     console.print(Text(f"Read {'at least ' if p.lines_lower_bound else ''}{p.lines} lines from {len(p.sources)} input(s); "
-                       f"{len(p.ranks)} ranks seen.", style="dim"))
+                       + seen, style="dim"))
     if report.verdict is not None:
         console.print(Text("Verdict:", style="bold"))
     render_findings(report.findings, console)
