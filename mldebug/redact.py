@@ -3,7 +3,7 @@ free text.
 
 A value is a secret when its name says so (token, secret, password, key, credential, auth,
 cookie, session), when it is the value of such a ``--flag=value`` / ``--flag value``, when it
-is a URL's password, or when it has a well-known token shape (``hf_``, ``ghp_``, ``sk-``,
+is a URL's password or a ``password=``/``token=``/``api_key=`` pair inside a value, or when it has a well-known token shape (``hf_``, ``ghp_``, ``sk-``,
 ``AKIA``, ``xoxb-``, ``glpat-``, JWTs, long base64/hex runs). Every report and saved file
 passes command lines and env values through here unless the user gives ``--show-secrets``.
 
@@ -32,6 +32,11 @@ TOKEN_PREFIX = re.compile(r"^(?:hf_|ghp_|gho_|ghs_|ghu_|github_pat_|sk-|sk_live_
                           r"glpat-)")
 LONG_OPAQUE = re.compile(r"^[A-Za-z0-9+/_=-]{32,}$")
 URL_PASSWORD = re.compile(r"(//[^/:@\s]{1,200}:)[^@/\s]{1,200}@")
+# a secret key=value inside a value or a line: a URL query (?password=X&...), space-, comma- or
+# semicolon-separated settings; the key may carry a prefix (access_token=, DB_PASSWORD=), not a
+# suffix: "tokenizer=bert" and "password_file=/path" stay
+KEY_VALUE = re.compile(r"(?<![A-Za-z0-9])((?:[A-Za-z0-9]{1,40}[_-]){0,4}"
+                       r"(?:password|passwd|pwd|secret|token|api[_-]?key)=[\"']?)[^&\s,;'\"]+", re.I)
 _FLAG = re.compile(r"^(--?[A-Za-z0-9][\w.-]*)(=)(.*)$", re.S)
 
 
@@ -41,14 +46,17 @@ def is_secret_name(name: str) -> bool:
 
 # what every token shape and URL password needs somewhere in the text: one C-speed search
 # lets the common string (a frame name, a file path) through without the two substitutions
-_MAYBE_SECRET = re.compile(r"@|hf_|gh[pousr]_|github_pat_|sk[-_]|xox|AKIA|glpat-|eyJ")
+_MAYBE_SECRET = re.compile(r"@|hf_|gh[pousr]_|github_pat_|sk[-_]|xox|AKIA|glpat-|eyJ"
+                           r"|(?i:passw(?:or)?d=|pwd=|secret=|token=|api[_-]?key=)")
 
 
 def redact_text(text: str) -> str:
-    """Free text (a log line, a finding title) with URL passwords and token shapes replaced."""
+    """Free text (a log line, a finding title) with URL passwords, secret ``key=value`` pairs
+    (``password=``, ``token=``, ``api_key=``...) and token shapes replaced."""
     if _MAYBE_SECRET.search(text) is None:
         return text
     text = URL_PASSWORD.sub(r"\1" + REDACTED + "@", text)
+    text = KEY_VALUE.sub(r"\1" + REDACTED, text)
     return TOKEN_SHAPE.sub(REDACTED, text)
 
 

@@ -377,6 +377,30 @@ def test_secrets_env_json_and_markdown_are_redacted(capsys, monkeypatch):
     assert "hf_abcdefghijklmnopqrstuvwxyz012345" in out
 
 
+def test_secrets_password_pairs_inside_a_value_are_redacted(capsys, monkeypatch):
+    """row: secrets-value-password - `password=`, `token=`, `api_key=` pairs inside a shown
+    variable's value (space-separated settings, a URL query) were shown: redacted in --json,
+    --markdown and plain output; --show-secrets shows them; 'tokenizer=bert' and
+    'password_file=/path' are no secrets."""
+    from mldebug.redact import redact_text
+
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_0 password=hunter2hca")
+    monkeypatch.setenv("MASTER_ADDR", "https://host/?password=hunter2qs&x=1")
+    for extra in (["--json"], ["--markdown"], []):
+        rc, out, err = _cli(["env", "--torch-timeout", "1", *extra], capsys)
+        assert "hunter2hca" not in out + err and "hunter2qs" not in out + err, (extra, out)
+        assert "password=<redacted>" in out, (extra, out[-3000:])
+    rc, out, err = _cli(["env", "--torch-timeout", "1", "--json", "--show-secrets"], capsys)
+    assert "hunter2hca" in out and "hunter2qs" in out
+    for text, shown in [("a PASSWD=pw1,b=2", "a PASSWD=<redacted>,b=2"),
+                        ("pwd=pw2;q secret=pw3 TOKEN='pw4' api_key=pw5 apikey=pw6&z",
+                         "pwd=<redacted>;q secret=<redacted> TOKEN='<redacted>' "
+                         "api_key=<redacted> apikey=<redacted>&z"),
+                        ("x access_token=pw7 y", "x access_token=<redacted> y"),
+                        ("tokenizer=bert password_file=/etc/pw", "tokenizer=bert password_file=/etc/pw")]:
+        assert redact_text(text) == shown, text
+
+
 @pytest.fixture
 def secret_rank(tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
