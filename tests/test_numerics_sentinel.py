@@ -339,3 +339,38 @@ def test_late_mode_adds_no_host_sync_on_cuda_and_raises_at_the_next_step(tmp_pat
     with pytest.raises(NonFiniteDetected) as e:
         run(2, strict=False)
     assert e.value.record["step"] == 1 and e.value.record["replay"]["status"] == "skipped"
+
+
+class _XOnly(nn.Module):
+    """The recipe's blocks behind a forward that takes x alone: the step computes the loss
+    itself from the batch's y, as most training loops do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.net.layers:
+            x = layer(x)
+        return self.net.head(x)
+
+
+@pytest.mark.parametrize("give_batch", [True, False])
+def test_replay_calls_the_model_as_the_step_did_not_as_the_batch_looks(tmp_path: Path,
+                                                                        give_batch: bool) -> None:
+    """Issue #43: a tuple batch (x, y) of which the step passed only x to the model was replayed
+    as model(x, y): the replay crashed and the report said 'not localised'. The replay calls
+    the model with the args its first call in the block had, so the module is named, and
+    without a batch given to step() too."""
+    torch.manual_seed(0)
+    model = _XOnly()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    s = NanSentinel(model, opt, dir=tmp_path / "rec", print_report=False)
+    x, y = batch(9, big=1000.0)
+    with pytest.raises(NonFiniteDetected) as e:
+        with s.step((x, y) if give_batch else None):
+            nn.functional.mse_loss(model(x), y).backward()
+    rp = e.value.record["replay"]
+    assert rp["status"] == "reproduced", rp
+    assert (rp["phase"], rp["module"], rp["cls"]) == ("backward", "net.layers.3.gate", "Gate")
+    assert not model._forward_pre_hooks  # the hook lives for the block only

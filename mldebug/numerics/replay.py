@@ -62,10 +62,12 @@ def loss_of(output: Any) -> torch.Tensor | None:
     return None
 
 
-def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+def default_loss(model: nn.Module, batch: Any,
+                 call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> torch.Tensor:
     """The loss to replay: the model's own (a 0-d output or ``.loss``), else the sum of its
-    first tensor output (enough to send gradients through every module)."""
-    out = call_model(model, batch)
+    first tensor output (enough to send gradients through every module). ``call``: the
+    model's call as the step made it (args, kwargs), used instead of guessing from the batch."""
+    out = model(*call[0], **call[1]) if call is not None else call_model(model, batch)
     loss = loss_of(out)
     if loss is not None:
         return loss
@@ -105,8 +107,12 @@ def _inner(model: nn.Module) -> tuple[nn.Module, Any]:
 
 
 def replay(model: nn.Module, batch: Any, rng: dict[str, Any],
-           loss_fn: LossFn | None = None) -> dict[str, Any]:
+           loss_fn: LossFn | None = None,
+           call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Re-run forward and backward of ``batch`` from ``rng`` under DebugUnderflowOverflow.
+
+    Without ``loss_fn`` the model is called as the step called it (``call``: the args and
+    kwargs its first call in the block had), else as ``call_model`` guesses from the batch.
 
     Returns a JSON-ready dict: ``status`` ("reproduced", "not reproduced", "error"),
     ``reproducible`` (bool, None on error), and when reproduced ``phase``, ``module``, ``cls``,
@@ -131,7 +137,8 @@ def replay(model: nn.Module, batch: Any, rng: dict[str, Any],
         _capture_inputs(inner, captured)
         try:
             with quiet, torch.enable_grad():
-                loss = (loss_fn or default_loss)(inner, batch)
+                loss = loss_fn(inner, batch) if loss_fn is not None else \
+                    default_loss(inner, batch, call)
                 if isinstance(loss, torch.Tensor) and loss.requires_grad:
                     loss.backward()
                 if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss).all()):

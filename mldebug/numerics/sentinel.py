@@ -78,6 +78,9 @@ class _Micro:
     buffers: list[torch.Tensor] = field(default_factory=list)  # buckets' first elements
     bad_params: dict[int, list[str]] = field(default_factory=dict)
     bad_names: list[str] | None = None  # local gradients not finite after this block (CPU)
+    # the model's first call in the block as it was made, (args, kwargs) by reference: the
+    # replay calls it the same way (a batch (x, y) of which the step passed only x)
+    call: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     n_post: int = 0
 
 
@@ -287,11 +290,15 @@ class NanSentinel:
             self._micros.clear()
         micro = _Micro(self.micro_batch, batch, rng_state())
         self._micro = micro
+        hook = self._record_call(micro)
         try:
             yield self
         except BaseException:
             self._micro = None
             raise
+        finally:
+            if hook is not None:
+                hook.remove()
         self._micro = None
         self._micros.append(micro)
         reduced = bool(micro.pre)
@@ -313,6 +320,22 @@ class NanSentinel:
             else:
                 self.step_number += 1
                 self.micro_batch = 0
+
+    def _record_call(self, micro: _Micro) -> Any:
+        """A forward pre-hook on the module the replay runs that keeps its first call of the
+        block (references only; a hook on one module costs microseconds a step)."""
+        if not self.do_replay:
+            return None
+        from mldebug.numerics.replay import _inner
+
+        def keep(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if micro.call is None:
+                micro.call = (args, dict(kwargs))
+
+        try:
+            return _inner(self.model)[0].register_forward_pre_hook(keep, with_kwargs=True)
+        except (AttributeError, RuntimeError, TypeError):  # a module kind without hooks
+            return None
 
     def watch_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Have ``loss`` checked with this step (when the model does not return it)."""
@@ -479,12 +502,15 @@ class NanSentinel:
                           "error": "sync='late': the optimizer had stepped"}
             elif not self.do_replay:
                 result = {"status": "skipped", "reproducible": None, "error": "replay=False"}
-            elif self._micros[first].batch is None:
+            elif self._micros[first].batch is None and (
+                    self.loss_fn is not None or self._micros[first].call is None):
                 result = {"status": "skipped", "reproducible": None,
-                          "error": "no batch given to sentinel.step()"}
+                          "error": "no batch given to sentinel.step()" + (
+                              " (loss_fn= needs it)" if self.loss_fn is not None
+                              else " and the model was not called in the block")}
             else:
                 m = self._micros[first]
-                result = replay(self.model, m.batch, m.rng, self.loss_fn)
+                result = replay(self.model, m.batch, m.rng, self.loss_fn, call=m.call)
         codes = {"reproduced": 1.0, "not reproduced": 2.0, "error": 3.0, "skipped": 4.0}
         replays: dict[str, str] = {}
         if self.is_ddp and self.dist:
