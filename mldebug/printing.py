@@ -40,10 +40,6 @@ def default_lock_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"mldebug-print-{os.geteuid()}.lock")
 
 
-def _private(st: os.stat_result) -> bool:
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
-
-
 def fallback_lock_path() -> str:
     """Where every process of this user on this host locks when the default lock file in the
     shared /tmp is refused (another user squatted its name, #39): ``$XDG_RUNTIME_DIR`` when it
@@ -53,14 +49,14 @@ def fallback_lock_path() -> str:
     import pwd
     import socket
 
-    from mldebug.privdir import private_dir
+    from mldebug.privdir import UnsafeDir, check_dir, private_dir
 
     xdg = os.environ.get("XDG_RUNTIME_DIR", "")
     if os.path.isabs(xdg):
         try:
-            if _private(os.lstat(xdg)):
-                return os.path.join(xdg, "mldebug-print.lock")
-        except OSError:
+            check_dir(xdg, what="XDG_RUNTIME_DIR")  # ours, no link, nobody else can write it
+            return os.path.join(xdg, "mldebug-print.lock")
+        except (OSError, UnsafeDir):
             pass
     home = os.environ.get("HOME", "")
     try:

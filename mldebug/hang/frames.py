@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from mldebug.hang.model import StackFrame, Thread
+from mldebug.ours import our_module
 
 # torch.distributed entry points a rank can block in (names of the Python functions).
 COLLECTIVES = frozenset({
@@ -52,19 +53,6 @@ KNOWN_LIBRARIES = frozenset({
 # mldebug's own modules (the package's top-level names, read from its directory): their
 # frames in a rank (the trace ring's tracer, the watchdog, printflock, the debugger's wait) are
 # ours, never the culprit's location.
-def _our_names() -> frozenset[str]:
-    import os
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        return frozenset(n.removesuffix(".py") for n in os.listdir(here)
-                         if n.endswith(".py") or os.path.isdir(os.path.join(here, n)))
-    except OSError:
-        return frozenset({"trace", "capture", "debugger", "printing"})
-
-
-_OURS = _our_names() - {"__pycache__"}
-_OUR_PATH = re.compile(r"(?:^|/)mldebug/([A-Za-z_][A-Za-z0-9_]*)(?:/|\.py$)")
 # what a rank does in each of our modules, for "in mldebug: ..."
 OUR_ROLES = {
     "trace": "the execution ring (mldebug.trace)", "capture": "the watchdog (mldebug.watchdog)",
@@ -77,19 +65,18 @@ def is_ours(f: StackFrame) -> bool:
     """A Python frame of mldebug's own package (``mldebug/trace/ring.py``), by path."""
     if f.native:
         return False
-    m = _OUR_PATH.search((f.short or f.filename).replace("\\", "/"))
-    if m is None and f.short:
-        m = _OUR_PATH.search(f.filename.replace("\\", "/"))
-    return m is not None and m.group(1) in _OURS
+    return _ours(f) is not None
+
+
+def _ours(f: StackFrame) -> str | None:
+    return our_module(f.short or f.filename) or (our_module(f.filename) if f.short else None)
 
 
 def our_role(frames: Iterable[StackFrame]) -> str | None:
     """What mldebug does in this stack, innermost first ("the debugger ..."), or None."""
     for f in frames:
         if is_ours(f):
-            m = _OUR_PATH.search((f.short or f.filename).replace("\\", "/")) or \
-                _OUR_PATH.search(f.filename.replace("\\", "/"))
-            return OUR_ROLES.get(m.group(1) if m else "", "mldebug")
+            return OUR_ROLES.get(_ours(f) or "", "mldebug")
     return None
 
 
