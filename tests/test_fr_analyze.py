@@ -333,3 +333,24 @@ def test_the_late_rank_is_named_whatever_the_others_recorded(tmp_path, missing, 
     assert a.stragglers[0].times_last == len(m.seqs)
     assert 19.9 < a.stragglers[0].late_ms_median < 20.1
     assert a.straggler_window == len(m.seqs)
+
+
+def test_watch_a_running_jobs_slowest_rank_one_collective_short_is_not_a_skip(tmp_path):
+    """Issue #44: `fr watch` on a healthy job with one slow rank headlined 'ERROR not every
+    rank enqueued the collective ... they skipped it or are stuck': the second dumps caught
+    rank 1 one collective short of the others. When that rank issued collectives past the
+    first dumps' last one (``since``) it is the dump's cut through a running job: no mismatch,
+    no culprit, a note. A rank that stood still between the dumps keeps its mismatch."""
+    from mldebug.fr.loader import load_files
+
+    files = synth.write(tmp_path, synth.spmd_job(4, 60, fault="skip", culprit=1, at=60))
+    running = analyze(load_files(files), since={"0": 40})
+    assert running.mismatches == [] and running.lagging == [] and running.culprits == []
+    assert any("had not yet reached collective #60" in n and "rank(s) 1" in n
+               for n in running.notes), running.notes
+    assert not [f for f in running.findings if f.severity.name == "ERROR"]
+    stuck = analyze(load_files(files), since={"0": 60})  # rank 1 was at #59 in the first too
+    assert stuck.culprits == [1] and stuck.mismatches[0].kind == "missing"
+    far = synth.write(tmp_path / "far", synth.spmd_job(4, 60, fault="skip", culprit=1, at=30))
+    assert analyze(load_files(far), since={"0": 20}).culprits == [1]  # 30 behind: not a cut
+    assert analyze(load_files(files)).culprits == [1]  # fr analyze (no since): as before

@@ -227,6 +227,8 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
         waits = p2p_waits(ds, world_pg.name, world_pg.desc)
         if waits is not None:
             mismatches.append(waits)
+    if since:
+        notes.extend(_in_flight(mismatches, lagging, since))
     never = sorted({r for m in mismatches if m.kind == "missing" for r in m.culprit_ranks})
     result = Analysis(ranks=ranks, world_size=world or None, missing_ranks=missing,
                       never_enqueued=never, mismatches=mismatches, lagging=lagging,
@@ -238,6 +240,38 @@ def analyze(ds: DumpSet, frames: int = 2, since: dict[str, int] | None = None) -
     result.stragglers, result.straggler_window = find_stragglers(ds, since, result.arrivals)
     result.findings = build_findings(result)
     return result
+
+
+def _in_flight(mismatches: list[Mismatch], lagging: list[Lag],
+               since: Mapping[str, int]) -> list[str]:
+    """A second dump of a running job (``fr watch``: ``since`` holds each group's last
+    collective in the first dumps) catches the slowest rank a collective or two short of the
+    others: that is the dump's cut through a job in progress, not a skipped collective, when
+    each such rank has itself issued collectives past the first dumps' last one. Those
+    'missing' mismatches and their lags are taken out (changed in place); a note says so.
+    A rank that stood still between the dumps keeps its mismatch: it is stuck."""
+    lag_of = {(lag.pg, lag.rank): lag for lag in lagging}
+    notes: list[str] = []
+    for m in list(mismatches):
+        if m.kind != "missing" or m.p2p or m.pg not in since or not m.culprit_ranks:
+            continue
+        lags = [lag_of.get((m.pg, r)) for r in m.culprit_ranks]
+        if not all(lag is not None and lag.last_enqueued > since[m.pg] and lag.behind_by <= 2
+                   for lag in lags):
+            continue
+        mismatches.remove(m)
+        for lag in lags:
+            if lag is not None:
+                lagging.remove(lag)
+        from mldebug.render import fold_ints
+
+        notes.append(f"rank(s) {fold_ints(m.culprit_ranks)} had not yet reached collective "
+                     f"#{m.seq} of process group {m.pg} when the second dumps were taken, but "
+                     f"issued collectives since the first ones (up to #"
+                     f"{max(lag.last_enqueued for lag in lags if lag is not None)}, past #"
+                     f"{since[m.pg]}): the job is running and those ranks come last, not "
+                     "a skipped collective (see the stragglers)")
+    return notes
 
 
 _Role = tuple[str, int]

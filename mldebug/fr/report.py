@@ -40,6 +40,8 @@ def render(a: Analysis, console: Console) -> None:
             "none" if a.straggler_window >= MIN_COLLECTIVES else "too few to judge")
         console.print(Text(f"  stragglers over {a.straggler_window} matched collective(s): "
                            f"{named}", style="dim"))
+    for note in a.notes[:8]:
+        console.print(Text(f"  note: {note}", style="dim"))
     render_findings(a.findings, console, empty="No mismatch: every rank recorded the same "
                     "collectives in the same order.")
     if a.culprits:
