@@ -24,15 +24,15 @@ from mldebug.nccllog.model import (
     WarnGroup,
     normalise,
 )
-from mldebug.nccllog.rules import RULES, Context, hosts_text, warn_fix
+from mldebug.nccllog.rules import RULES, Context, hosts_text, origin_note, warn_fix
 
 MAX_ABSENT_SPAN = 1 << 20  # do not enumerate absent ranks of absurd communicator sizes
 
 
-def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
+def _merge(logs: Sequence[ParsedLog], tracebacks: bool = False) -> list[ProcessLog]:
     merged: dict[str, ProcessLog] = {}
     for log in logs:
-        for key, p in log.processes.items():
+        for key, p in (log.tracebacks if tracebacks else log.processes).items():
             m = merged.get(key)
             if m is None:
                 merged[key] = p
@@ -57,6 +57,8 @@ def _merge(logs: Sequence[ParsedLog]) -> list[ProcessLog]:
                 m.warn_src.setdefault(k, v)
             for k, v in p.warn_context.items():
                 m.warn_context.setdefault(k, v)
+            for k, v in p.warn_origin.items():
+                m.warn_origin.setdefault(k, v)
             m.gdr_disabled += [h for h in p.gdr_disabled if h not in m.gdr_disabled]
             m.gid_link_local = m.gid_link_local or p.gid_link_local
             m.mtu = m.mtu or p.mtu
@@ -103,7 +105,10 @@ def _warn_groups(procs: Sequence[ProcessLog]) -> list[WarnGroup]:
             if g is None:
                 g = groups[key] = WarnGroup(first.get(key, key), [], 0, key=key,
                                             source=p.warn_src.get(key, ""),
-                                            context=p.warn_context.get(key, ""))
+                                            context=p.warn_context.get(key, ""),
+                                            origin=p.warn_origin.get(key, ""))
+            elif not p.warn_origin.get(key):
+                g.origin = ""  # an NCCL WARN line of some process said it too
             g.count += n
             if p.version and p.version not in g.versions and len(g.versions) < 16:
                 g.versions.append(p.version)
@@ -153,7 +158,8 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
                 signals[kind] = sig
     bare = list(dict.fromkeys(v for log in logs for v in log.bare_versions))
     comms = _comm_summaries(procs)
-    warns = _warn_groups(procs)
+    tracebacks = _merge(logs, tracebacks=True)
+    warns = _warn_groups(procs + tracebacks)
     ctx = Context(procs, warns, signals, comms, bare)
     findings: list[Finding] = []
     for rule in RULES:
@@ -175,7 +181,8 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
             Severity.WARNING, f"NCCL WARN: {w.message[:200]}",
             f"printed {w.count} time(s) by {len(w.processes)} process(es): "
             + (", ".join(w.processes) if len(w.processes) <= 3
-               else f"{len(w.processes)} processes on {hosts_text(w.hosts)}"),
+               else f"{len(w.processes)} processes on {hosts_text(w.hosts)}")
+            + origin_note([w]),
             warn_fix(w.message), "nccl-log-warn", tuple(w.hosts)))
     findings += [_catalogued(group) for group in by_format.values()]
     findings += _input_findings(logs, procs, findings)
@@ -187,7 +194,8 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         files=[log.source for log in logs], processes=procs, comms=comms, warnings=warns,
         collectives={s: dict(sorted(c.items())) for s, c in sorted(coll.items())},
         findings=sort_findings(findings), groups=_process_groups(procs),
-        lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs))
+        lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs),
+        tracebacks=tracebacks)
 
 
 def _catalogued(group: list[tuple[WarnGroup, Classified]]) -> Finding:
@@ -200,7 +208,8 @@ def _catalogued(group: list[tuple[WarnGroup, Classified]]) -> Finding:
     where = (f"printed {count} time(s) by {len(names)} process(es): "
              + (", ".join(names) if len(names) <= 3
                 else f"{len(names)} processes on {hosts_text(hosts)}")
-             + (f" ({len(group)} variants of the message)" if len(group) > 1 else ""))
+             + (f" ({len(group)} variants of the message)" if len(group) > 1 else "")
+             + origin_note([g for g, _ in group]))
     src = ""
     if cls.entry is not None:
         src = (f"\nNCCL source: {', '.join(cls.entry.files[:3])}, format "

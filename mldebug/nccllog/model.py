@@ -17,6 +17,8 @@ from mldebug.findings import Finding, findings_to_json
 MAX_WARN_KINDS = 64
 MAX_SIGNAL_EXAMPLES = 3
 MAX_NETS = 8
+# where a WARN text came from when it is not an NCCL_DEBUG line of NCCL's own
+FROM_TRACEBACK = "torch's 'Last error:' line"
 
 _NORMALISE = [
     (re.compile(r"0x[0-9a-fA-F]+"), "0x…"),
@@ -79,6 +81,8 @@ class ProcessLog:
     gid_link_local: bool = False
     mtu: int | None = None  # NET/IB: Dev d Port p qpn q mtu N (the first)
     last_info: str | None = None  # the last setup INFO line (parser state, cut at 300)
+    traceback: bool = False  # made up from torch's NCCL error text, not from NCCL's own lines
+    warn_origin: dict[str, str] = field(default_factory=dict)  # kind -> FROM_TRACEBACK
     coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     @property
@@ -95,7 +99,8 @@ class ProcessLog:
     @property
     def label(self) -> str:
         r = self.rank
-        return f"rank {r} ({self.key})" if r is not None else self.key
+        where = "torch traceback" if self.traceback else self.key
+        return f"rank {r} ({where})" if r is not None else where
 
     @property
     def transport(self) -> str | None:
@@ -117,7 +122,10 @@ class ProcessLog:
                 return n
         return next((n for n in self.nets if n.interfaces), None)
 
-    def add_warn(self, msg: str, src: str | None = None, context: str | None = None) -> None:
+    def add_warn(self, msg: str, src: str | None = None, context: str | None = None,
+                 origin: str | None = None) -> None:
+        """One WARN message; ``origin``: where its text came from when not from an NCCL_DEBUG
+        line (``FROM_TRACEBACK``)."""
         key = normalise(msg)
         if key not in self.warn_counts and len(self.warn_counts) >= MAX_WARN_KINDS:
             key = "(more kinds of WARN than kept)"
@@ -127,12 +135,15 @@ class ProcessLog:
                 self.warn_src[key] = src
             if context:
                 self.warn_context[key] = context
+            if origin:
+                self.warn_origin[key] = origin
         self.warn_counts[key] += 1
 
     def to_dict(self) -> dict[str, Any]:
         net = self.net
         return {
             "host": self.host, "pid": self.pid, "rank": self.rank, "sources": self.sources,
+            "from_traceback": self.traceback,
             "devices": sorted(self.devices), "nccl_version": self.version,
             "cuda_driver": self.cuda_driver, "net_plugin": self.plugin,
             "transport": self.transport,
@@ -156,12 +167,15 @@ class Signal:
     count: int = 0
     examples: list[str] = field(default_factory=list)
     preceding_warn: str | None = None  # the last NCCL WARN before the first occurrence
+    warn_origin: str | None = None  # FROM_TRACEBACK: that WARN is torch's 'Last error:' text
 
 
 @dataclass
 class ParsedLog:
     source: str
     processes: dict[str, ProcessLog] = field(default_factory=dict)
+    # WARN texts torch's tracebacks carried ('Last error:'), per launcher rank: not NCCL lines
+    tracebacks: dict[str, ProcessLog] = field(default_factory=dict)
     lines: int = 0
     nccl_lines: int = 0
     unparsed_nccl: int = 0  # lines with 'NCCL INFO/WARN' in a shape we could not split
@@ -183,11 +197,12 @@ class WarnGroup:
     source: str = ""  # NCCL's file.cc:line of the first occurrence
     context: str = ""  # the NCCL INFO line its first printer logged just before it
     versions: list[str] = field(default_factory=list)  # NCCL versions of the printers
+    origin: str = ""  # FROM_TRACEBACK when the text is torch's 'Last error:' line only
 
     def to_dict(self) -> dict[str, Any]:
         return {"message": self.message, "processes": self.processes, "count": self.count,
                 "hosts": self.hosts, "source": self.source, "context": self.context,
-                "nccl_versions": self.versions}
+                "nccl_versions": self.versions, "origin": self.origin or None}
 
 
 @dataclass
@@ -233,9 +248,11 @@ class NcclLogReport:
     groups: list[ProcessGroup] = field(default_factory=list)
     lines: int = 0
     nccl_lines: int = 0
+    tracebacks: list[ProcessLog] = field(default_factory=list)  # see ParsedLog.tracebacks
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "tracebacks": [p.to_dict() for p in self.tracebacks],
             "files": self.files,
             "lines": self.lines,
             "nccl_lines": self.nccl_lines,

@@ -16,6 +16,22 @@ Any other line containing ``NCCL WARN``/``NCCL INFO`` is still counted and its W
 Some failure texts are looked for in every line (PyTorch's ``unhandled system error``,
 NCCL's ``Last error:`` text): see ``SIGNALS``.
 
+PyTorch's wrappers of an NCCL failure (c10d ProcessGroupNCCL.cpp / NCCLUtils.hpp), often the
+only thing pasted::
+
+    torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/.../ProcessGroupNCCL.cpp:1970,
+        internal error - please report this issue to the NCCL developers, NCCL version 2.19.3
+    ncclInternalError: Internal check failed.
+    Last error:
+    socketStartConnect: Connect to 10.0.0.2<45678> failed : Software caused connection abort
+
+``Last error:`` carries ncclGetLastError(), the text of NCCL's last WARN: on the next line
+(torch's own layout) or on the same line (flattened logs, issue titles). It becomes a WARN of
+a traceback process (``ParsedLog.tracebacks``, one per launcher rank, origin
+``FROM_TRACEBACK``, not one of the NCCL processes) with the wrapper's NCCL version, and goes
+through the same rules and catalogue as a WARN line; the failure signals of the same
+traceback take it as the WARN before them.
+
 Reading is streamed and bounded: lines are cut at ``MAX_LINE`` bytes and a file is read up
 to ``max_bytes``; every regular expression is anchored and free of nested repetition.
 """
@@ -33,6 +49,7 @@ from typing import BinaryIO
 from mldebug.errors import UsageError
 from mldebug.logprefix import split_prefix
 from mldebug.nccllog.model import (
+    FROM_TRACEBACK,
     MAX_NETS,
     MAX_SIGNAL_EXAMPLES,
     CommInit,
@@ -40,6 +57,7 @@ from mldebug.nccllog.model import (
     ParsedLog,
     ProcessLog,
     Signal,
+    normalise,
 )
 
 MAX_LINE = 64 << 10
@@ -74,6 +92,15 @@ PLUGIN_PATH = re.compile(r"Plugin Path : (?P<path>\S{1,400})")
 P2P_PLUGIN = re.compile(r"P2P plugin (?P<name>\S{1,100})")
 MTU = re.compile(r"NET/IB ?: Dev \d{1,4} Port \d{1,4} qpn \d{1,12} mtu (?P<mtu>\d{1,6})")
 LOADED_PLUGIN = re.compile(r"NET/Plugin ?: Loaded (?:net|coll) plugin (?P<name>.{1,100})")
+# torch's wrappers: 'NCCL error in: FILE:LINE, <reason>, NCCL version X.Y.Z', then
+# 'ncclXxxError: <what the code means>', then 'Last error:' and NCCL's WARN text
+TORCH_ERROR_IN = "NCCL error in: "
+TORCH_VERSION = re.compile(r", NCCL version (?P<v>\d{1,3}\.\d{1,3}\.\d{1,4})")
+NCCL_RESULT = re.compile(r"\bnccl(?:InternalError|SystemError|RemoteError|UnhandledCudaError|"
+                         r"InvalidUsage|InvalidArgument)\b")
+LAST_ERROR = "Last error:"
+TORCH_WINDOW = 8  # a 'Last error:' this many lines after a wrapper line belongs to it
+MAX_REAL_WARNS = 4096  # WARN kinds of NCCL's own lines remembered per file (bounded)
 
 # kind -> texts that mean it, looked for in every line (NCCL's or the application's).
 SIGNALS: dict[str, tuple[str, ...]] = {
@@ -115,7 +142,15 @@ class _Parser:
         self.split = split
         self.slice_no = 0
         self.last_warn: str | None = None
+        self.last_warn_origin: str | None = None
         self.last_proc: ProcessLog | None = None
+        # torch's NCCL error wrapper: line number of the last one, its NCCL version, and the
+        # prefix of a 'Last error:' whose text is on the next line
+        self.wrapper_at = -(1 << 30)
+        self.wrapper_version: str | None = None
+        self.pending_last: str | None = None
+        self.pending_left = 0
+        self.real_warns: set[str] = set()
 
     def feed(self, raw: str) -> None:
         log = self.log
@@ -126,6 +161,10 @@ class _Parser:
             log.long_lines += 1
         if self.split is not None and self.split.search(line):
             self.slice_no += 1
+        if self.pending_last is not None:
+            self._last_error_next(line)
+        if "rror" in line or "ncclInvalid" in line:
+            self._torch(line)
         if "NCCL" not in line and "WARN" not in line and "INFO" not in line:
             self._scan(line)
             return
@@ -157,8 +196,77 @@ class _Parser:
         if m["level"] == "WARN":
             proc.add_warn(msg, m["src"], proc.last_info)
             self.last_warn = msg
+            self.last_warn_origin = None
+            if len(self.real_warns) < MAX_REAL_WARNS:
+                self.real_warns.add(normalise(msg))
         elif _parse_info(proc, msg, self.slice_no):
             proc.last_info = msg if len(msg) <= MAX_CONTEXT else msg[:MAX_CONTEXT]
+
+    # ---------------------------------------------------------------- torch's wrappers
+    def _torch(self, line: str) -> None:
+        at = line.find(TORCH_ERROR_IN)
+        if at >= 0 or NCCL_RESULT.search(line):
+            self.wrapper_at = self.log.lines
+            if at >= 0:
+                v = TORCH_VERSION.search(line, at)
+                self.wrapper_version = v["v"] if v else None
+        at = line.find(LAST_ERROR)
+        if at < 0:
+            return
+        head = line[:at]
+        if head.strip() and self.log.lines - self.wrapper_at > TORCH_WINDOW \
+                and "NCCL" not in head and not split_prefix(line)[1].startswith(LAST_ERROR):
+            return  # some other program's 'Last error:'
+        text = line[at + len(LAST_ERROR):].strip()
+        label = head.rsplit(None, 1)[-1] if head.strip() else ""
+        if label and text.startswith(label + " "):  # flattened: '10: Last error: 10: <text>'
+            text = text[len(label):].strip()
+        if text:
+            self._traceback_warn(line, text)
+        else:
+            self.pending_last, self.pending_left = head, 2
+
+    def _last_error_next(self, line: str) -> None:
+        """The line after a bare 'Last error:': NCCL's WARN text under the same prefix."""
+        head = self.pending_last or ""
+        if "NCCL INFO" in line or "NCCL WARN" in line:  # NCCL's own line: nothing was carried
+            self.pending_last = None
+            return
+        text = line[len(head):] if head and line.startswith(head) else split_prefix(line)[1]
+        text = text.strip()
+        if not text:
+            self.pending_left -= 1
+            if self.pending_left <= 0:
+                self.pending_last = None
+            return
+        self.pending_last = None
+        self._traceback_warn(line, text)
+
+    def _traceback_warn(self, line: str, text: str) -> None:
+        """NCCL's WARN text as torch's 'Last error:' carried it: a WARN of a traceback process
+        (unless an NCCL WARN line of this file already said it) and the cause of the failure
+        signals of the same traceback."""
+        text = text[:MAX_CONTEXT * 4]
+        near = self.log.lines - self.wrapper_at <= TORCH_WINDOW
+        if normalise(text) not in self.real_warns:
+            label = split_prefix(line)[0]
+            rank = int(label) if label is not None and label.isdecimal() \
+                and len(label) <= 9 else None
+            # one made-up process per launcher rank; never a real pid
+            key = f"{UNKNOWN_HOST}:{-(1 << 40) - (rank if rank is not None else -1)}"
+            proc = self.log.tracebacks.get(key)
+            if proc is None:
+                host, pid = key.rsplit(":", 1)
+                proc = self.log.tracebacks[key] = ProcessLog(host, int(pid), [self.log.source],
+                                                             launcher_rank=rank, traceback=True)
+            if near and self.wrapper_version and proc.version is None:
+                proc.version = self.wrapper_version
+            proc.add_warn(text, origin=FROM_TRACEBACK)
+        if near:  # the wrapper's 'internal error' ... came before its WARN text
+            for sig in self.log.signals.values():
+                if sig.preceding_warn is None:
+                    sig.preceding_warn, sig.warn_origin = text, FROM_TRACEBACK
+        self.last_warn, self.last_warn_origin = text, FROM_TRACEBACK
 
     def _scan(self, line: str) -> None:
         for kind, needle in _NEEDLES:
@@ -197,6 +305,7 @@ class _Parser:
                 msg = line[at + 6:].strip()
                 self._process(None, None).add_warn(msg)
                 self.last_warn = msg
+                self.last_warn_origin = None
                 return
         for level in ("WARN", "INFO"):
             at = line.find(f"NCCL {level}")
@@ -210,6 +319,7 @@ class _Parser:
             if level == "WARN":
                 proc.add_warn(msg)
                 self.last_warn = msg
+                self.last_warn_origin = None
             else:
                 _parse_info(proc, msg, self.slice_no)
             return
@@ -217,7 +327,8 @@ class _Parser:
     def _signal(self, kind: str, line: str) -> None:
         sig = self.log.signals.get(kind)
         if sig is None:
-            sig = self.log.signals[kind] = Signal(kind, preceding_warn=self.last_warn)
+            sig = self.log.signals[kind] = Signal(kind, preceding_warn=self.last_warn,
+                                                  warn_origin=self.last_warn_origin)
         sig.count += 1
         if len(sig.examples) < MAX_SIGNAL_EXAMPLES:
             sig.examples.append(line.strip()[:300])

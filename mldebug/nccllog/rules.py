@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mldebug.findings import Finding, Severity, fold_hosts
-from mldebug.nccllog.model import CommSummary, ProcessLog, Signal, WarnGroup
+from mldebug.nccllog.model import FROM_TRACEBACK, CommSummary, ProcessLog, Signal, WarnGroup
 from mldebug.render import fold_ints
 
 VIRTUAL_IFACES = ("docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tunl")
@@ -59,12 +59,23 @@ def labels(procs: Sequence[ProcessLog]) -> str:
     return f"{head} on {hosts_text(p.host for p in procs)}"
 
 
+def origin_note(groups: Sequence[WarnGroup]) -> str:
+    """'; read from torch's 'Last error:' line ...' when no NCCL_DEBUG line printed the WARN."""
+    if groups and all(g.origin == FROM_TRACEBACK for g in groups):
+        versions = sorted({v for g in groups for v in g.versions})
+        return ("; the WARN text is the traceback's 'Last error:' line (torch's copy of NCCL's "
+                "last WARN), not an NCCL_DEBUG line"
+                + (f"; NCCL {', '.join(versions[:4])} per torch's error" if versions else ""))
+    return ""
+
+
 def _where(groups: Sequence[WarnGroup]) -> str:
     """'printed by 2 process(es): rank 4 (node3:9201), ...' or folded hosts when many."""
     names = list(dict.fromkeys(n for g in groups for n in g.processes))
     if len(names) <= 3:
-        return f"{len(names)} process(es): {', '.join(names)}"
-    return f"{len(names)} process(es) on {hosts_text(h for g in groups for h in g.hosts)}"
+        return f"{len(names)} process(es): {', '.join(names)}" + origin_note(groups)
+    return (f"{len(names)} process(es) on {hosts_text(h for g in groups for h in g.hosts)}"
+            + origin_note(groups))
 
 
 def _f(severity: Severity, code: str, title: str, detail: str, fix: str,
@@ -294,14 +305,16 @@ def rule_no_interface(ctx: Context) -> list[Finding]:
     unmatched = [p for p in ctx.procs
                  if p.env.get("NCCL_SOCKET_IFNAME") and not p.bootstrap and not p.nets]
     groups = ctx.warns_matching(lambda m: "Address family not supported" in m
-                                or "no socket interface" in m.lower())
+                                or "no socket interface" in m.lower()
+                                or "is neither AF_INET(2) nor AF_INET6(10)" in m)
     if sig is None and not unmatched and not groups:
         return []
     values = sorted({p.env["NCCL_SOCKET_IFNAME"] for p in unmatched})
     evidence = (sig.examples[0] if sig else groups[0].message if groups else "")
     detail = ((f"NCCL_SOCKET_IFNAME set by environment to {', '.join(values)} on "
                f"{labels(unmatched)}, and no 'Bootstrap : Using' line followed. ")
-              if unmatched else "") + (evidence and f"Evidence: {evidence}")
+              if unmatched else "") + (evidence and f"Evidence: {evidence}") \
+        + (f" ({_where(groups)})" if groups and origin_note(groups) else "")
     return [_f(Severity.ERROR, "nccl-log-no-interface",
                "NCCL found no usable network interface",
                detail.strip(),
@@ -329,12 +342,16 @@ def rule_connect(ctx: Context) -> list[Finding]:
         if m:
             peers.add(m["peer"] + (f":{m['port']}" if m["port"] else ""))
     refused = any("refused" in w.message for w in groups)
+    loopback = sorted(p for p in peers if p.startswith(("127.", "::1", "localhost")))
     return [_f(Severity.ERROR, "nccl-log-connect",
                "NCCL could not open a TCP connection to another node"
                + (" (connection refused)" if refused else ""),
                f"{groups[0].message}\n({_where(groups)}"
                + (f"; peers {', '.join(sorted(peers)[:4])}{' ...' if len(peers) > 4 else ''}"
-                  if peers else "") + ")",
+                  if peers else "") + ")"
+               + (f"\nThe peer address {loopback[0]} is loopback: a process advertised lo (or "
+                  "a hostname resolving to 127.0.x.x), which no other process can reach; set "
+                  "NCCL_SOCKET_IFNAME to the NIC the nodes share." if loopback else ""),
                "a connection between nodes failed: check NCCL_SOCKET_IFNAME selects a NIC every "
                "node can reach, and that firewalls (iptables/nftables, security groups) allow "
                "TCP between the nodes on all ports: NCCL's bootstrap and socket transport "
@@ -349,7 +366,8 @@ def rule_peer_closed(ctx: Context) -> list[Finding]:
     return [_f(Severity.WARNING, "nccl-log-peer-closed",
                "a peer closed its NCCL connection",
                f"{groups[0].message}\n({_where(groups)})",
-               "the named peer's process exited or crashed first: look at that host's log "
+               "the named peer's process exited or crashed first, or the network between the "
+               "two dropped the connection: look at that host's log "
                "for the first error (this message is a consequence).", ctx.hosts_of(groups))]
 
 
@@ -466,6 +484,7 @@ def rule_unhandled(ctx: Context) -> list[Finding]:
         if sig is None:
             continue
         cause = sig.preceding_warn
+        torch = cause is not None and sig.warn_origin == FROM_TRACEBACK
         where = ""
         if cause:  # which part of NCCL that WARN comes from (catalogue, loaded on demand)
             from mldebug.nccllog.catalogue import load
@@ -474,9 +493,17 @@ def rule_unhandled(ctx: Context) -> list[Finding]:
             where = f"\nThe WARN before it is about: {cls.title}." if cls else ""
         out.append(_f(Severity.ERROR, "nccl-log-unhandled-error",
                       f"NCCL failed with '{kind}'"
-                      + (f"; the WARN before it: {cause[:160]}" if cause else ""),
-                      f"{sig.examples[0]}\n(seen {sig.count} time(s))" + where,
-                      ("the error code is generic; the WARN line NCCL printed just before it "
+                      + (f"; torch's 'Last error:' (NCCL's WARN): {cause[:160]}" if torch and cause
+                         else f"; the WARN before it: {cause[:160]}" if cause else ""),
+                      f"{sig.examples[0]}\n(seen {sig.count} time(s))" + where
+                      + ("\nThe WARN text comes from the traceback's 'Last error:' line "
+                         "(torch's copy of NCCL's last WARN), not from an NCCL_DEBUG line."
+                         if torch else ""),
+                      ("the error code is generic; the 'Last error:' text in torch's "
+                       "traceback is the WARN NCCL printed, the cause (see its own finding, "
+                       "if any); NCCL_DEBUG=INFO shows what NCCL was doing before it."
+                       if torch else
+                       "the error code is generic; the WARN line NCCL printed just before it "
                        "is the cause (see its own finding, if any)." if cause else
                        "no NCCL WARN preceded it: rerun with NCCL_DEBUG=INFO "
                        "NCCL_DEBUG_SUBSYS=INIT,NET,ENV to see which call failed.")))
