@@ -21,7 +21,8 @@ from mldebug.findings import Finding, Severity, fold_hosts
 from mldebug.nccllog.model import FROM_TRACEBACK, CommSummary, ProcessLog, Signal, WarnGroup
 from mldebug.render import fold_ints
 
-VIRTUAL_IFACES = ("docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tunl")
+# container, bridge, overlay and tunnel interfaces: no other node reaches their addresses
+VIRTUAL_IFACES = ("docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap")
 
 
 @dataclass
@@ -256,15 +257,22 @@ def _is_virtual(name: str) -> bool:
 
 
 def rule_virtual_interfaces(ctx: Context) -> list[Finding]:
+    """Loopback/container/virtual interfaces in the Bootstrap or NET/Socket list; the fix names
+    the real NIC printed beside them."""
     by_iface: dict[str, dict[str, ProcessLog]] = defaultdict(dict)
+    real: dict[str, dict[str, None]] = defaultdict(dict)  # virtual name -> real NICs beside it
     for p in ctx.procs:
         names = list(p.bootstrap)
         net = p.net
         if net is not None and net.plugin == "Socket":
             names += net.interfaces
-        for name in names:
-            if _is_virtual(name):
-                by_iface[name][p.key] = p
+        virtual = [n for n in names if _is_virtual(n)]
+        for name in virtual:
+            by_iface[name][p.key] = p
+            for n in names:
+                if not _is_virtual(n) and len(real[name]) < 8:
+                    real[name][n] = None
+    one_host = len({p.host for p in ctx.procs}) <= 1
     kinds: dict[str, list[str]] = defaultdict(list)  # veth* are per container: one finding
     for name in by_iface:
         kinds[re.sub(r"[0-9a-f]{4,}$|\d+$", "", name) or name].append(name)
@@ -272,15 +280,96 @@ def rule_virtual_interfaces(ctx: Context) -> list[Finding]:
     for kind, names in kinds.items():
         ps = list({k: p for n in names for k, p in by_iface[n].items()}.values())
         shown = names[0] if len(names) == 1 else f"{kind}* ({len(names)} of them)"
-        out.append(_f(Severity.WARNING, "nccl-log-iface-virtual",
+        nics = list(dict.fromkeys(n for v in names for n in real[v]))
+        lo_alone = kind == "lo" and one_host  # loopback is fine within one node
+        exclude = "^" + ",".join(dict.fromkeys(["lo", "docker", kind]))
+        fix = (f"export NCCL_SOCKET_IFNAME={nics[0]} (the real NIC beside it; a prefix: "
+               f"NCCL_SOCKET_IFNAME=={nics[0]} for exactly that name), or exclude the rest: "
+               f"NCCL_SOCKET_IFNAME={exclude} (a leading ^ excludes every prefix listed; "
+               "NCCL's default skips only lo and docker*)" if nics else
+               f"export NCCL_SOCKET_IFNAME={exclude} (a leading ^ excludes every prefix "
+               "listed), or name the right NIC, e.g. =eth0")
+        if lo_alone:
+            fix = "nothing to do while the job stays on one host; for several nodes: " + fix
+        out.append(_f(Severity.HINT if lo_alone else Severity.WARNING, "nccl-log-iface-virtual",
                       f"NCCL uses interface {shown} (loopback/container/virtual)",
                       f"{labels(ps)} chose {', '.join(names[:3])}"
-                      f"{' ...' if len(names) > 3 else ''}; other nodes cannot reach it, so a "
-                      "multi-node job hangs at init or fails with 'Connection refused' / "
-                      "'Network is unreachable'.",
-                      "export NCCL_SOCKET_IFNAME=^" + ",".join(dict.fromkeys(["lo", "docker", kind]))
-                      + " (a prefix list), or name the right NIC, e.g. =eth0",
-                      (p.host for p in ps)))
+                      f"{' ...' if len(names) > 3 else ''}"
+                      + (f" beside {', '.join(nics[:3])}" if nics else "")
+                      + ("; fine while every rank is on this one host, but another node cannot "
+                         "reach it." if lo_alone else
+                         "; other nodes cannot reach it, so a multi-node job hangs at init or "
+                         "fails with 'Connection refused' / 'Network is unreachable'."),
+                      fix, (p.host for p in ps)))
+    return out
+
+
+def _address_range(item: str) -> str | None:
+    """The address range of an interface item as NCCL prints it ('eth0:10.1.2.3<0>'): the
+    private block, link-local, loopback, or a public /16; None if no address."""
+    addr = item.split(":", 1)[1] if ":" in item else ""
+    addr = addr.split("<", 1)[0].split("%", 1)[0]
+    if not addr:
+        return None
+    parts = addr.split(".")
+    if len(parts) == 4 and all(x.isdecimal() and len(x) <= 3 for x in parts):
+        a, b = int(parts[0]), int(parts[1])
+        if a == 10:
+            return "10.0.0.0/8"
+        if a == 172 and 16 <= b <= 31:
+            return "172.16.0.0/12"
+        if a == 192 and b == 168:
+            return "192.168.0.0/16"
+        if a == 127:
+            return "127.0.0.0/8 (loopback)"
+        if a == 169 and b == 254:
+            return "169.254.0.0/16 (link-local)"
+        if a == 100 and 64 <= b <= 127:
+            return "100.64.0.0/10"
+        return f"{a}.{b}.0.0/16"
+    low = addr.lower()
+    if low.startswith("fe80"):
+        return "fe80::/10 (link-local)"
+    if ":" in low:
+        return "IPv6 " + ":".join(low.split(":")[:2]) + "::/32"
+    return None
+
+
+def rule_bootstrap_differences(ctx: Context) -> list[Finding]:
+    """Hosts whose bootstrap (first socket interface) has another name or lies in another
+    address range than the rest. Hosts on a virtual interface are rule_virtual_interfaces'."""
+    names: dict[str, set[str]] = defaultdict(set)
+    ranges: dict[str, set[str]] = defaultdict(set)
+    seen: set[str] = set()
+    for p in ctx.procs:
+        if p.host in seen or not p.bootstrap_items or p.host == "(no host in line)":
+            continue
+        seen.add(p.host)
+        name = p.bootstrap[0] if p.bootstrap else ""
+        if not name or _is_virtual(name):
+            continue
+        names[name].add(p.host)
+        r = _address_range(p.bootstrap_items[0])
+        if r is not None:
+            ranges[r].add(p.host)
+    out: list[Finding] = []
+    nets = {(n.plugin, *n.interfaces) for p in ctx.procs if (n := p.net) is not None}
+    if len(names) > 1 and len(nets) <= 1:  # different NET choices: rule_odd_interfaces
+        detail, odd = _sides({f"bootstrap {k}": v for k, v in names.items()})
+        out.append(_f(Severity.WARNING, "nccl-log-bootstrap-iface-differs",
+                      "hosts bootstrap NCCL over interfaces of different names", detail + ".",
+                      "NCCL_SOCKET_IFNAME matches names by prefix: list each node's NIC of the "
+                      f"shared network (e.g. NCCL_SOCKET_IFNAME={','.join(sorted(names)[:3])}) "
+                      "or set it per node (/etc/nccl.conf), and check those NICs reach each "
+                      "other.", odd))
+    if len(ranges) > 1:
+        detail, odd = _sides({f"an address in {k}": v for k, v in ranges.items()})
+        out.append(_f(Severity.WARNING, "nccl-log-bootstrap-subnet-differs",
+                      "hosts bootstrap NCCL from different address ranges", detail
+                      + ". Their bootstrap addresses are unlikely to be on one network, so ranks "
+                      "cannot connect (init hangs or 'Connection refused' / 'No route to host').",
+                      "set NCCL_SOCKET_IFNAME on every node to the NIC of the network the nodes "
+                      "share (ip -br addr on each), or route between those networks.", odd))
     return out
 
 
@@ -759,6 +848,7 @@ RULES: list[Callable[[Context], list[Finding]]] = [
     rule_ib_bond_and_transports,
     rule_virtual_interfaces,
     rule_link_local_addresses,
+    rule_bootstrap_differences,
     rule_odd_interfaces,
     rule_torch_watchdog,
     rule_known_issues,
