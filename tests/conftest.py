@@ -41,6 +41,7 @@ PARALLEL_SAFE = frozenset({
     "test_hostile_parsers", "test_layers", "test_names", "test_logprefix", "test_render",
     "test_nccl_log_context", "test_nccl_log_known", "test_nccl_log_real", "test_nccl_log_scale",
     "test_nccl_log_input", "test_nccl_log_catalogue", "test_log_catalogue",
+    "test_nccl_log_torch", "test_nccl_log_ifaces",
     "test_numerics_detector", "test_numerics_report", "test_numerics_llama", "test_numerics_cuda",
     "test_env_rules", "test_env_report", "test_env_contract", "test_env_ifname_diff_presets",
     "test_hang_analyze", "test_hang_faulthandler", "test_hang_jobs",
