@@ -37,6 +37,50 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     return True
 
 
+LAUNCHED_BY = "MLDEBUG_LAUNCHED_BY"  # "<pid>:<start time>" of the mldebug that launched us
+
+
+def launcher_tag() -> str:
+    """This process as ``LAUNCHED_BY`` names it, for the environment of what it launches."""
+    from mldebug.ranks import start_time
+
+    return f"{os.getpid()}:{start_time(os.getpid()) or 0}"
+
+
+def exit_with_launcher(tag: str | None = None, every: float = 1.0) -> bool:
+    """Exit (status 137) within ``every`` seconds of the mldebug process ``tag`` names
+    (``LAUNCHED_BY`` from the environment by default) ending, by any means: a daemon thread
+    that looks at its pid and start time. PR_SET_PDEATHSIG alone misses it when the signal
+    is asked after the parent already died (the rank was still starting), when a credential
+    change on the way cleared it (``unshare --user`` clears it for what it execs), or when
+    the rank's parent is not the launcher mldebug started. False when there is nothing to
+    watch (no tag)."""
+    import threading
+    import time
+
+    from mldebug.ranks import start_time
+
+    tag = os.environ.get(LAUNCHED_BY) if tag is None else tag
+    pid_s, _, start_s = (tag or "").partition(":")
+    if not pid_s.isdecimal() or not start_s.isdecimal() or not 0 < int(pid_s) < 1 << 31:
+        return False
+    pid, started = int(pid_s), int(start_s)
+
+    def gone() -> bool:
+        now = start_time(pid)
+        return now is None or (started != 0 and now != started)
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(every)
+        os._exit(137)
+
+    if gone():
+        os._exit(137)
+    threading.Thread(target=watch, name="mldebug-launcher-watch", daemon=True).start()
+    return True
+
+
 def _preexec() -> None:  # in the child, between fork and exec
     die_with_parent()
 

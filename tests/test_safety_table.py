@@ -722,6 +722,55 @@ def test_signals_make_tiny_dataset_removes_its_temporary_directory(sig, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_signals_ranks_exit_when_the_mldebug_that_launched_them_is_gone(tmp_path):
+    """row: signals-launcher-gone - the ranks of `dist-test --nproc` watch the mldebug process
+    that launched them (MLDEBUG_LAUNCHED_BY: pid and start time), not only their parent's
+    death signal, which is lost when the rank asks for it after its parent died, or when a
+    credential change (`unshare --user`) on the way cleared it (#39: the ranks outlived a
+    SIGKILLed mldebug until their timeout). Here torchrun stays alive and the 'mldebug' (a
+    sleep standing in for it) is killed: both ranks, one waiting in an all_reduce with a
+    600 s timeout, are gone within seconds."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("torch")
+    from mldebug.disttest.worker import REPORT_ENV
+    from mldebug.ranks import start_time
+
+    stand_in = subprocess.Popen(["sleep", "300"])
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{
+        REPORT_ENV: "1", "MLDEBUG_LAUNCHED_BY": f"{stand_in.pid}:{start_time(stand_in.pid)}"})
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", "-m", "mldebug", "dist-test", "--backend", "gloo",
+                          "--timeout", "600", "--fault", "skip-allreduce:1"],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    ranks: list = []
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if "skipping all_reduce" in line:
+                break
+        ranks = [c for c in psutil.Process(p.pid).children(recursive=True)
+                 if "dist-test" in " ".join(c.cmdline())]
+        assert len(ranks) == 2
+        time.sleep(1.0)
+        assert all(r.is_running() for r in ranks)  # rank 0 waits in its all_reduce
+        stand_in.kill()
+        stand_in.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=20)
+        assert alive == [], [a.cmdline() for a in alive]
+    finally:
+        for r in ranks:
+            try:
+                r.kill()
+            except psutil.Error:
+                pass
+        stand_in.kill()
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_signals_sigkill_of_mldebug_takes_the_launched_ranks_with_it(tmp_path):
     """row: signals-sigkill-launcher - `dist-test --nproc` ranks once spun for 20 minutes after
     mldebug was gone. Rank 1 skips its all_reduce, so rank 0 waits there (timeout 600 s);

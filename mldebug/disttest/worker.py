@@ -50,9 +50,10 @@ def _fault_rank(fault: str | None, kind: str) -> int | None:
 def run_worker(opts: Options) -> RankResult:
     """Run the checks in this rank; its result (also printed, see ``REPORT_ENV``)."""
     if os.environ.get(REPORT_ENV) == "1":  # launched by `mldebug dist-test --nproc`
-        from mldebug.lifetime import die_with_parent
+        from mldebug.lifetime import die_with_parent, exit_with_launcher
 
         die_with_parent()  # torchrun gone (mldebug SIGKILLed): this rank goes too
+        exit_with_launcher()  # and mldebug gone, however the signal above was lost
     ident = identity()
     result = RankResult(rank=ident.rank if ident.rank is not None else 0,
                         world_size=ident.world_size if ident.world_size is not None else 1,
@@ -208,7 +209,9 @@ def launch(nproc: int, opts: Options, on_line: Any) -> tuple[list[RankResult], i
     from mldebug.nodekit import MARKER
 
     prefix = private_network()
-    env = dict(os.environ, **{REPORT_ENV: "1"})
+    from mldebug.lifetime import LAUNCHED_BY, launcher_tag
+
+    env = dict(os.environ, **{REPORT_ENV: "1", LAUNCHED_BY: launcher_tag()})
     if prefix:  # reverse lookups fail without DNS in the namespace; c10d warns on each
         env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from mldebug.lifetime import kill_group, popen_owned, sigterm_unwinds
