@@ -17,6 +17,18 @@ from typing import Any
 
 # C0 controls but TAB (and LF, CR where kept), DEL, C1 controls; line/paragraph separators and
 # bidi overrides, which reorder what a reader sees
+# Bytes a text log never holds (not \t \n \r \f \v ESC): a file with many is binary. NUL is
+# apart: a block of NULs is a crashed node's unwritten pages in a text log, dropped by every
+# reader of text (log, nccl-log, hang analyze) with a note, never a reason to refuse the file.
+CONTROL_BYTES = re.compile(rb"[\x01-\x08\x0e-\x1a\x1c-\x1f]")
+
+
+def drop_nuls(data: bytes) -> tuple[bytes, int]:
+    """``data`` without its NUL bytes, and how many there were."""
+    n = data.count(b"\x00")
+    return (data.replace(b"\x00", b""), n) if n else (data, 0)
+
+
 _UNSAFE_LINE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _UNSAFE_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 

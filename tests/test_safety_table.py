@@ -529,6 +529,36 @@ def test_resources_mem_probe_default_is_bounded(tmp_path, capsys, monkeypatch):
 _CUDA = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
+NUL_READERS: dict[str, tuple[bytes, bytes, Callable[[dict], bool]]] = {
+    # command: (lines before the NUL block, after it, what the JSON must still say)
+    "nccl-log": (b"host1:100:100 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n",
+                 b"host1:100:200 [0] misc/socket.cc:50 NCCL WARN socketStartConnect: Connect to "
+                 b"10.0.0.2<45678> failed : Connection refused\n",
+                 lambda d: any(f["code"] == "nccl-log-connect" and "host1" in f["hosts"]
+                               for f in d["findings"])
+                 and any(f["code"] == "nccl-log-nul-bytes" for f in d["findings"])),
+    "hang analyze": (b'Process 41: python train.py\nThread 0x7f01 (active): "MainThread"\n',
+                     b"    wait (threading.py:320)\n    train_step (train.py:41)\n",
+                     lambda d: any(fr["name"] == "train_step" for p in d["processes"]
+                                   for th in p.get("threads", []) for fr in th.get("frames", []))
+                     or "train_step" in json.dumps(d["groups"])),
+}
+
+
+@pytest.mark.parametrize("cmd", sorted(NUL_READERS))
+def test_damaged_nul_block_in_the_other_text_readers(cmd, tmp_path, capsys):
+    """row: damaged-nul-block, for nccl-log and hang analyze (py-spy text pastes): a NUL block
+    glued to the next line's start made that line unreadable (nccl-log: '(no host in line)';
+    hang analyze: no frames); the NULs are dropped, the line is read, a note says so."""
+    head, tail, ok = NUL_READERS[cmd]
+    f = tmp_path / "damaged.txt"
+    f.write_bytes(head + b"\x00" * 4096 + tail)
+    rc, out, err = _cli([*cmd.split(), str(f), "--json"], capsys)
+    doc = json.loads(out)
+    assert ok(doc), json.dumps(doc)[:3000]
+    assert "NUL bytes" in json.dumps(doc), json.dumps(doc)[:3000]
+
+
 def test_damaged_nul_block_before_the_last_lines_is_skipped_and_noted(tmp_path, capsys):
     """row: damaged-nul-block - a block of NULs (a crashed node's unwritten pages) before a
     rank's last lines: the log is read past it, the CUDA error after it is the verdict."""

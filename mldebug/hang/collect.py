@@ -499,7 +499,13 @@ def _load(paths: Iterable[str]) -> Collection:
                 coll.errors.append(CollectError(f.name, None, "damaged numbers read as 0/none (the"
                                                 f" rest of the file is analysed): {', '.join(bad)}"))
         else:
-            text = raw.decode(errors="replace")
+            from mldebug.text import drop_nuls
+
+            data, nuls = drop_nuls(raw)  # a crashed node's unwritten blocks: read past them
+            if nuls:
+                coll.errors.append(CollectError(f.name, None, f"{nuls} NUL bytes skipped (a "
+                                                "crashed node's unwritten blocks?)"))
+            text = data.decode(errors="replace")
             if looks_like_faulthandler(text):
                 fh_proc = fhtext.process_from_text(text, f.name)
                 if fh_proc is None:

@@ -19,6 +19,7 @@ from mldebug.errors import UsageError
 from mldebug.log.model import ParsedLogs
 from mldebug.log.parse import GREP_PATTERN, MAX_LINE, LogParser
 from mldebug.names import trailing_number
+from mldebug.text import CONTROL_BYTES
 
 MAX_FILES = 100_000
 MAX_DEPTH = 6
@@ -84,7 +85,6 @@ def _chunks(stream: object, name: str | None = None,
 
 
 _NUL_RUN = re.compile(rb"\x00+")
-_CONTROL = re.compile(rb"[\x01-\x08\x0e-\x1a\x1c-\x1f]")  # not \t \n \r \f \v ESC
 
 
 def sniff(head: bytes, name: str) -> None:
@@ -100,7 +100,7 @@ def sniff(head: bytes, name: str) -> None:
     # scattered through the data, or control bytes, are a binary file (ELF, pickle, a struct)
     if (sample[:1] == b"\x80" and b"\n" not in sample[:64]) or sample[:4] == b"\x7fELF" \
             or (text is not sample and len(_NUL_RUN.findall(sample)) > 16) \
-            or len(_CONTROL.findall(text)) * 20 > len(text):
+            or len(CONTROL_BYTES.findall(text)) * 20 > len(text):
         raise UsageError(f"{name}: binary data (NUL or control bytes throughout, or a pickle), "
                          "not a text log.", fix + " Flight-recorder dumps go to `mldebug fr analyze`.")
     sample = text

@@ -249,6 +249,14 @@ def _input_findings(logs: Sequence[ParsedLog], procs: Sequence[ProcessLog],
             ", ".join(f"{log.source} ({log.binary})" for log in odd[:5]),
             "decompress compressed logs first (zcat FILE | mldebug nccl-log -); leave binary "
             "files out.", "nccl-log-not-text"))
+    nul = [log for log in logs if log.nul_bytes]
+    if nul:
+        out.append(Finding(
+            Severity.INFO, f"NUL bytes skipped in {len(nul)} input file(s)",
+            "; ".join(f"{log.source}: {log.nul_bytes} NUL bytes from line {log.nul_line}"
+                      for log in nul[:5]) + " (a crashed node's unwritten blocks?); the lines "
+            "after them were read.", "nothing to do: the lines around them are read.",
+            "nccl-log-nul-bytes"))
     long_lines = sum(log.long_lines for log in logs)
     cut = [log.source for log in logs if log.truncated]
     if long_lines or cut:

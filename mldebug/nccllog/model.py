@@ -183,6 +183,8 @@ class ParsedLog:
     bare_versions: list[str] = field(default_factory=list)  # 'NCCL version X' without prefix
     signals: dict[str, Signal] = field(default_factory=dict)
     long_lines: int = 0  # lines cut at the length bound
+    nul_bytes: int = 0  # NUL bytes dropped (a crashed node's unwritten blocks)
+    nul_line: int = 0  # the line of the first
     truncated: bool = False  # stopped at the size bound
     binary: str | None = None  # 'gzip' / 'binary' when the start of the file is not text
 

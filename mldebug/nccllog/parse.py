@@ -59,6 +59,7 @@ from mldebug.nccllog.model import (
     Signal,
     normalise,
 )
+from mldebug.text import CONTROL_BYTES, drop_nuls
 
 MAX_LINE = 64 << 10
 BINARY_PROBE = 64 << 10  # NUL bytes or a compression magic in the first 64 KiB: not a text log
@@ -436,16 +437,23 @@ def parse_text(text: str, source: str = "<text>", split: re.Pattern[str] | None 
 def read_lines(fh: BinaryIO, log: ParsedLog, max_bytes: int = MAX_BYTES) -> Iterator[str]:
     """Lines of a binary stream, each cut at MAX_LINE bytes, stopping after ``max_bytes``."""
     total = 0
+    lineno = 0
     while True:
         chunk = fh.readline(MAX_LINE)
         if not chunk:
             return
+        lineno += 1
         if total < BINARY_PROBE and log.binary is None:
             if total == 0 and chunk.startswith((b"\x1f\x8b", b"\x28\xb5\x2f\xfd", b"BZh")):
                 log.binary = "compressed"
-            elif b"\x00" in chunk:
-                log.binary = "binary"
+            elif b"\x00" in chunk and chunk.strip(b"\x00\n") and \
+                    (CONTROL_BYTES.search(chunk.replace(b"\x00", b"")) or chunk.count(b"\x00") < 4):
+                log.binary = "binary"  # NULs among control bytes or scattered: not a NUL block
         total += len(chunk)
+        chunk, nuls = drop_nuls(chunk)  # a crashed node's unwritten blocks: the line read on
+        if nuls:
+            log.nul_line = log.nul_line or lineno
+            log.nul_bytes += nuls
         if len(chunk) == MAX_LINE and not chunk.endswith(b"\n"):
             log.long_lines += 1
             while True:  # skip the rest of an over-long line
