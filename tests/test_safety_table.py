@@ -529,6 +529,43 @@ def test_resources_mem_probe_default_is_bounded(tmp_path, capsys, monkeypatch):
 _CUDA = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
+def _nonfinite_inputs(d: Path) -> dict[str, list[str]]:
+    """A JSON input of each reader with 1e400 / Infinity / NaN where integers belong, beside
+    good data in the same run where the format has more than one record."""
+    (d / "rec").mkdir()
+    (d / "rec" / "numerics-n-rank0.jsonl").write_text(
+        '{"v": 1, "kind": "nonfinite", "rank": 1e400, "world_size": 8, "host": "n", '
+        '"step": Infinity, "origin": true}\n{"v": 1, "kind": "nonfinite", "rank": 2, '
+        '"world_size": 8, "host": "n", "step": 3, "origin": true}\n')
+    (d / "fr_rank0.json").write_text(
+        '{"version": "2.10", "rank": 1e400, "entries": [{"collective_seq_id": Infinity, '
+        '"record_id": NaN, "profiling_name": "gloo:all_reduce", "process_group": ["0", '
+        '"default_pg"], "state": "completed"}]}')
+    (d / "snap.json").write_text(
+        '{"segments": [{"device": 0, "address": 1e400, "total_size": Infinity, "blocks": '
+        '[{"size": NaN, "state": "active_allocated"}]}], "device_traces": []}')
+    return {"numerics report": ["numerics", "report", str(d / "rec"), "--json"],
+            "fr analyze": ["fr", "analyze", str(d / "fr_rank0.json"), "--json"],
+            "mem report": ["mem", "report", str(d / "snap.json"), "--json"]}
+
+
+@pytest.mark.parametrize("cmd", ["numerics report", "fr analyze", "mem report"])
+def test_damaged_nonfinite_numbers_in_every_json_reader(cmd, tmp_path, capsys):
+    """row: damaged-nonfinite-json, for the other JSON readers: a record, dump or snapshot
+    with 1e400 / Infinity / NaN where an integer belongs is a problem of that record or
+    file (named), never an internal error; the good record beside it is still read."""
+    argv = _nonfinite_inputs(tmp_path)[cmd]
+    rc, out, err = _cli(argv, capsys)
+    doc = json.loads(out)  # strict JSON out: no Infinity/NaN written back
+    json.loads(out, parse_constant=lambda c: pytest.fail(f"non-finite {c} in the output"))
+    if cmd == "numerics report":
+        assert doc["verdict"]["culprits"] == [2] and "rank is not" in json.dumps(doc)
+    elif cmd == "fr analyze":
+        assert rc == 1 and "inf, not an integer" in json.dumps(doc["problems"])
+    else:
+        assert rc == 0 and doc["segments"] == 1
+
+
 NUL_READERS: dict[str, tuple[bytes, bytes, Callable[[dict], bool]]] = {
     # command: (lines before the NUL block, after it, what the JSON must still say)
     "nccl-log": (b"host1:100:100 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n",
