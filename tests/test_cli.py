@@ -83,6 +83,7 @@ def test_every_command_name_maps_to_its_module():
         "env": "mldebug.cli.env",
         "nccl-log": "mldebug.cli.nccl_log",
         "log": "mldebug.cli.log",
+        "why": "mldebug.cli.why",
         "dist-test": "mldebug.cli.dist_test",
         "numerics": "mldebug.cli.numerics",
         "make-tiny": "mldebug.cli.make_tiny",

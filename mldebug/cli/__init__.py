@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "env": "mldebug.cli.env",
     "nccl-log": "mldebug.cli.nccl_log",
     "log": "mldebug.cli.log",
+    "why": "mldebug.cli.why",
     "dist-test": "mldebug.cli.dist_test",
     "numerics": "mldebug.cli.numerics",
     "make-tiny": "mldebug.cli.make_tiny",
@@ -50,6 +51,8 @@ HELP: dict[str, str] = {
                  "interfaces, init, WARNs and their causes"),
     "log": ("post-mortem from a dead job's logs: the rank that failed "
             "first or never reached the collective"),
+    "why": ("one verdict from everything a job left: logs, FR dumps, stacks, sentinel "
+            "records (sniffed by content)"),
     "dist-test": ("check that every rank can init, all_reduce, barrier and "
                   "allocate (run under any launcher)"),
     "numerics": ("NaN/inf across ranks: merge NanSentinel's records into one "

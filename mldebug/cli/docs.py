@@ -51,6 +51,7 @@ TOPICS: dict[str, Topic] = {
     "env": Topic("env"),
     "nccl-log": Topic("nccl-log"),
     "log": Topic("log"),
+    "why": Topic("why"),
     "dist-test": Topic("dist-test"),
     "numerics": Topic("numerics"),
     "numerics report": Topic("numerics", "Distributed jobs: `NanSentinel`"),

@@ -31,7 +31,7 @@ VERSIONS: dict[str, int] = {
     "nccl-log": 2, "log": 2, "dist-test": 2, "numerics.report": 2, "make-tiny": 2,
     "shrink-layers": 2, "make-tiny-dataset": 2, "mem.report": 2, "mem.compare": 2,
     "mem.plot": 2, "mem.top": 2, "mem.peak": 2, "mem.probe": 2, "pdb.list": 2,
-    "trace.show": 2, "docs": 2, "completion": 1,
+    "trace.show": 2, "docs": 2, "completion": 1, "why": 1,
 }
 
 VERDICT_KEYS = ("kind", "summary", "culprits", "class", "confidence", "code")
@@ -193,10 +193,17 @@ def _trace(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, str]]:
     return verdict("ok", "every rank ran the same calls", [], None, "high"), {}
 
 
+def _why(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """why's verdict is the join's (mldebug.why.join), already in the six keys."""
+    v = doc.pop("verdict")
+    return verdict(str(v["kind"]), str(v["summary"]), list(v["culprits"]), v["class"],
+                   v["confidence"], str(v["code"])), {}
+
+
 DECIDERS: dict[str, Callable[[dict[str, Any]], tuple[dict[str, Any] | None, dict[str, str]]]] = {
     "hang": _hang, "hang.analyze": _hang, "log": _log, "fr.analyze": _fr, "fr.trigger": _fr,
     "fr.watch": _fr, "numerics.report": _numerics, "dist-test": _dist_test, "env": _checks,
-    "nccl-log": _checks, "trace.show": _trace,
+    "nccl-log": _checks, "trace.show": _trace, "why": _why,
 }
 
 
