@@ -64,7 +64,7 @@ PARALLEL_SAFE = frozenset({
     "test_trace_jobs", "test_pdb", "test_debugger_ide", "test_debugger_list", "test_views",
     "test_install", "test_numerics_bench", "test_memory_bench", "test_bench_guard",
     # fixture-based analysis of the fault matrix's real dumps
-    "test_fr_faults", "test_log_faults", "test_cli_typos", "test_ours",
+    "test_fr_faults", "test_log_faults", "test_cli_typos", "test_ours", "test_why",
     # the docs' snippets: each Python block in its tmp_path on a free port, parse-only commands
     "test_doc_snippets",
 })

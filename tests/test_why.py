@@ -1,0 +1,188 @@
+"""mldebug why (#42 stage 1) on the real fixtures: one reader alone gives that reader's culprit,
+a log and the FR dumps of the same fault class join into one chain, a healthy job gets no
+suspect, a hostile directory is read with notes, --json is the shared envelope."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from envelope_check import check_envelope
+
+from mldebug.cli import main
+from mldebug.why.join import join
+from mldebug.why.model import DIRECT, HEALTHY, INFERRED, Evidence, Source
+
+FIX = Path(__file__).parent / "fixtures"
+LOGS = FIX / "log" / "faults"
+DUMPS = FIX / "fr" / "faults"
+REPO = Path(__file__).parent.parent
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def why_json(capsys: pytest.CaptureFixture[str], *paths: Path | str) -> dict:
+    rc, out, err = _cli(["why", *map(str, paths), "--json"], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    check_envelope(doc, "why")
+    return doc
+
+
+@pytest.mark.parametrize("log", [
+    LOGS / "thread-lock.log", LOGS / "sigkill.log", LOGS / "dataloader-crash.log",
+    LOGS / "wrong-broadcast-src.log", FIX / "log" / "torch213-gloo-rank-raises.log",
+    FIX / "log" / "vllm-6042-illegal-memory-access.log"])
+def test_a_log_alone_gives_the_culprit_mldebug_log_gives(capsys, log):
+    from mldebug.log.analyze import analyze
+    from mldebug.log.collect import load
+
+    doc = why_json(capsys, log)
+    assert doc["verdict"]["culprits"] == analyze(load([str(log)])).culprits
+    assert [s["reader"] for s in doc["sources"]] == ["log"]
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in DUMPS.iterdir() if p.is_dir()))
+def test_fr_dumps_alone_give_the_culprit_fr_analyze_gives(capsys, case):
+    from mldebug.fr.analyze import analyze
+    from mldebug.fr.loader import load
+
+    doc = why_json(capsys, DUMPS / case)
+    assert doc["verdict"]["culprits"] == analyze(load([DUMPS / case])).culprits
+    assert doc["sources"][0]["reader"] == "fr" and doc["verdict"]["kind"] == "culprits"
+
+
+def test_a_log_and_the_dumps_of_the_same_class_join_into_one_chain(capsys):
+    # thread_lock: rank 2 waits for a lock outside any collective; log: silent rank 2,
+    # fr: rank 2 never enqueued #10
+    doc = why_json(capsys, LOGS / "thread-lock.log", DUMPS / "thread_lock")
+    v = doc["verdict"]
+    assert (v["culprits"], v["class"], v["confidence"]) == ([2], "outside", "high")
+    assert {c["reader"] for c in doc["chain"]} == {"log", "fr"}
+    assert doc["chain"][0]["text"].endswith("rank 2 never enqueued all_reduce #10 of pg 0")
+    assert "ranks 0-1,3 wait in all_reduce" in doc["chain"][1]["text"]
+    assert any("(agrees: rank 2)" in c["text"] for c in doc["chain"])
+    assert sorted(s["reader"] for s in doc["sources"]) == ["fr", "log"]
+
+
+def test_conflicting_sources_are_shown_side_by_side_with_the_winner(capsys):
+    # subgroup_skip: the log names rank 2 (silent: it waits alone in its pair group); the
+    # dumps show rank 3 skipped that pair's all_reduce. The dump's record wins.
+    doc = why_json(capsys, LOGS / "subgroup-skip.log", DUMPS / "subgroup_skip")
+    assert doc["verdict"]["culprits"] == [3]
+    (conflict,) = [c for c in doc["chain"] if "conflicts" in c["text"]]
+    assert conflict["reader"] == "log"
+    assert "fr wins: a rank's own record beats an inference" in conflict["text"]
+
+
+def test_a_rank_without_a_dump_is_evidence_never_a_silent_gap(capsys):
+    # shape_mismatch: gloo aborted ranks 0 and 1 before they could dump; the log names rank 1
+    doc = why_json(capsys, LOGS / "shape-mismatch.log", DUMPS / "shape_mismatch")
+    assert doc["verdict"]["culprits"] == [1]
+    assert any("ranks 0-1 left no flight-recorder dump" in c["text"]
+               and "prime suspect" in c["text"] for c in doc["chain"])
+    doc = why_json(capsys, DUMPS / "exit0_r8")  # 8 ranks, rank 5 exited and left no dump
+    assert doc["verdict"]["culprits"] == [5]
+    assert any(c["text"].startswith("rank 5 left no flight-recorder dump")
+               for c in doc["chain"])
+
+
+def test_saved_stack_dumps_give_hang_analyzes_culprit(capsys):
+    doc = why_json(capsys, FIX / "hang" / "collective_mismatch")
+    assert doc["verdict"]["culprits"] == [0] and doc["sources"][0]["reader"] == "hang"
+
+
+def test_sentinel_records_are_sniffed_by_content(capsys, tmp_path):
+    # one record per line, in mldebug.numerics.records' documented format; any file name
+    rec = {"v": 1, "kind": "nonfinite", "rank": 2, "world_size": 4, "host": "n1", "pid": 7,
+           "time": 1.0, "step": 7, "micro_batch": 0, "origin": True, "origins": [2]}
+    (tmp_path / "records.txt").write_text(json.dumps(rec) + "\n")
+    doc = why_json(capsys, tmp_path)
+    assert doc["verdict"]["culprits"] == [2] and doc["sources"][0]["reader"] == "numerics"
+
+
+def test_a_healthy_job_gets_no_suspect(capsys, tmp_path):
+    f = tmp_path / "ok.log"
+    f.write_text("[rank0]: step 1 loss 0.5\n[rank1]: step 1 loss 0.5\n")
+    v = why_json(capsys, f)["verdict"]
+    assert (v["kind"], v["culprits"], v["class"]) == ("ok", [], "healthy")
+    # the whole job SIGTERMed from outside (the fault matrix's healthy class): no suspect
+    v = why_json(capsys, LOGS / "scheduler-sigterm.log")["verdict"]
+    assert v["culprits"] == [] and v["kind"] == "ok"
+
+
+def test_junk_symlinks_and_fifos_in_a_directory_are_noted(capsys, tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    shutil.copy(LOGS / "sigkill.log", d / "job.log")
+    (d / "junk.bin").write_bytes(bytes(range(256)) * 64)
+    (d / "empty").write_bytes(b"")
+    os.symlink("/etc/passwd", d / "link.log")
+    os.mkfifo(d / "pipe")
+    rc, out, err = _cli(["why", str(d)], capsys)
+    assert rc == 0, err
+    assert out.startswith("why: rank 3:")
+    assert f"{d / 'link.log'}: a symlink (not followed); skipped" in out
+    assert f"{d / 'pipe'}: a FIFO; skipped" in out
+    assert f"{d / 'empty'}: empty; skipped" in out
+    assert "junk.bin: binary data" in out
+    doc = why_json(capsys, d)
+    assert len(doc["notes"]) == 4 and doc["verdict"]["culprits"] == [3]
+
+
+def test_bad_inputs_are_one_line_with_the_fix(capsys, tmp_path):
+    rc, out, err = _cli(["why", str(tmp_path / "nope")], capsys)
+    assert rc == 2 and "no such file or directory" in err and "Traceback" not in err
+    (tmp_path / "junk.bin").write_bytes(b"\x7fELF" + bytes(4000))
+    rc, out, err = _cli(["why", str(tmp_path)], capsys)
+    assert rc == 1 and "could be read" in err and "Pass the job's" in err
+    assert "Traceback" not in err
+
+
+def test_the_join_is_pure_and_a_generic_claim_loses_to_a_specific_one():
+    log = Source("job.log", "log")
+    fr = Source("dumps/", "fr", 3)
+    every = Evidence(log, (0, 1, 2, 3), (), "network", "every rank timed out", "low",
+                     "log-all-waiting", "generic")
+    v = join([every, Evidence(fr, (0, 1, 3), (2,), "outside", "rank 2 never enqueued #9",
+                              "high", "fr-missing", DIRECT, per_rank=True)])
+    assert v.culprits == [2] and v.code == "fr-missing"
+    assert v.chain[0].text == "fr dumps/: rank 2 never enqueued #9"
+    assert any("(names no rank)" in c.text for c in v.chain)
+    # no claim names a rank, but a per-rank source lacks one the log saw: the suspect
+    v = join([every, Evidence(fr, (0, 1, 3), (), None, "the dumps agree", None, "", "generic",
+                              per_rank=True)])
+    assert v.culprits == [2] and v.code == "why-no-evidence" and v.confidence == "medium"
+    # every source healthy: no suspect, even with a dump missing
+    ok = Evidence(log, (0, 1), (), "healthy", "no failure found", None, "log-nothing", HEALTHY)
+    v = join([ok, Evidence(fr, (0,), (), "healthy", "same collectives", "high", "",
+                           HEALTHY, per_rank=True)])
+    assert v.kind == "ok" and v.culprits == []
+    # a DIRECT claim about ranks outside its own scope is an inference
+    far = Evidence(fr, (0, 1), (3,), "dead", "rank 3 never enqueued", "high", "fr-missing",
+                   DIRECT)
+    near = Evidence(log, (0, 1, 2, 3), (2,), "exception", "rank 2 raised", "high",
+                    "log-first-failure-exception", DIRECT)
+    v = join([far, near])
+    assert v.culprits == [2] and v.winner is not None and v.winner.basis == DIRECT
+    assert v.confidence == "high"  # the loser was an inference: no cap
+    assert join([]).kind == "undecided"
+    assert INFERRED == "inferred"
+
+
+def test_why_on_dumps_and_logs_never_imports_torch():
+    code = ("import sys; from mldebug.cli import main; "
+            f"rc = main(['why', {str(LOGS / 'thread-lock.log')!r}, {str(DUMPS / 'thread_lock')!r}]); "
+            "assert rc == 0; assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
