@@ -245,6 +245,7 @@ LINK_READERS: dict[str, Callable[[Path], list[str]]] = {
     "hang analyze": lambda d: ["hang", "analyze", str(d)],
     "fr analyze": lambda d: ["fr", "analyze", str(d)],
     "mem report": lambda d: ["mem", "report", str(d / "link.pickle")],
+    "why": lambda d: ["why", str(d)],
 }
 
 
@@ -322,6 +323,10 @@ ESCAPE_COMMANDS: dict[str, Callable[[Path], list[str]]] = {
     "nccl-log": lambda d: ["nccl-log", str(_write(
         d / "nccl.log", f"node1:1234:1300 [0] misc/socket.cc:50 NCCL WARN Net : {ESC} failed\n"))],
     "env": lambda d: ["env", "--torch-timeout", "1"],
+    "why": lambda d: ["why", str(_write(d / "rank0.log", (
+        "[rank0]: Traceback (most recent call last):\n"
+        f'[rank0]:   File "/train{ESC}.py", line 3, in <module>\n'
+        f"[rank0]: RuntimeError: boom {ESC}\n")))],
 }
 
 
@@ -439,6 +444,7 @@ DEVICE_READERS: dict[str, tuple[Callable[[str], list[str]], bool]] = {
     "hang analyze": (lambda p: ["hang", "analyze", p], True),
     "log": (lambda p: ["log", p], False),
     "nccl-log": (lambda p: ["nccl-log", p], False),
+    "why": (lambda p: ["why", p], True),
 }
 
 
@@ -544,12 +550,13 @@ def _nonfinite_inputs(d: Path) -> dict[str, list[str]]:
     (d / "snap.json").write_text(
         '{"segments": [{"device": 0, "address": 1e400, "total_size": Infinity, "blocks": '
         '[{"size": NaN, "state": "active_allocated"}]}], "device_traces": []}')
-    return {"numerics report": ["numerics", "report", str(d / "rec"), "--json"],
+    return {"why": ["why", str(d), "--json"],
+            "numerics report": ["numerics", "report", str(d / "rec"), "--json"],
             "fr analyze": ["fr", "analyze", str(d / "fr_rank0.json"), "--json"],
             "mem report": ["mem", "report", str(d / "snap.json"), "--json"]}
 
 
-@pytest.mark.parametrize("cmd", ["numerics report", "fr analyze", "mem report"])
+@pytest.mark.parametrize("cmd", ["numerics report", "fr analyze", "mem report", "why"])
 def test_damaged_nonfinite_numbers_in_every_json_reader(cmd, tmp_path, capsys):
     """row: damaged-nonfinite-json, for the other JSON readers: a record, dump or snapshot
     with 1e400 / Infinity / NaN where an integer belongs is a problem of that record or
@@ -562,6 +569,8 @@ def test_damaged_nonfinite_numbers_in_every_json_reader(cmd, tmp_path, capsys):
         assert doc["verdict"]["culprits"] == [2] and "rank is not" in json.dumps(doc)
     elif cmd == "fr analyze":
         assert rc == 1 and "inf, not an integer" in json.dumps(doc["problems"])
+    elif cmd == "why":  # all three at once: the good record decides, the others are notes
+        assert doc["verdict"]["culprits"] == [2] and "inf, not an integer" in json.dumps(doc)
     else:
         assert rc == 0 and doc["segments"] == 1
 
@@ -579,6 +588,11 @@ NUL_READERS: dict[str, tuple[bytes, bytes, Callable[[dict], bool]]] = {
                      lambda d: any(fr["name"] == "train_step" for p in d["processes"]
                                    for th in p.get("threads", []) for fr in th.get("frames", []))
                      or "train_step" in json.dumps(d["groups"])),
+    "why": (b"[rank0]:step 100 loss 2.31\n[rank1]:step 100 loss 2.30\n",
+            b"[rank1]:Traceback (most recent call last):\n"
+            b'[rank1]:  File "/u/train.py", line 41, in <module>\n'
+            b"[rank1]:RuntimeError: CUDA error: an illegal memory access was encountered\n",
+            lambda d: d["verdict"]["culprits"] == [1] and "CUDA error" in d["verdict"]["summary"]),
 }
 
 
