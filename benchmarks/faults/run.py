@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=3, help="cases run at once (default 3)")
     p.add_argument("--timeout", type=float, default=12.0, help="the jobs' collective timeout")
     p.add_argument("--no-peers", action="store_true", help="skip the peer tools")
-    p.add_argument("--routes", default="hang,watch,log,fr,trace",
-                   help="routes to run (default hang,watch,log,fr,trace)")
+    p.add_argument("--routes", default="hang,watch,log,fr,trace,why",
+                   help="routes to run (default hang,watch,log,fr,trace,why; why: `mldebug why`"
+                        " on the dead job's log and dumps)")
     p.add_argument("--json", metavar="FILE", help="write every outcome and the scores here")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--keep", action="store_true", help="keep each case's directory")

@@ -55,7 +55,7 @@ class Options:
     watch: float = 2.0
     duration: float = 14.0  # healthy jobs train this long
     peers: bool = True
-    routes: tuple[str, ...] = ("hang", "watch", "log", "fr", "trace")
+    routes: tuple[str, ...] = ("hang", "watch", "log", "fr", "trace", "why")
     keep: bool = False
     verbose: bool = False
     pool: bool = False  # run the poolable cases in shared jobs (the quick subset)
@@ -366,6 +366,18 @@ def route_fr(run: Running) -> tuple[list[int] | None, str | None, float, str, st
     return ranks, cls, dt, title, ""
 
 
+def route_why(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
+    """`mldebug why` on everything the dead job left: its launcher output (or per-rank logs)
+    and the flight-recorder dumps its ranks wrote - never mldebug's outputs of the other
+    routes (they are in run.side, not passed)."""
+    inputs = [*map(str, run.logs or [run.log]), *map(str, fr_dumps(run))]
+    doc, dt, err = cli("why", *inputs, "--json", save=run.side / "why.json")
+    if doc is None:
+        return None, None, dt, "", err
+    v = doc.get("verdict") or {}  # the envelope's (mldebug/cli/envelope.py _why)
+    return list(v.get("culprits") or []), v.get("class") or "?", dt, v.get("summary", ""), ""
+
+
 # --- the peers: what a user would use instead ----------------------------------------------
 
 def peer_pyspy(run: Running) -> tuple[list[int] | None, str | None, float, str, str]:
@@ -528,6 +540,8 @@ def dead_routes(run: Running, opts: Options, record: Record, fr: bool = True) ->
         record("fr", route_fr(run))
         if opts.peers:
             record("torchfr", peer_torchfr(run), peer=True)
+    if "log" in f.routes and "why" in opts.routes:  # every dead-job case: its log, its dumps
+        record("why", route_why(run))
 
 
 def _finish(run: Running, out: list[Outcome], opts: Options) -> None:
