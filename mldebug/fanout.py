@@ -30,11 +30,14 @@ import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mldebug.errors import MldebugError, UsageError
 from mldebug.hosts import validate_host
 from mldebug.nodekit import MARKER, short_hostname
+
+if TYPE_CHECKING:  # kubectl's parts load when --k8s/--k8s-job is used
+    from mldebug.k8s import K8sTarget, Pod
 
 # Runs on the node: inflate the script from argv[1] (zlib, base64), run it as __main__ with
 # argv[2:]. Compressed, the script is a third of its base64 size: pdsh copies the command line
@@ -89,7 +92,8 @@ class NodeJob:
 
 @dataclass
 class FanoutOptions:
-    """Where and how to run: this host (no hosts, no job), a host list over pdsh, or a SLURM job.
+    """Where and how to run: this host (no hosts, no job), a host list over pdsh, a SLURM job,
+    or Kubernetes pods over ``kubectl exec`` (``k8s``: a ``mldebug.k8s.K8sTarget``).
 
     ``timeout`` bounds each node's run once connected (pdsh ``-u``); ``connect_timeout`` each
     ssh connection (pdsh ``-t``); ``fanout`` how many nodes are contacted at once (pdsh ``-f``).
@@ -104,10 +108,11 @@ class FanoutOptions:
     remote_python: str | None = None
     ssh_args: str | None = None
     exclude: list[str] = field(default_factory=list)
+    k8s: K8sTarget | None = None
 
     @property
     def is_local(self) -> bool:
-        return not self.hosts and self.slurm_job is None
+        return not self.hosts and self.slurm_job is None and self.k8s is None
 
     def deadline(self, n_hosts: int) -> float:
         """Safety bound on a whole run: pdsh works through ``fanout`` hosts at a time, each
@@ -366,6 +371,18 @@ def run(job: NodeJob, options: FanoutOptions, on_result: OnResult | None = None,
     if options.is_local:
         keep(_run_local(source, args, options, job.schema))
         return kept
+    if options.k8s is not None:
+        pods = k8s_pods(options)
+        from mldebug.progress import fanout_progress
+
+        with fanout_progress(len(pods), shown=progress) as bar:
+            def deliver_pod(r: NodeResult) -> None:
+                bar(r.host, r.data is not None)
+                keep(r)
+
+            _run_k8s(pods, source, args, options, job.schema, deliver_pod)
+        pod_order = {p.name: i for i, p in enumerate(pods)}
+        return sorted(kept, key=lambda r: pod_order.get(r.host, len(pod_order)))
     command = remote_command(source, args, options.remote_python)
     if options.slurm_job is not None:
         for r in _run_srun(options, command, job.schema):
@@ -526,6 +543,264 @@ def _run_local(source: str, args: Sequence[str], options: FanoutOptions,
     lines = [f"{host}: {line}" for line in r.stdout.splitlines()]
     errs = [f"{host}: {line}" for line in r.stderr.splitlines()]
     return parse_pdsh_output(lines, errs, [host], schema=schema)[host]
+
+
+def _kubectl() -> str:
+    import shutil
+
+    from mldebug import k8s
+
+    exe = shutil.which("kubectl")
+    if exe is None:
+        raise k8s.kubectl_missing()
+    return exe
+
+
+def k8s_pods(options: FanoutOptions) -> list[Pod]:
+    """The pods of ``options.k8s`` from ONE ``kubectl get pods -o json`` (read up to
+    ``MAX_PODS_JSON`` bytes, within ``GET_TIMEOUT`` s), less ``--exclude``d ones."""
+    import subprocess
+
+    from mldebug import k8s
+
+    assert options.k8s is not None
+    t = k8s.check_target(options.k8s)
+    exe = _kubectl()
+    argv = [exe, *k8s.get_pods_argv(t)]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    err: list[bytes] = []
+    reader = threading.Thread(
+        target=lambda: err.append(_read_bounded(proc.stderr, 1 << 20, drain=True)), daemon=True)
+    reader.start()
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        _killpg(proc.pid)
+
+    timer = threading.Timer(k8s.GET_TIMEOUT + 5, expire)
+    timer.start()
+    try:
+        out = _read_bounded(proc.stdout, k8s.MAX_PODS_JSON + 1)
+        if len(out) > k8s.MAX_PODS_JSON:
+            raise MldebugError(f"kubectl get pods answered over {k8s.MAX_PODS_JSON >> 20} MiB "
+                               "of JSON; not read.",
+                               "Narrow it: --k8s with a label selector, or --namespace.")
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            _killpg(proc.pid)
+            proc.wait()
+        reader.join(5)
+    stderr = (err[0] if err else b"").decode(errors="replace")
+    if expired.is_set():
+        stderr += f"\nno answer within {k8s.GET_TIMEOUT + 5:.0f}s"
+    if rc != 0:
+        raise k8s.get_failure(stderr, t)
+    pods = k8s.select(t, k8s.parse_pods(out.decode(errors="replace")))
+    excluded = set(options.exclude)
+    pods = [p for p in pods if p.name not in excluded]
+    if not pods:
+        raise UsageError("every pod is excluded.", "Check --exclude.")
+    return pods
+
+
+def _read_bounded(src: Any, limit: int, drain: bool = False) -> bytes:
+    """Up to ``limit`` bytes of ``src``; the rest is left unread, or with ``drain`` read and
+    dropped (so the writer never blocks on a full pipe)."""
+    chunks, n = [], 0
+    while True:
+        b = src.read1(1 << 20)
+        if not b:
+            break
+        if n < limit:
+            chunks.append(b[:limit - n])
+            n += len(chunks[-1])
+        if n >= limit and not drain:
+            break
+    return b"".join(chunks)
+
+
+def _killpg(pid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)  # kubectl (never a rank: it is our own client)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _run_k8s(pods: Sequence[Pod], source: str, args: Sequence[str], options: FanoutOptions,
+             schema: Mapping[str, type | tuple[type, ...]], deliver: OnResult) -> None:
+    """``kubectl exec -i`` into each pod, ``options.fanout`` at a time, each bounded by
+    ``timeout + connect_timeout``; ``deliver`` (on this thread) gets each pod's result as that
+    pod answers. Pods that are not Running, or lack ``--container``, are answered at once with
+    why. The whole run has the pdsh route's safety deadline (waves of ``--fanout`` pods)."""
+    import queue
+    import time
+
+    from mldebug import k8s
+
+    assert options.k8s is not None
+    t = options.k8s
+    exe = _kubectl()
+    program = k8s.node_program(source, args).encode()
+    per_pod = options.timeout + options.connect_timeout
+    todo: queue.Queue[Pod] = queue.Queue()
+    done: queue.Queue[NodeResult] = queue.Queue()
+    waiting = set()
+    for p in pods:
+        why = k8s.not_running_error(p) if not p.runnable else k8s.container_error(t, p)
+        if why is not None:
+            deliver(NodeResult(p.name, error=why))
+        else:
+            todo.put(p)
+            waiting.add(p.name)
+    if not waiting:
+        return
+    stop = threading.Event()
+    running: dict[int, Any] = {}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                pod = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                res = _exec_pod(exe, k8s.exec_argv(t, pod, options.remote_python), program,
+                                per_pod, pod.name, schema, options.remote_python or "python3",
+                                running, lock)
+            except Exception as e:  # one pod's failure is that pod's result, never the run's
+                res = NodeResult(pod.name, error=f"kubectl exec failed: {str(e)[:300]}")
+            done.put(res)
+
+    threads = [threading.Thread(target=worker, daemon=True)
+               for _ in range(min(max(1, options.fanout), len(waiting)))]
+    for th in threads:
+        th.start()
+    deadline = options.deadline(len(waiting))
+    end = time.monotonic() + deadline
+    try:
+        while waiting:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                res = done.get(timeout=min(0.5, left))
+            except queue.Empty:
+                continue
+            if res.host in waiting:
+                waiting.discard(res.host)
+                deliver(res)
+    finally:
+        stop.set()
+        with lock:
+            for pid in list(running):
+                _killpg(pid)
+    for name in [p.name for p in pods if p.name in waiting]:
+        deliver(NodeResult(name, error=f"not reached before the overall deadline of "
+                                       f"{deadline:.0f}s (kubectl exec runs --fanout pods at a "
+                                       "time); raise --fanout or --timeout"))
+
+
+def _exec_pod(exe: str, argv: list[str], program: bytes, timeout: float, pod: str,
+              schema: Mapping[str, type | tuple[type, ...]], python: str,
+              running: dict[int, Any], lock: threading.Lock) -> NodeResult:
+    """One pod: the program on kubectl's stdin, its stdout read line by line (a line at most
+    ``MAX_LINE``), at most ``_KEEP`` lines of what else it said; killed after ``timeout``."""
+    import collections
+    import subprocess
+
+    from mldebug import k8s
+
+    proc = subprocess.Popen([exe, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    with lock:
+        running[proc.pid] = proc
+    timed_out = threading.Event()
+
+    def expire() -> None:
+        timed_out.set()
+        _killpg(proc.pid)
+
+    timer = threading.Timer(timeout, expire)
+    timer.start()
+    said: collections.deque[str] = collections.deque(maxlen=PdshStream._KEEP)
+
+    def feed() -> None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(program)
+            proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    def errors() -> None:
+        assert proc.stderr is not None
+        for raw in iter(lambda: proc.stderr.readline(1 << 16), b""):  # type: ignore[union-attr]
+            said.append(raw.decode(errors="replace").rstrip("\r\n"))
+
+    helpers = [threading.Thread(target=feed, daemon=True),
+               threading.Thread(target=errors, daemon=True)]
+    for h in helpers:
+        h.start()
+    answer: bytes | None = None
+    oversized = False
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = proc.stdout.readline(MAX_LINE)
+            if not line:
+                break
+            if len(line) >= MAX_LINE and not line.endswith(b"\n"):
+                oversized = True
+                while True:  # the rest of that line is dropped unread, a MiB at a time
+                    rest = proc.stdout.readline(1 << 20)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                continue
+            if line.startswith(MARKER.encode()):
+                answer = line[len(MARKER):]
+            else:
+                said.append(line.decode(errors="replace").rstrip("\r\n"))
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _killpg(proc.pid)
+        proc.wait()
+    finally:
+        timer.cancel()
+        with lock:
+            running.pop(proc.pid, None)
+    for h in helpers:
+        h.join(5)
+    res = NodeResult(pod, stderr=list(said))
+    if answer is not None:
+        try:
+            res.data = json.loads(answer)
+        except (json.JSONDecodeError, ValueError, RecursionError, UnicodeDecodeError) as e:
+            res.error = f"answered unreadable JSON ({str(e)[:200]})"
+        if res.data is not None:
+            res.error = check_document(res.data, schema)
+            if res.error is not None:
+                res.data = None
+            elif isinstance(res.data, dict) and res.data.get("host") not in (None, pod):
+                # the container's host name need not be the pod's (JobSet sets its own): the
+                # answer is filed under the pod kubectl reached, its name kept beside
+                res.data["pod_hostname"] = res.data["host"]
+                res.data["host"] = pod
+    elif oversized:
+        res.error = (f"answered a line over {MAX_LINE >> 20} MiB: cut and not read (a node "
+                     "answer is far smaller; something else printed on the pod's stdout)")
+    elif timed_out.is_set():
+        res.error = (f"did not finish within {timeout:.0f}s (kubectl exec, the pod busy or "
+                     "hung); raise --timeout")
+    else:
+        res.error = k8s.explain_exec_failure(res.stderr, pod, python)
+    return res
 
 
 def slurm_job_hosts(job: str) -> list[str]:

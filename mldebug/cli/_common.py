@@ -1,4 +1,5 @@
-"""Argument groups shared by commands: where to run (--nodes/--hostfile/--slurm-job), output."""
+"""Argument groups shared by commands: where to run (--nodes/--hostfile/--slurm-job/--k8s),
+output."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ TIMEOUT_HELP = ("seconds each node may take to answer once ssh has connected (lo
 
 def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float = 30.0,
                          timeout_help: str = TIMEOUT_HELP) -> None:
-    """--nodes / --hostfile / --slurm-job, --exclude and the fan-out knobs."""
+    """--nodes / --hostfile / --slurm-job / --k8s / --k8s-job, --exclude and the fan-out knobs
+    (with kubectl's --namespace, --context, --kubeconfig, --container)."""
     g = p.add_argument_group("where to run (default: this host only; $WCOLL names a hostfile "
                              "as for pdsh)")
     where = g.add_mutually_exclusive_group()
@@ -29,6 +31,21 @@ def add_target_arguments(p: argparse.ArgumentParser, *, default_timeout: float =
                        help="hosts from a file: one per line, 'host slots=N' or 'host:N'")
     where.add_argument("--slurm-job", metavar="ID",
                        help="every node of this SLURM job, via srun --overlap")
+    where.add_argument("--k8s", metavar="SELECTOR",
+                       help="Kubernetes pods matching this label selector, over kubectl exec, "
+                            "e.g. training.kubeflow.org/job-name=llama (docs/k8s.md)")
+    where.add_argument("--k8s-job", metavar="NAME",
+                       help="the pods of this PyTorchJob, JobSet or Job (by their operators' "
+                            "job-name labels), over kubectl exec")
+    g.add_argument("--namespace", "-n", metavar="NS",
+                   help="with --k8s/--k8s-job: the pods' namespace (default: the kubectl "
+                        "context's)")
+    g.add_argument("--context", metavar="NAME", help="with --k8s/--k8s-job: the kubectl context")
+    g.add_argument("--kubeconfig", metavar="FILE",
+                   help="with --k8s/--k8s-job: the kubeconfig file kubectl reads")
+    g.add_argument("--container", "-c", metavar="NAME",
+                   help="with --k8s/--k8s-job: the container to exec into (default: the "
+                        "pod's default container)")
     g.add_argument("--exclude", "-x", metavar="HOSTLIST",
                    help="leave these hosts out, e.g. node[3,9] (as pdsh -x)")
     g.add_argument("--timeout", type=float, default=default_timeout, metavar="S",
@@ -101,11 +118,22 @@ def fanout_options(args: argparse.Namespace) -> FanoutOptions:
         opts.hosts = read_hostfile(args.hostfile)
     elif getattr(args, "slurm_job", None):
         opts.slurm_job = str(args.slurm_job)
+    elif getattr(args, "k8s", None) is not None or getattr(args, "k8s_job", None) is not None:
+        from mldebug.k8s import K8sTarget, check_target
+
+        opts.k8s = check_target(K8sTarget(
+            selector=args.k8s, job=args.k8s_job, namespace=args.namespace,
+            context=args.context, kubeconfig=args.kubeconfig, container=args.container))
     elif os.environ.get("WCOLL"):
         opts.hosts = read_hostfile(os.environ["WCOLL"])
     if exclude and opts.is_local:
         raise UsageError("--exclude needs a host list or a SLURM job.",
                          "Add --nodes, --hostfile or --slurm-job.")
+    if opts.k8s is None:
+        for opt in ("namespace", "context", "kubeconfig", "container"):
+            if getattr(args, opt, None) is not None:
+                raise UsageError(f"--{opt} is for Kubernetes pods.",
+                                 "Add --k8s SELECTOR or --k8s-job NAME (docs/k8s.md).")
     return opts
 
 

@@ -1,0 +1,280 @@
+"""A ``kubectl`` stand-in for tests/test_k8s.py: the subset of kubectl that mldebug uses (#45),
+over "pods" that are real isolated process trees on this host.
+
+A pod is ``unshare --pid --fork --mount-proc --uts``: its own PID namespace (its first process
+is PID 1, /proc shows the pod's processes only), mount namespace (its own /proc and
+/etc/hosts) and host name (the pod's name, as Kubernetes sets it); the network namespace is
+the host's, so ranks in two pods meet over 127.0.0.1. ``start_pod`` starts one; the pods are
+listed in a JSON state file named by ``$K8S_STANDIN_STATE`` (``write_state``), and every call
+is appended, as its argv, to ``$K8S_STANDIN_STATE.calls``.
+
+The documented shapes implemented (``kubectl get --help``, ``kubectl exec --help``):
+
+    kubectl get pods -l key=value -o json            (-l/--selector, -n/--namespace,
+                                                      --context, --kubeconfig,
+                                                      --request-timeout)
+    kubectl exec (POD | TYPE/NAME) [-c CONTAINER] [flags] -- COMMAND [args...]
+                                                     (-i/--stdin, -n, -c/--container,
+                                                      --context, --kubeconfig)
+
+``get`` answers a PodList (items[].metadata.name/namespace/labels, spec.containers[].name,
+status.phase) for the equality-based selectors (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``,
+comma-separated). ``exec`` enters the pod with ``nsenter --target <pod PID 1> --pid --mount
+--uts -- COMMAND`` in the pod's own environment (as the container runtime gives an exec the
+container's env), stdin passed through with -i; the failures kubectl reports are reproduced
+with kubectl's words: an unknown pod or context, a container not in the pod, a pod not
+Running, exec forbidden (a pod marked ``forbid_exec``), a command not in the image's PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+STATE_ENV = "K8S_STANDIN_STATE"
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    sys.stderr.write(msg + "\n")
+    return code
+
+
+def _parse(argv: list[str], with_value: set[str], bare: set[str]) -> tuple[dict[str, str],
+                                                                            list[str], list[str]]:
+    """kubectl's flag forms: ``--flag=v``, ``--flag v``, ``-f v``, ``-fv``; ``--`` ends them.
+    Returns the flags (long names), the positional words, and the words after ``--``."""
+    alias = {"-l": "--selector", "-n": "--namespace", "-o": "--output", "-c": "--container",
+             "-i": "--stdin"}
+    flags: dict[str, str] = {}
+    words: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return flags, words, argv[i + 1:]
+        if a.startswith("-") and len(a) > 1:
+            name, eq, val = a.partition("=")
+            if not name.startswith("--") and len(name) > 2:  # -lapp=demo, -ojson
+                name, val, eq = name[:2], a[2:], "="
+            name = alias.get(name, name)
+            if name in bare:
+                flags[name] = "true"
+            elif name in with_value:
+                if not eq:
+                    i += 1
+                    if i >= len(argv):
+                        raise SystemExit(_fail(f"error: flag needs an argument: {a}"))
+                    val = argv[i]
+                flags[name] = val
+            else:
+                raise SystemExit(_fail(f"error: unknown flag: {name}\nSee 'kubectl --help' "
+                                       "for usage."))
+        else:
+            words.append(a)
+        i += 1
+    return flags, words, []
+
+
+_GLOBAL = {"--namespace", "--context", "--kubeconfig", "--request-timeout"}
+
+
+def _state() -> dict[str, Any]:
+    path = os.environ.get(STATE_ENV)
+    if not path:
+        raise SystemExit(_fail("error: the stand-in has no cluster: $K8S_STANDIN_STATE is unset "
+                               "(The connection to the server localhost:8080 was refused)"))
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
+
+
+def _check_config(flags: dict[str, str], state: dict[str, Any]) -> None:
+    ctx = flags.get("--context")
+    if ctx is not None and ctx not in state.get("contexts", []):
+        raise SystemExit(_fail(f'error: context "{ctx}" does not exist'))
+    cfg = flags.get("--kubeconfig")
+    if cfg is not None and not Path(cfg).is_file():
+        raise SystemExit(_fail(f"error: stat {cfg}: no such file or directory"))
+
+
+def _matches(labels: dict[str, str], selector: str) -> bool:
+    for req in filter(None, (r.strip() for r in selector.split(","))):
+        if "!=" in req:
+            k, v = req.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in req:
+            k, v = req.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif req.startswith("!"):
+            if req[1:] in labels:
+                return False
+        elif req not in labels:
+            return False
+    return True
+
+
+def get(argv: list[str]) -> int:
+    flags, words, _ = _parse(argv, {"--selector", "--output", *_GLOBAL}, set())
+    if words[:1] != ["pods"] or len(words) > 1:
+        return _fail(f"error: the stand-in answers 'get pods' only, not {words}")
+    if flags.get("--output") != "json":
+        return _fail("error: the stand-in answers -o json only")
+    state = _state()
+    _check_config(flags, state)
+    ns = flags.get("--namespace", "default")
+    items = []
+    for p in state["pods"]:
+        if p.get("namespace", "default") != ns or not _matches(p.get("labels", {}),
+                                                                flags.get("--selector", "")):
+            continue
+        items.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": p["name"], "namespace": ns, "labels": p.get("labels", {}),
+                         "uid": f"uid-{p['name']}"},
+            "spec": {"containers": [{"name": c, "image": "pytorch/pytorch"}
+                                    for c in p.get("containers", ["main"])]},
+            "status": {"phase": p.get("phase", "Running"), "podIP": "127.0.0.1"},
+        })
+    json.dump({"apiVersion": "v1", "kind": "List", "items": items,
+               "metadata": {"resourceVersion": ""}}, sys.stdout, indent=4)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _pod_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def exec_(argv: list[str]) -> int:
+    flags, words, command = _parse(argv, {"--container", *_GLOBAL}, {"--stdin", "--tty"})
+    if len(words) != 1 or not command:
+        return _fail("error: expected 'exec (POD | TYPE/NAME) [-c CONTAINER] [flags] -- "
+                     "COMMAND [args...]'.\nSee 'kubectl exec -h' for help and examples")
+    state = _state()
+    _check_config(flags, state)
+    ns = flags.get("--namespace", "default")
+    name = words[0].removeprefix("pod/").removeprefix("pods/")
+    pod = next((p for p in state["pods"] if p["name"] == name
+                and p.get("namespace", "default") == ns), None)
+    if pod is None:
+        return _fail(f'Error from server (NotFound): pods "{name}" not found')
+    if pod.get("forbid_exec"):
+        return _fail(f'Error from server (Forbidden): pods "{name}" is forbidden: User '
+                     f'"tester" cannot create resource "pods/exec" in API group "" in the '
+                     f'namespace "{ns}"')
+    containers = pod.get("containers", ["main"])
+    container = flags.get("--container", containers[0])
+    if container not in containers:
+        return _fail(f'error: unable to upgrade connection: container not found ("{container}")')
+    phase = pod.get("phase", "Running")
+    if phase != "Running" or not pod.get("pid"):
+        return _fail(f"error: cannot exec into a container in a completed pod; current phase "
+                     f"is {phase}")
+    pid = int(pod["pid"])
+    try:
+        env = _pod_env(pid)
+    except OSError:
+        return _fail("error: unable to upgrade connection: container not running")
+    if shutil.which(command[0], path=env.get("PATH", "/usr/bin:/bin")) is None:
+        sys.stderr.write(f"OCI runtime exec failed: exec failed: unable to start container "
+                         f"process: exec: \"{command[0]}\": executable file not found in $PATH: "
+                         f"unknown\ncommand terminated with exit code 126\n")
+        return 126
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    if "--stdin" not in flags:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+    os.execve(nsenter, [nsenter, f"--target={pid}", "--pid", "--mount", "--uts", "--",
+                        *command], env)
+    return 127  # not reached
+
+
+def main(argv: list[str]) -> int:
+    path = os.environ.get(STATE_ENV)
+    if path:
+        with open(path + ".calls", "a") as f:
+            f.write(json.dumps(argv) + "\n")
+    if not argv:
+        return _fail("kubectl controls the Kubernetes cluster manager.")
+    if argv[0] == "get":
+        return get(argv[1:])
+    if argv[0] == "exec":
+        return exec_(argv[1:])
+    return _fail(f'error: unknown command "{argv[0]}" for "kubectl"')
+
+
+# --- the tests' side: pods and the state file --------------------------------------------
+
+
+def install(bin_dir: Path) -> Path:
+    """``bin_dir/kubectl``: this stand-in, run by this Python."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "kubectl"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).resolve()} \"$@\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def write_state(path: Path, pods: list[dict[str, Any]], contexts: list[str] | None = None
+                ) -> None:
+    path.write_text(json.dumps({"pods": pods, "contexts": contexts or []}))
+
+
+class PodProcess:
+    """One pod: ``unshare --pid --fork --mount-proc --uts --kill-child`` (its own process
+    group), whose child - the pod's PID 1 - sets the host name to the pod's, binds ``hosts``
+    over /etc/hosts in the pod's mount namespace when given, then execs ``argv``."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path,
+                 hosts: Path | None = None) -> None:
+        self.name = name
+        script = ('hostname "$1" && { [ -z "$2" ] || mount --bind "$2" /etc/hosts; } && '
+                  'shift 2 && exec "$@"')
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--mount-proc", "--uts", "--kill-child", "--",
+                 "sh", "-c", script, "pod", name, str(hosts or ""), *argv],
+                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        self.pid = self._init_pid()
+
+    def _init_pid(self) -> int:
+        """The pod's PID 1 as this host sees it: the unshare process's one child."""
+        deadline = time.monotonic() + 20
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        while time.monotonic() < deadline:
+            try:
+                kids = path.read_text().split()
+            except OSError:
+                kids = []
+            if kids:
+                return int(kids[0])
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"pod {self.name} did not start (unshare exit {self.proc.poll()})")
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # unshare, the pod's PID 1 and its tree
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,303 @@
+"""Kubernetes targets (#45, stage 1): --k8s SELECTOR / --k8s-job NAME over kubectl exec.
+
+Pure parts on fixtures (the PodList parsing, kubectl's argument lists, the job labels of the
+three operators, the failures explained), then the fan-out route against a kubectl stand-in
+(tests/k8s_standin.py) whose pods are real PID/mount/UTS namespaces, and one end-to-end
+`mldebug hang --k8s` on a 2-pod gloo job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_cli
+from k8s_standin import PodProcess, install, write_state
+
+from mldebug import k8s
+from mldebug.errors import MldebugError, UsageError
+from mldebug.fanout import FanoutOptions, NodeJob, run
+from mldebug.k8s import K8sTarget, Pod
+
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def _item(name: str, labels: dict[str, str], phase: str = "Running",
+          containers: tuple[str, ...] = ("pytorch",), ns: str = "training",
+          **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels, **meta},
+            "spec": {"containers": [{"name": c, "image": "img"} for c in containers]},
+            "status": {"phase": phase}}
+
+
+PODLIST = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": [
+    _item("llama-master-0", {"training.kubeflow.org/job-name": "llama",
+                             "training.kubeflow.org/replica-type": "master"}),
+    _item("llama-worker-0", {"training.kubeflow.org/job-name": "llama"}, phase="Pending"),
+    _item("mix-trainer-0-0-x7k2p", {"jobset.sigs.k8s.io/jobset-name": "mix"},
+          containers=("trainer", "sidecar")),
+    _item("batch-abc12", {"batch.kubernetes.io/job-name": "batch", "job-name": "batch"}),
+    _item("old-9zz", {"job-name": "old"}),
+    _item("gone-0", {"job-name": "old"}, deletionTimestamp="2026-01-01T00:00:00Z"),
+    _item("Bad_Name", {"job-name": "old"}),  # not a pod name: skipped
+    "not an object",
+]}
+
+
+# --- pure: parsing, argv, labels, explanations ------------------------------------------
+
+
+def test_parse_pods_reads_names_namespaces_labels_phases_containers():
+    pods = k8s.parse_pods(json.dumps(PODLIST))
+    assert [p.name for p in pods] == ["llama-master-0", "llama-worker-0",
+                                      "mix-trainer-0-0-x7k2p", "batch-abc12", "old-9zz", "gone-0"]
+    first = pods[0]
+    assert (first.namespace, first.phase, first.containers, first.runnable) == (
+        "training", "Running", ["pytorch"], True)
+    assert first.labels["training.kubeflow.org/replica-type"] == "master"
+    assert not pods[1].runnable and pods[2].containers == ["trainer", "sidecar"]
+    assert pods[5].terminating and not pods[5].runnable
+    one = k8s.parse_pods(json.dumps(_item("solo", {})))  # `kubectl get pod NAME -o json`
+    assert [p.name for p in one] == ["solo"]
+
+
+@pytest.mark.parametrize("text", ["", "{", "[1, 2]", '{"items": 3}', "null", "[" * 100000])
+def test_parse_pods_refuses_what_is_not_a_podlist_with_one_line(text):
+    with pytest.raises(MldebugError, match="kubectl get pods answered"):
+        k8s.parse_pods(text)
+
+
+def test_get_pods_argv_passes_selector_namespace_context_kubeconfig_as_kubectl_takes_them():
+    t = K8sTarget(selector="training.kubeflow.org/job-name=llama", namespace="training",
+                  context="prod", kubeconfig="/etc/kube/cfg")
+    assert k8s.get_pods_argv(t, timeout=30) == [
+        "get", "pods", "-o", "json", "--selector=training.kubeflow.org/job-name=llama",
+        "--namespace=training", "--context=prod", "--kubeconfig=/etc/kube/cfg",
+        "--request-timeout=30s"]
+    # --k8s-job: the namespace's pods, the labels matched here (a selector cannot OR keys)
+    assert k8s.get_pods_argv(K8sTarget(job="llama")) == [
+        "get", "pods", "-o", "json", f"--request-timeout={int(k8s.GET_TIMEOUT)}s"]
+
+
+def test_exec_argv_runs_python_on_stdin_in_the_pods_namespace_and_container():
+    pod = Pod("llama-master-0", "training", "Running", containers=["pytorch"])
+    assert k8s.exec_argv(K8sTarget(selector="a=b"), pod) == [
+        "exec", "-i", "llama-master-0", "--namespace=training", "--", "python3", "-",
+        "<mldebug-node>"]
+    t = K8sTarget(selector="a=b", namespace="other", context="prod", kubeconfig="k.cfg",
+                  container="pytorch")
+    assert k8s.exec_argv(t, Pod("p-0", None, "Running"), python="/opt/py/bin/python") == [
+        "exec", "-i", "p-0", "--namespace=other", "--container=pytorch", "--context=prod",
+        "--kubeconfig=k.cfg", "--", "/opt/py/bin/python", "-", "<mldebug-node>"]
+
+
+def test_node_program_carries_script_and_arguments_on_stdin():
+    src = "import sys, json\nprint('MLDEBUG-JSON ' + json.dumps(sys.argv))\n"
+    program = k8s.node_program(src, ["a b", "$(touch /tmp/pwned)", "'q'"])
+    r = subprocess.run([sys.executable, "-", "<mldebug-node>"], input=program,
+                       capture_output=True, text=True, timeout=30)
+    assert r.stdout.strip() == 'MLDEBUG-JSON ["-", "a b", "$(touch /tmp/pwned)", "\'q\'"]'
+
+
+@pytest.mark.parametrize(("job", "pods"), [
+    ("llama", ["llama-master-0", "llama-worker-0"]),  # Kubeflow PyTorchJob
+    ("mix", ["mix-trainer-0-0-x7k2p"]),                # JobSet
+    ("batch", ["batch-abc12"]),                        # batch/v1 Job (both labels)
+    ("old", ["old-9zz", "gone-0"]),                    # a Job with the legacy label only
+])
+def test_k8s_job_matches_the_job_labels_of_the_three_operators(job, pods):
+    chosen = k8s.select(K8sTarget(job=job), k8s.parse_pods(json.dumps(PODLIST)))
+    assert [p.name for p in chosen] == pods
+
+
+def test_no_matching_pod_names_selector_namespace_and_how_to_list():
+    with pytest.raises(MldebugError) as e:
+        k8s.select(K8sTarget(selector="app=nope", namespace="training"), [])
+    assert e.value.message == "no pod matches the selector 'app=nope' in namespace training."
+    assert "kubectl get pods --show-labels --namespace=training" in e.value.fix
+    with pytest.raises(MldebugError) as e:
+        k8s.select(K8sTarget(job="ghost", context="prod"), k8s.parse_pods(json.dumps(PODLIST)))
+    assert "job 'ghost' in namespace (the context default)" in e.value.message
+    assert "--context=prod" in e.value.fix and "jobset.sigs.k8s.io/jobset-name" in e.value.fix
+
+
+def test_non_running_pods_and_missing_containers_are_named_with_why():
+    pods = {p.name: p for p in k8s.parse_pods(json.dumps(PODLIST))}
+    assert k8s.not_running_error(pods["llama-worker-0"]).startswith(
+        "pod is Pending, not Running: not asked")
+    assert "terminating" in k8s.not_running_error(pods["gone-0"])
+    t = K8sTarget(selector="a", container="pytorch")
+    assert k8s.container_error(t, pods["llama-master-0"]) is None
+    assert k8s.container_error(t, pods["mix-trainer-0-0-x7k2p"]) == (
+        "container 'pytorch' not found in pod mix-trainer-0-0-x7k2p (its containers: trainer, "
+        "sidecar); pass --container with one of them")
+
+
+@pytest.mark.parametrize(("said", "expect"), [
+    (['Error from server (Forbidden): pods "p" is forbidden: User "u" cannot create resource '
+      '"pods/exec" in API group "" in the namespace "t"'], "RBAC 'create' on pods/exec"),
+    (['error: unable to upgrade connection: container not found ("x")'], "pass --container"),
+    (['OCI runtime exec failed: exec failed: unable to start container process: exec: '
+      '"python3": executable file not found in $PATH: unknown',
+      "command terminated with exit code 126"], "no python3 in the container image"),
+    (['Error from server (NotFound): pods "p" not found'], "the pod is gone"),
+    (["error: unable to upgrade connection: error dialing backend: dial tcp: i/o timeout"],
+     "could not reach the pod's kubelet"),
+    (["Traceback (most recent call last):", "ValueError: x",
+      "command terminated with exit code 1"], "kubectl exec said: ValueError: x"),
+    ([], "printed nothing"),
+])
+def test_exec_failures_are_one_actionable_line(said, expect):
+    assert expect in k8s.explain_exec_failure(said, "p")
+
+
+@pytest.mark.parametrize("target", [
+    K8sTarget(), K8sTarget(selector="a=b", job="j"), K8sTarget(selector=""),
+    K8sTarget(selector="--all"), K8sTarget(selector="a=b\nc"), K8sTarget(job="Bad_Job"),
+    K8sTarget(job="j", namespace="-n"), K8sTarget(job="j", container="A B"),
+    K8sTarget(job="j", context=""), K8sTarget(job="j", kubeconfig="a\x00b"),
+])
+def test_bad_target_values_are_usage_errors(target):
+    with pytest.raises(UsageError):
+        k8s.check_target(target)
+
+
+# --- the CLI: options, errors -------------------------------------------------------------
+
+
+def test_k8s_options_are_exclusive_with_host_lists_and_need_k8s():
+    r = run_cli("hang", "--nodes", "node1", "--k8s", "app=demo")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+    r = run_cli("env", "--namespace", "training")
+    assert r.returncode == 2 and "--namespace is for Kubernetes pods" in r.stderr
+    assert "Traceback" not in r.stderr
+    for cmd in (["hang"], ["env"], ["fr", "trigger"]):
+        out = run_cli(*cmd, "--help").stdout
+        assert "--k8s SELECTOR" in out and "--k8s-job NAME" in out, cmd
+
+
+def test_kubectl_missing_is_one_line_with_the_fix(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path))  # no kubectl there
+    r = run_cli("env", "--k8s", "app=demo", env=env)
+    assert r.returncode == 1, r.stderr
+    assert "kubectl is not on PATH; --k8s and --k8s-job need it." in r.stderr
+    assert "Install kubectl" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- the stand-in: pods that are real namespaces ------------------------------------------
+
+
+@dataclass
+class Cluster:
+    state: Path
+    bin: Path
+    pods: list[PodProcess]
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, PATH=f"{self.bin}:{VENV_BIN}:{os.environ.get('PATH', '')}",
+                    K8S_STANDIN_STATE=str(self.state))
+
+    def calls(self) -> list[list[str]]:
+        path = Path(str(self.state) + ".calls")
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() \
+            else []
+
+
+def _pod_env(extra: dict[str, str]) -> dict[str, str]:
+    return dict(os.environ, PATH=f"{VENV_BIN}:/usr/bin:/bin", HOME="/root", **extra)
+
+
+@pytest.fixture(scope="module")
+def sleepers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three pods running `sleep`: web-0 and web-1 (Running), web-2 Pending (no process),
+    web-3 whose exec is forbidden; in namespace 'default'."""
+    d = tmp_path_factory.mktemp("k8s-sleepers")
+    pods = []
+    try:
+        for i in range(2):
+            pods.append(PodProcess(f"web-{i}", ["sleep", "600"],
+                                   _pod_env({"RANK": str(i)}), d / f"web-{i}.log"))
+        state = d / "state.json"
+        labels = {"app": "web", "training.kubeflow.org/job-name": "web"}
+        write_state(state, [
+            {"name": "web-0", "labels": labels, "pid": pods[0].pid, "containers": ["pytorch"]},
+            {"name": "web-1", "labels": labels, "pid": pods[1].pid,
+             "containers": ["pytorch", "sidecar"]},
+            {"name": "web-2", "labels": labels, "phase": "Pending"},
+            {"name": "web-3", "labels": labels, "pid": pods[0].pid, "forbid_exec": True},
+        ], contexts=["kind-test"])
+        yield Cluster(state, d / "bin", pods)
+    finally:
+        for p in pods:
+            p.stop()
+
+
+@pytest.fixture
+def standin(sleepers: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    install(sleepers.bin)
+    for k, v in sleepers.env().items():
+        monkeypatch.setenv(k, v)
+    Path(str(sleepers.state) + ".calls").unlink(missing_ok=True)
+    return sleepers
+
+
+@dataclass
+class _Args:
+    word: tuple[str, ...] = ("a b", "$(id)")
+
+
+NODE_JOB = NodeJob(("k8s_node",), _Args(), {"host": str, "processes": list})
+
+
+def test_each_pod_answers_from_its_own_namespaces_and_the_others_say_why(standin):
+    seen = []
+    results = run(NODE_JOB, FanoutOptions(k8s=K8sTarget(selector="app=web"), fanout=2,
+                                          timeout=20), seen.append, progress=False)
+    assert [r.host for r in results] == ["web-0", "web-1", "web-2", "web-3"]
+    docs = {r.host: r.data for r in seen if r.data is not None}
+    errors = {r.host: r.error for r in results}
+    assert sorted(docs) == ["web-0", "web-1"], errors
+    for name, doc in docs.items():
+        assert doc["host"] == name  # the pod's own host name (UTS namespace)
+        assert doc["pids"][0] == 1 and len(doc["pids"]) <= 4, doc["pids"]  # its PID namespace
+        assert doc["words"] == ["a b", "$(id)"] and doc["argv0"] == "-"
+    assert docs["web-1"]["rank_env"] == "1"  # the container's environment, not the caller's
+    assert errors["web-2"].startswith("pod is Pending, not Running: not asked")
+    assert "RBAC 'create' on pods/exec" in errors["web-3"]
+    calls = standin.calls()
+    assert calls[0] == ["get", "pods", "-o", "json", "--selector=app=web",
+                        f"--request-timeout={int(k8s.GET_TIMEOUT)}s"]
+    assert sum(c[0] == "get" for c in calls) == 1  # one get for every pod
+    assert sorted(c[2] for c in calls if c[0] == "exec") == ["web-0", "web-1", "web-3"]
+
+
+def test_a_missing_container_or_python_fails_that_pod_only(standin):
+    t = K8sTarget(job="web", container="sidecar", context="kind-test")
+    results = {r.host: r for r in run(NODE_JOB, FanoutOptions(k8s=t, timeout=20),
+                                      progress=False)}
+    assert results["web-1"].data is not None and results["web-1"].data["host"] == "web-1"
+    assert results["web-0"].error == ("container 'sidecar' not found in pod web-0 (its "
+                                      "containers: pytorch); pass --container with one of them")
+    results = {r.host: r for r in run(NODE_JOB, FanoutOptions(
+        k8s=K8sTarget(selector="app=web"), remote_python="python9", timeout=20), progress=False)}
+    assert "no python9 in the container image" in (results["web-0"].error or "")
+    assert "no python9 in the container image" in (results["web-1"].error or "")
+
+
+def test_no_matching_pod_through_the_cli_is_one_line(standin):
+    r = run_cli("env", "--k8s", "app=nope", "-n", "default", env=standin.env())
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[0].startswith(
+        "mldebug: error: no pod matches the selector 'app=nope' in namespace default.")
+    assert "kubectl get pods --show-labels --namespace=default" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = run_cli("env", "--k8s", "app=web", "--context", "nope", env=standin.env())
+    assert r.returncode == 1 and 'context "nope" does not exist' in r.stderr
+    assert "Traceback" not in r.stderr
