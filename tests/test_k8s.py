@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import run_cli
+from jobs import free_port
 from k8s_standin import PodProcess, install, write_state
 
 from mldebug import k8s
@@ -301,3 +303,96 @@ def test_no_matching_pod_through_the_cli_is_one_line(standin):
     r = run_cli("env", "--k8s", "app=web", "--context", "nope", env=standin.env())
     assert r.returncode == 1 and 'context "nope" does not exist' in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --- end to end: mldebug hang --k8s on a 2-pod gloo job -----------------------------------
+
+RANK_SCRIPT = '''\
+"""One rank per pod; rank 1 skips the all_reduce (a stuck data loader), rank 0 waits in it."""
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def load_batch(rank):
+    if rank == 1:
+        time.sleep(3600)  # stuck outside any collective: rank 1 never joins the all_reduce
+    return torch.ones(4)
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    rank = dist.get_rank()
+    os.write(1, f"rank {rank} pid {os.getpid()} ready\\n".encode())
+    batch = load_batch(rank)
+    dist.all_reduce(batch)
+
+
+main()
+'''
+
+
+@pytest.fixture(scope="module")
+def demo_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A PyTorchJob 'demo' as Kubeflow's training operator runs it: pods demo-master-0 and
+    demo-worker-0, one rank each, with the operator's variables (MASTER_ADDR is the master
+    pod's name, resolved by each pod's own /etc/hosts to 127.0.0.1: the pods share the host
+    network), both ready; the ranks hang in the all_reduce rank 1 never joins."""
+    d = tmp_path_factory.mktemp("k8s-demo")
+    script = d / "train_rank.py"
+    script.write_text(RANK_SCRIPT)
+    hosts = d / "hosts"
+    hosts.write_text("127.0.0.1 localhost demo-master-0 demo-worker-0\n")
+    port = str(free_port())
+    names = ["demo-master-0", "demo-worker-0"]
+    pods: list[PodProcess] = []
+    try:
+        for i, name in enumerate(names):
+            env = _pod_env({
+                "MASTER_ADDR": "demo-master-0", "MASTER_PORT": port, "WORLD_SIZE": "2",
+                "RANK": str(i), "PET_NNODES": "2", "PET_NODE_RANK": str(i),
+                "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "demo-master-0",
+                "PET_MASTER_PORT": port, "GLOO_SOCKET_IFNAME": "lo",
+                "PYTHONUNBUFFERED": "1"})
+            pods.append(PodProcess(name, [sys.executable, str(script)], env,
+                                   d / f"{name}.log", hosts))
+        logs = [d / f"{n}.log" for n in names]
+        deadline = time.monotonic() + 120
+        while sum(log.read_text().count(" ready") for log in logs) < 2:
+            assert time.monotonic() < deadline, "the 2-pod job did not start: " + "".join(
+                log.read_text() for log in logs)
+            assert all(p.proc.poll() is None for p in pods), "a pod ended: " + "".join(
+                log.read_text() for log in logs)
+            time.sleep(0.5)
+        time.sleep(2)  # rank 0 is inside the all_reduce
+        state = d / "state.json"
+        write_state(state, [
+            {"name": name, "labels": {"app": "demo", "training.kubeflow.org/job-name": "demo",
+                                      "training.kubeflow.org/replica-type":
+                                          "master" if i == 0 else "worker"},
+             "pid": p.pid, "containers": ["pytorch"]}
+            for i, (name, p) in enumerate(zip(names, pods, strict=True))])
+        install(d / "bin")
+        yield Cluster(state, d / "bin", pods)
+    finally:
+        for p in pods:
+            p.stop()
+
+
+@pytest.mark.timeout(300)
+def test_hang_k8s_names_the_rank_that_skipped_the_all_reduce(demo_job):
+    r = run_cli("hang", "--k8s", "app=demo", "--json", env=demo_job.env(), timeout=240)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert sorted((p["host"], p["rank"]) for p in report["processes"]) == [
+        ("demo-master-0", 0), ("demo-worker-0", 1)], report["errors"]
+    assert [(s["rank"], s["host"]) for s in report["suspects"]] == [(1, "demo-worker-0")]
+    assert report["suspects"][0]["call_site"].startswith("train_rank.py:"), report["suspects"]
+    assert report["errors"] == []
+    assert all(p.proc.poll() is None for p in demo_job.pods)  # the ranks are only read
+    calls = demo_job.calls()
+    assert sum(c[0] == "get" for c in calls) == 1
+    assert sorted(c[2] for c in calls if c[0] == "exec") == ["demo-master-0", "demo-worker-0"]
