@@ -253,6 +253,7 @@ def standin(sleepers: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 @dataclass
 class _Args:
     word: tuple[str, ...] = ("a b", "$(id)")
+    sleep_on: str | None = None
 
 
 NODE_JOB = NodeJob(("k8s_node",), _Args(), {"host": str, "processes": list})
@@ -291,6 +292,37 @@ def test_a_missing_container_or_python_fails_that_pod_only(standin):
         k8s=K8sTarget(selector="app=web"), remote_python="python9", timeout=20), progress=False)}
     assert "no python9 in the container image" in (results["web-0"].error or "")
     assert "no python9 in the container image" in (results["web-1"].error or "")
+
+
+def _in_pod(pod: PodProcess) -> list[int]:
+    """The host PIDs of the processes in ``pod``'s PID namespace."""
+    ns = os.readlink(f"/proc/{pod.pid}/ns/pid")
+    out = []
+    for e in os.listdir("/proc"):
+        try:
+            if e.isdigit() and os.readlink(f"/proc/{e}/ns/pid") == ns:
+                out.append(int(e))
+        except OSError:
+            pass
+    return out
+
+
+def test_a_slow_pod_times_out_alone_and_the_others_answer_first(standin):
+    order: list[str] = []
+    t0 = time.monotonic()
+    job = NodeJob(("k8s_node",), _Args(sleep_on="web-0"), {"host": str, "processes": list})
+    results = {r.host: r for r in run(job, FanoutOptions(
+        k8s=K8sTarget(selector="app=web"), timeout=3, connect_timeout=1),
+        lambda r: order.append(r.host), progress=False)}
+    assert time.monotonic() - t0 < 20
+    assert results["web-0"].error == ("did not finish within 4s (kubectl exec, the pod busy "
+                                      "or hung); raise --timeout")
+    assert results["web-1"].error is None
+    assert order.index("web-1") < order.index("web-0")  # streamed as each pod finished
+    deadline = time.monotonic() + 10  # the killed exec left nothing in the pod
+    while len(_in_pod(standin.pods[0])) > 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_in_pod(standin.pods[0])) == 1
 
 
 def test_no_matching_pod_through_the_cli_is_one_line(standin):
@@ -396,3 +428,16 @@ def test_hang_k8s_names_the_rank_that_skipped_the_all_reduce(demo_job):
     calls = demo_job.calls()
     assert sum(c[0] == "get" for c in calls) == 1
     assert sorted(c[2] for c in calls if c[0] == "exec") == ["demo-master-0", "demo-worker-0"]
+
+
+def test_docs_k8s_page_is_registered():
+    for name in ("k8s", "kubernetes"):
+        r = run_cli("docs", name)
+        assert r.returncode == 0 and "# Kubernetes: `--k8s` and `--k8s-job`" in r.stdout, name
+
+
+def test_pdb_connect_into_a_pod_is_refused_with_the_way_in():
+    r = run_cli("pdb", "connect", "web-0:5678", "--k8s", "app=web")
+    assert r.returncode == 1, r.stderr
+    assert "does not reach pod web-0 yet" in r.stderr and "kubectl exec -it web-0" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -60,6 +60,12 @@ def connect(spec: str, target: FanoutOptions, *, directory: str | None) -> int:
         host, port = chosen.host, chosen.port
     else:
         port = number
+    if target.k8s is not None:  # stage 1 of #45 lists the pods' sessions; connect is ssh's
+        raise MldebugError(f"mldebug pdb connect does not reach pod {host} yet: it connects "
+                           "over ssh, not kubectl exec.",
+                           f"The session is {host}:{port}; open a shell in the pod (kubectl "
+                           f"exec -it {host} -- sh) and connect to that port there "
+                           "(docs/k8s.md).")
     if host == short_hostname():
         from mldebug.debugger import client
 
