@@ -108,6 +108,8 @@ ALIASES: dict[str, str] = {
     "bench": "benchmarks",
     "matrix": "faults",
     "security": "safety",
+    "kubernetes": "k8s",
+    "kubectl": "k8s",
 }
 
 
