@@ -9,7 +9,9 @@ forgets its document), and returns one result per node, in host order.
 
 Engines: pdsh over ssh (read line by line as nodes answer: ``PdshStream``, ``_run_streaming``) for
 host lists, and SLURM's
-``srun --overlap --jobid`` for a job. The script travels inside the command line (zlib, then
+``srun --overlap --jobid`` for a job, and ``kubectl exec`` for Kubernetes pods (``_run_k8s``:
+one ``kubectl get pods`` per run, then the script on each exec's stdin; ``mldebug.k8s``). The
+script travels inside the command line (zlib, then
 base64: ``pack``), so nodes need only a Python 3. Every host is bounded by pdsh's own connect (``-t``) and command
 (``-u``) timeouts; the whole call has a safety deadline sized for pdsh's waves of ``-f N``
 hosts. A node that did not answer gets an error saying why: unreachable, timed out, not

@@ -6,7 +6,8 @@ is PID 1, /proc shows the pod's processes only), mount namespace (its own /proc 
 /etc/hosts) and host name (the pod's name, as Kubernetes sets it); the network namespace is
 the host's, so ranks in two pods meet over 127.0.0.1. ``start_pod`` starts one; the pods are
 listed in a JSON state file named by ``$K8S_STANDIN_STATE`` (``write_state``), and every call
-is appended, as its argv, to ``$K8S_STANDIN_STATE.calls``.
+is appended, as its argv, to ``$K8S_STANDIN_STATE.calls``; ``get_delay`` in the state makes
+``get`` slow.
 
 The documented shapes implemented (``kubectl get --help``, ``kubectl exec --help``):
 
@@ -128,6 +129,7 @@ def get(argv: list[str]) -> int:
         return _fail("error: the stand-in answers -o json only")
     state = _state()
     _check_config(flags, state)
+    time.sleep(float(state.get("get_delay", 0)))  # a slow API server
     ns = flags.get("--namespace", "default")
     items = []
     for p in state["pods"]:
@@ -223,9 +225,11 @@ def install(bin_dir: Path) -> Path:
     return exe
 
 
-def write_state(path: Path, pods: list[dict[str, Any]], contexts: list[str] | None = None
-                ) -> None:
-    path.write_text(json.dumps({"pods": pods, "contexts": contexts or []}))
+def write_state(path: Path, pods: list[dict[str, Any]], contexts: list[str] | None = None,
+                **extra: Any) -> None:
+    """The cluster: ``pods`` (name, namespace, labels, phase, containers, pid: the pod's PID 1,
+    forbid_exec), the ``contexts`` that exist; ``get_delay``: seconds each get takes."""
+    path.write_text(json.dumps({"pods": pods, "contexts": contexts or [], **extra}))
 
 
 class PodProcess:

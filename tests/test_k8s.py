@@ -325,6 +325,25 @@ def test_a_slow_pod_times_out_alone_and_the_others_answer_first(standin):
     assert len(_in_pod(standin.pods[0])) == 1
 
 
+def test_kubectl_get_is_bounded_in_size_and_time(standin, tmp_path, monkeypatch):
+    from mldebug import fanout
+
+    monkeypatch.setattr(k8s, "MAX_PODS_JSON", 1000)  # the stand-in's PodList is larger
+    with pytest.raises(MldebugError, match="kubectl get pods answered over"):
+        fanout.k8s_pods(FanoutOptions(k8s=K8sTarget(selector="app=web")))
+    monkeypatch.undo()
+    for k, v in standin.env().items():
+        monkeypatch.setenv(k, v)
+    slow = tmp_path / "slow.json"
+    write_state(slow, json.loads(standin.state.read_text())["pods"], get_delay=60)
+    monkeypatch.setenv("K8S_STANDIN_STATE", str(slow))
+    monkeypatch.setattr(k8s, "GET_TIMEOUT", 1.0)
+    t0 = time.monotonic()
+    with pytest.raises(MldebugError, match="no answer within 6s"):
+        fanout.k8s_pods(FanoutOptions(k8s=K8sTarget(selector="app=web")))
+    assert time.monotonic() - t0 < 15
+
+
 def test_no_matching_pod_through_the_cli_is_one_line(standin):
     r = run_cli("env", "--k8s", "app=nope", "-n", "default", env=standin.env())
     assert r.returncode == 1
