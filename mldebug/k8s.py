@@ -9,6 +9,7 @@ kubectl's argument shapes used here (``kubectl get --help``, ``kubectl exec --he
 
     kubectl get pods [-l key=value] [-n NAMESPACE] -o json
     kubectl exec (POD | TYPE/NAME) [-c CONTAINER] [flags] -- COMMAND [args...]
+    kubectl logs [-f] [-p] (POD | TYPE/NAME) [-c CONTAINER]      (mldebug log --k8s, #45)
 
 with the global flags ``--context``, ``--kubeconfig`` and ``--request-timeout``. Every value
 is passed as ``--flag=value``, so no value (a selector, a namespace) can be read as a flag.
@@ -35,6 +36,12 @@ JOB_LABELS = (
 MAX_PODS_JSON = 64 << 20  # bytes of `kubectl get pods -o json` read; a larger answer is refused
 GET_TIMEOUT = 60.0  # seconds the one `kubectl get pods` may take (also its --request-timeout)
 NODE_ARGV0 = "<mldebug-node>"  # the pod's `python3 - <mldebug-node>`: mldebug, never a rank
+LOG_LIMIT_BYTES = 32 << 20  # default bytes of one container's log read (kubectl --limit-bytes)
+LOG_TIMEOUT = 60.0  # default seconds one `kubectl logs` may take
+# the container variables that say a pod's rank (Kubeflow's training operator sets them in the
+# pod spec: RANK and WORLD_SIZE with a Master replica, PET_* with an elastic policy/torchrun)
+RANK_ENV = ("RANK", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE")
+DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"  # the annotation kubectl reads
 
 # a DNS-1123 subdomain (pod and namespace names; a namespace is a label, a subset of it)
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -59,6 +66,19 @@ class K8sTarget:
         return f"{what} in namespace {self.namespace or '(the context default)'}"
 
 
+@dataclass(frozen=True)
+class ContainerStatus:
+    """What ``status.containerStatuses[]`` says of one container: how often it restarted and
+    how its previous run ended (``lastState.terminated``: "Error, exit code 1")."""
+
+    restarts: int = 0
+    last_exit: str | None = None
+
+    @property
+    def restarted(self) -> bool:
+        return self.restarts > 0 or self.last_exit is not None
+
+
 @dataclass
 class Pod:
     name: str
@@ -67,6 +87,9 @@ class Pod:
     labels: dict[str, str] = field(default_factory=dict)
     containers: list[str] = field(default_factory=list)
     terminating: bool = False
+    statuses: dict[str, ContainerStatus] = field(default_factory=dict)
+    env: dict[str, dict[str, str]] = field(default_factory=dict)  # container -> RANK_ENV values
+    default_container: str | None = None  # the kubectl.kubernetes.io/default-container annotation
 
     @property
     def runnable(self) -> bool:
@@ -168,10 +191,46 @@ def parse_pods(text: str) -> list[Pod]:
                       if isinstance(c, dict) and isinstance(c.get("name"), str)] \
             if isinstance(spec.get("containers"), list) else []
         phase = status.get("phase")
+        default = _obj(meta, "annotations").get(DEFAULT_CONTAINER)
         pods.append(Pod(name, ns if isinstance(ns, str) and _NAME.fullmatch(ns) else None,
                         phase if isinstance(phase, str) else "Unknown", labels, containers,
-                        terminating=meta.get("deletionTimestamp") is not None))
+                        terminating=meta.get("deletionTimestamp") is not None,
+                        statuses=_statuses(status), env=_rank_env(spec),
+                        default_container=default if isinstance(default, str) else None))
     return pods
+
+
+def _statuses(status: Mapping[str, Any]) -> dict[str, ContainerStatus]:
+    out = {}
+    for cs in status.get("containerStatuses") or []:
+        if not isinstance(cs, dict) or not isinstance(cs.get("name"), str):
+            continue
+        n = cs.get("restartCount")
+        term = _obj(_obj(cs, "lastState"), "terminated")
+        last = None
+        if term:
+            reason, code = term.get("reason"), term.get("exitCode")
+            last = ", ".join(x for x in (str(reason)[:60] if isinstance(reason, str) else "",
+                                         f"exit code {code}" if isinstance(code, int) else "")
+                             if x) or "terminated"
+        out[cs["name"]] = ContainerStatus(n if isinstance(n, int) and n >= 0 else 0, last)
+    return out
+
+
+def _rank_env(spec: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The literal ``RANK_ENV`` values of each container (``valueFrom`` ones are unknown here)."""
+    out: dict[str, dict[str, str]] = {}
+    containers = spec.get("containers")
+    for c in containers if isinstance(containers, list) else []:
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            continue
+        env = c.get("env")
+        found = {e["name"]: e["value"][:20] for e in (env if isinstance(env, list) else [])
+                 if isinstance(e, dict) and e.get("name") in RANK_ENV
+                 and isinstance(e.get("value"), str)}
+        if found:
+            out[c["name"]] = found
+    return out
 
 
 def _obj(d: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -214,6 +273,108 @@ def container_error(t: K8sTarget, pod: Pod) -> str | None:
         return None
     return (f"container {t.container!r} not found in pod {pod.name} (its containers: "
             f"{', '.join(pod.containers)}); pass --container with one of them")
+
+
+def logs_container(t: K8sTarget, pod: Pod) -> str | None:
+    """The container ``kubectl logs`` reads: ``--container``, else the pod's
+    ``kubectl.kubernetes.io/default-container``, else its first (kubectl's own choice)."""
+    if t.container:
+        return t.container
+    if pod.default_container in pod.containers:
+        return pod.default_container
+    return pod.containers[0] if pod.containers else None
+
+
+def logs_argv(t: K8sTarget, pod: Pod, *, previous: bool = False,
+              limit_bytes: int = LOG_LIMIT_BYTES, tail: int | None = None,
+              timeout: float = LOG_TIMEOUT) -> list[str]:
+    """``kubectl logs POD`` (without the program name): the current container, or with
+    ``previous`` the one before its last restart (``--previous``); at most ``limit_bytes``
+    (``--limit-bytes``), the last ``tail`` lines when given (``--tail``), each line with the
+    kubelet's time (``--timestamps``: the pods' lines are ordered by one clock)."""
+    argv = ["logs", pod.name]
+    ns = pod.namespace or t.namespace
+    if ns:
+        argv.append(f"--namespace={ns}")
+    if t.container:
+        argv.append(f"--container={t.container}")
+    if previous:
+        argv.append("--previous")
+    argv += [f"--limit-bytes={limit_bytes}", "--timestamps"]
+    if tail is not None:
+        argv.append(f"--tail={tail}")
+    return [*argv, *_global_flags(t), f"--request-timeout={max(1, int(timeout))}s"]
+
+
+_KUBEFLOW_NAME = re.compile(r"-(?P<type>master|worker)-(?P<index>\d{1,7})$")
+REPLICA_TYPE = "training.kubeflow.org/replica-type"
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v is not None and v.isdecimal() and len(v) <= 7 else None
+
+
+def pod_rank(pod: Pod, pods: Sequence[Pod], container: str | None = None) -> int | None:
+    """The rank of a pod that runs ONE rank, for its log lines without a ``[rankN]:`` prefix;
+    None when not known.
+
+    1. the container's env in the pod spec: ``RANK``, else ``PET_NODE_RANK`` - when
+       ``PET_NPROC_PER_NODE`` is absent or 1 (with more processes per pod these are the node
+       rank, and an unprefixed line could be any of its ranks);
+    2. a Kubeflow PyTorchJob pod (``REPLICA_TYPE``/``REPLICA_INDEX`` labels, else the name's
+       ``-master-N``/``-worker-N``): the training operator numbers the master first - master-0
+       is rank 0 and worker-K rank K+1 when the job has a master replica; without one,
+       worker-K is K.
+    """
+    env = pod.env.get(container or "") or (next(iter(pod.env.values())) if len(pod.env) == 1
+                                          else {})
+    nproc = env.get("PET_NPROC_PER_NODE")
+    if nproc not in (None, "1"):
+        return None
+    for name in ("RANK", "PET_NODE_RANK"):
+        r = _int(env.get(name))
+        if r is not None:
+            return r
+    kind, index = _replica(pod)
+    if kind is None or index is None:
+        return None
+    if kind == "master":
+        return index
+    has_master = any(_replica(p)[0] == "master" for p in pods)
+    return index + 1 if has_master else index
+
+
+def _replica(pod: Pod) -> tuple[str | None, int | None]:
+    kind = pod.labels.get(REPLICA_TYPE, "").lower() or None
+    index = _int(pod.labels.get(REPLICA_INDEX))
+    m = _KUBEFLOW_NAME.search(pod.name)
+    if m is not None:
+        kind = kind or m["type"]
+        index = index if index is not None else int(m["index"])
+    return (kind, index) if kind in ("master", "worker") else (None, None)
+
+
+def explain_logs_failure(lines: Sequence[str], pod: str, previous: bool = False) -> str:
+    """What ``kubectl logs`` said when it read nothing, as one sentence naming the pod."""
+    text = "\n".join(lines)
+    low = text.lower()
+    what = f"pod {pod}" + (" (previous container)" if previous else "")
+    if "forbidden" in low:
+        return (f"{what}: logs not read: kubectl logs forbidden; your user needs RBAC 'get' on "
+                "pods/log in this namespace (docs/k8s.md, RBAC)")
+    if "is not valid for pod" in low or "container not found" in low:
+        return (f"{what}: logs not read: no such container; pass --container NAME (kubectl get "
+                f"pod {pod} -o jsonpath='{{.spec.containers[*].name}}')")
+    if "previous terminated container" in low and "not found" in low:
+        return f"{what}: no previous container's logs (the kubelet kept none)"
+    if "waiting to start" in low or "containercreating" in low or "podinitializing" in low:
+        return f"{what}: logs not read: the container has not started ({_last(lines)})"
+    if "notfound" in low.replace(" ", "") and "pods" in low:
+        return f"{what}: logs not read: the pod is gone (deleted since kubectl get pods listed it)"
+    if text.strip():
+        return f"{what}: logs not read: kubectl logs said: {_last(lines)}"
+    return f"{what}: logs not read: kubectl logs failed and said nothing"
 
 
 def explain_exec_failure(lines: Sequence[str], pod: str, python: str = "python3") -> str:

@@ -17,6 +17,11 @@ The documented shapes implemented (``kubectl get --help``, ``kubectl exec --help
     kubectl exec (POD | TYPE/NAME) [-c CONTAINER] [flags] -- COMMAND [args...]
                                                      (-i/--stdin, -n, -c/--container,
                                                       --context, --kubeconfig)
+    kubectl logs [-f] [-p] (POD | TYPE/NAME) [-c CONTAINER]
+                                                     (-p/--previous, -c/--container, -n,
+                                                      --limit-bytes, --tail, --timestamps,
+                                                      --context, --kubeconfig,
+                                                      --request-timeout; not -f)
 
 ``get`` answers a PodList (items[].metadata.name/namespace/labels, spec.containers[].name,
 status.phase) for the equality-based selectors (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``,
@@ -25,6 +30,15 @@ comma-separated). ``exec`` enters the pod with ``nsenter --target <pod PID 1> --
 container's env), stdin passed through with -i; the failures kubectl reports are reproduced
 with kubectl's words: an unknown pod or context, a container not in the pod, a pod not
 Running, exec forbidden (a pod marked ``forbid_exec``), a command not in the image's PATH.
+
+``logs`` serves the files the test wrote beside the state file: ``logs/POD.log`` (the current
+container) and ``logs/POD.previous.log`` (``--previous``), whose lines may start with the
+kubelet's RFC 3339 time (kept with ``--timestamps``, removed without; a line without one gets
+the file's mtime); ``--tail`` then ``--limit-bytes`` cut it as the kubelet does. It fails
+with the API server's words for an unknown pod, a container not in the pod, a pod marked
+``forbid_logs`` or ``waiting`` (e.g. "ContainerCreating"), and ``--previous`` without a
+previous log. ``get`` adds each pod's ``restarts``/``last_exit`` as
+status.containerStatuses[] and its ``env`` as spec.containers[].env.
 """
 
 from __future__ import annotations
@@ -51,7 +65,7 @@ def _parse(argv: list[str], with_value: set[str], bare: set[str]) -> tuple[dict[
     """kubectl's flag forms: ``--flag=v``, ``--flag v``, ``-f v``, ``-fv``; ``--`` ends them.
     Returns the flags (long names), the positional words, and the words after ``--``."""
     alias = {"-l": "--selector", "-n": "--namespace", "-o": "--output", "-c": "--container",
-             "-i": "--stdin"}
+             "-i": "--stdin", "-p": "--previous"}
     flags: dict[str, str] = {}
     words: list[str] = []
     i = 0
@@ -140,13 +154,82 @@ def get(argv: list[str]) -> int:
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": p["name"], "namespace": ns, "labels": p.get("labels", {}),
                          "uid": f"uid-{p['name']}"},
-            "spec": {"containers": [{"name": c, "image": "pytorch/pytorch"}
-                                    for c in p.get("containers", ["main"])]},
-            "status": {"phase": p.get("phase", "Running"), "podIP": "127.0.0.1"},
+            "spec": {"containers": [
+                {"name": c, "image": "pytorch/pytorch",
+                 **({"env": [{"name": k, "value": v} for k, v in p["env"].items()]}
+                    if p.get("env") else {})}
+                for c in p.get("containers", ["main"])]},
+            "status": {"phase": p.get("phase", "Running"), "podIP": "127.0.0.1",
+                       "containerStatuses": [_container_status(p, c)
+                                             for c in p.get("containers", ["main"])]},
         })
     json.dump({"apiVersion": "v1", "kind": "List", "items": items,
                "metadata": {"resourceVersion": ""}}, sys.stdout, indent=4)
     sys.stdout.write("\n")
+    return 0
+
+
+def _container_status(p: dict[str, Any], name: str) -> dict[str, Any]:
+    st: dict[str, Any] = {"name": name, "ready": p.get("phase", "Running") == "Running",
+                          "restartCount": int(p.get("restarts", 0)), "image": "pytorch/pytorch"}
+    if p.get("last_exit"):  # e.g. {"exitCode": 1, "reason": "Error"}
+        st["lastState"] = {"terminated": {**p["last_exit"], "containerID": "containerd://x"}}
+    if p.get("waiting"):
+        st["state"] = {"waiting": {"reason": p["waiting"]}}
+    return st
+
+
+def logs(argv: list[str]) -> int:
+    flags, words, _ = _parse(argv, {"--container", "--limit-bytes", "--tail", *_GLOBAL},
+                             {"--previous", "--timestamps"})
+    if len(words) != 1:
+        return _fail("error: expected 'logs [-f] [-p] (POD | TYPE/NAME) [-c CONTAINER]'.\n"
+                     "See 'kubectl logs -h' for help and examples")
+    state = _state()
+    _check_config(flags, state)
+    ns = flags.get("--namespace", "default")
+    name = words[0].removeprefix("pod/").removeprefix("pods/")
+    pod = next((p for p in state["pods"] if p["name"] == name
+                and p.get("namespace", "default") == ns), None)
+    if pod is None:
+        return _fail(f'Error from server (NotFound): pods "{name}" not found')
+    if pod.get("forbid_logs"):
+        return _fail(f'Error from server (Forbidden): pods "{name}" is forbidden: User '
+                     f'"tester" cannot get resource "pods/log" in API group "" in the '
+                     f'namespace "{ns}"')
+    containers = pod.get("containers", ["main"])
+    container = flags.get("--container", containers[0])
+    if container not in containers:
+        return _fail(f"Error from server (BadRequest): container {container} is not valid for "
+                     f"pod {name}")
+    previous = "--previous" in flags
+    if pod.get("waiting") and not previous:
+        return _fail(f'Error from server (BadRequest): container "{container}" in pod "{name}" '
+                     f'is waiting to start: {pod["waiting"]}')
+    path = Path(os.environ[STATE_ENV]).parent / "logs" / \
+        f"{name}{'.previous' if previous else ''}.log"
+    if not path.is_file():
+        if previous:
+            return _fail(f'Error from server (BadRequest): previous terminated container '
+                         f'"{container}" in pod "{name}" not found')
+        return 0  # a container that printed nothing
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000000Z", time.gmtime(path.stat().st_mtime))
+    out = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        head, sep, rest = line.partition(b" ")
+        has = bool(sep) and len(head) >= 20 and head[:4].isdigit() and head[10:11] == b"T" \
+            and head.endswith(b"Z")
+        if "--timestamps" in flags:
+            out.append(line if has else stamp.encode() + b" " + line)
+        else:
+            out.append(rest if has else line)
+    if "--tail" in flags and int(flags["--tail"]) >= 0:
+        out = out[len(out) - min(len(out), int(flags["--tail"])):]
+    data = b"".join(out)
+    if "--limit-bytes" in flags:
+        data = data[:int(flags["--limit-bytes"])]
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
     return 0
 
 
@@ -210,6 +293,8 @@ def main(argv: list[str]) -> int:
         return get(argv[1:])
     if argv[0] == "exec":
         return exec_(argv[1:])
+    if argv[0] == "logs":
+        return logs(argv[1:])
     return _fail(f'error: unknown command "{argv[0]}" for "kubectl"')
 
 
@@ -228,7 +313,7 @@ def install(bin_dir: Path) -> Path:
 def write_state(path: Path, pods: list[dict[str, Any]], contexts: list[str] | None = None,
                 **extra: Any) -> None:
     """The cluster: ``pods`` (name, namespace, labels, phase, containers, pid: the pod's PID 1,
-    forbid_exec), the ``contexts`` that exist; ``get_delay``: seconds each get takes."""
+    forbid_exec; for ``logs``: restarts, last_exit, env, forbid_logs, waiting), the ``contexts`` that exist; ``get_delay``: seconds each get takes."""
     path.write_text(json.dumps({"pods": pods, "contexts": contexts or [], **extra}))
 
 

@@ -460,3 +460,188 @@ def test_pdb_connect_into_a_pod_is_refused_with_the_way_in():
     assert r.returncode == 1, r.stderr
     assert "does not reach pod web-0 yet" in r.stderr and "kubectl exec -it web-0" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --- mldebug log --k8s / --k8s-job: the pods' logs over kubectl logs ----------------------
+
+# a PyTorchJob 'demo' (Master + Worker replica, one rank per pod, `python train.py` as the
+# operator runs it: no torchrun rank prefixes). demo-worker-0 (rank 1: the operator numbers
+# the master first) crashed with a CUDA error and was restarted: its previous container's log
+# holds the crash, its current one is the restarted run waiting for the master. demo-master-0
+# (rank 0) timed out in the all_reduce the crashed rank never joined.
+MASTER_LOG = """\
+2026-03-02T10:14:58.201934512Z [W302 10:14:58.201000 1 torch/distributed/c10d/socket.cpp:752] [c10d] The client socket has failed to connect to [demo-master-0]:23456 (errno: 111 - Connection refused).
+2026-03-02T10:15:02.410021873Z rank 0: step 0 loss 2.3061
+2026-03-02T10:15:03.012387120Z rank 0: step 1 loss 2.2874
+2026-03-02T10:45:03.519876204Z [E302 10:45:03.519000 33 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=4194304, NumelOut=4194304, Timeout(ms)=1800000) ran for 1800092 milliseconds before timing out.
+2026-03-02T10:45:03.521004113Z [E302 10:45:03.521000 33 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2162] [PG ID 0 PG GUID 0(default_pg) Rank 0]  failure detected by watchdog at work sequence id: 12 PG status: last enqueued work: 12, last completed work: 11
+2026-03-02T10:45:03.521190877Z [E302 10:45:03.521000 33 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1706] [PG ID 0 PG GUID 0(default_pg) Rank 0] Timeout at NCCL work: 12, last enqueued NCCL work: 12, last completed NCCL work: 11.
+"""
+WORKER_PREVIOUS_LOG = """\
+2026-03-02T10:15:02.409113620Z step 0 loss 2.3058
+2026-03-02T10:15:03.011900441Z step 1 loss 2.2871
+2026-03-02T10:15:03.250871003Z Traceback (most recent call last):
+2026-03-02T10:15:03.250890112Z   File "/workspace/train.py", line 88, in <module>
+2026-03-02T10:15:03.250893356Z     main()
+2026-03-02T10:15:03.250895870Z   File "/workspace/train.py", line 79, in main
+2026-03-02T10:15:03.250898250Z     loss = model(batch).float().mean()
+2026-03-02T10:15:03.250900547Z            ^^^^^^^^^^^^
+2026-03-02T10:15:03.250902877Z   File "/workspace/train.py", line 41, in forward
+2026-03-02T10:15:03.250905165Z     h = self.gather(h, index)
+2026-03-02T10:15:03.250907461Z         ^^^^^^^^^^^^^^^^^^^^^
+2026-03-02T10:15:03.250909711Z RuntimeError: CUDA error: an illegal memory access was encountered
+2026-03-02T10:15:03.250912006Z CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.
+2026-03-02T10:15:03.250914300Z For debugging consider passing CUDA_LAUNCH_BLOCKING=1.
+2026-03-02T10:15:03.250916581Z Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+"""
+WORKER_LOG = """\
+2026-03-02T10:15:09.771203014Z [W302 10:15:09.771000 1 torch/distributed/c10d/socket.cpp:752] [c10d] The client socket has failed to connect to [demo-master-0]:23456 (errno: 111 - Connection refused).
+"""
+
+
+@pytest.fixture
+def log_cluster(tmp_path: Path) -> Cluster:
+    """The stand-in with the 'demo' job's pods and their logs (no processes: kubectl logs
+    reads what the kubelet kept), plus web-0 whose logs are forbidden and web-1 still
+    ContainerCreating, both of job 'web' in namespace 'training'."""
+    state = tmp_path / "state.json"
+    job = "training.kubeflow.org/job-name"
+    write_state(state, [
+        {"name": "demo-master-0", "namespace": "training", "containers": ["pytorch"],
+         "labels": {job: "demo", "training.kubeflow.org/replica-type": "master"},
+         "env": {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "demo-master-0"}},
+        {"name": "demo-worker-0", "namespace": "training", "containers": ["pytorch"],
+         "labels": {job: "demo", "training.kubeflow.org/replica-type": "worker"},
+         "restarts": 1, "last_exit": {"exitCode": 1, "reason": "Error"}},
+        {"name": "web-0", "namespace": "training", "labels": {job: "web"},
+         "forbid_logs": True},
+        {"name": "web-1", "namespace": "training", "labels": {job: "web"},
+         "phase": "Pending", "waiting": "ContainerCreating"},
+    ])
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "demo-master-0.log").write_text(MASTER_LOG)
+    (logs / "demo-worker-0.previous.log").write_text(WORKER_PREVIOUS_LOG)
+    (logs / "demo-worker-0.log").write_text(WORKER_LOG)
+    (logs / "web-0.log").write_text(MASTER_LOG)
+    install(tmp_path / "bin")
+    return Cluster(state, tmp_path / "bin", [])
+
+
+def test_pod_rank_from_the_spec_env_or_kubeflows_replica_numbering():
+    def pod(name: str, env: dict[str, str] | None = None, **labels: str) -> Pod:
+        return Pod(name, "training", "Running", dict(labels), ["pytorch"],
+                   env={"pytorch": env} if env else {})
+
+    job = [pod("j-master-0"), pod("j-worker-0"), pod("j-worker-1")]
+    assert [k8s.pod_rank(p, job, "pytorch") for p in job] == [0, 1, 2]  # master first
+    workers = [pod("w-worker-0"), pod("w-worker-1")]
+    assert [k8s.pod_rank(p, workers) for p in workers] == [0, 1]  # no master replica
+    labelled = pod("x-abc12", **{k8s.REPLICA_TYPE: "Worker", k8s.REPLICA_INDEX: "3"})
+    assert k8s.pod_rank(labelled, [*job, labelled]) == 4
+    assert k8s.pod_rank(pod("j-worker-1", {"RANK": "7"}), job, "pytorch") == 7  # env first
+    assert k8s.pod_rank(pod("p", {"PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "1"}), []) == 2
+    # 8 ranks per pod: RANK/PET_NODE_RANK is the node's rank, an unprefixed line any rank's
+    assert k8s.pod_rank(pod("j-worker-1", {"PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "8"}),
+                        job) is None
+    assert k8s.pod_rank(pod("llama-abc12"), []) is None
+
+
+def test_parse_pods_reads_restarts_last_exit_env_and_default_container():
+    item = _item("p-worker-0", {}, containers=("sidecar", "pytorch"),
+                 annotations={k8s.DEFAULT_CONTAINER: "pytorch"})
+    item["spec"]["containers"][1]["env"] = [
+        {"name": "RANK", "value": "1"}, {"name": "PATH", "value": "/bin"},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]
+    item["status"]["containerStatuses"] = [
+        {"name": "pytorch", "restartCount": 2,
+         "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}},
+        {"name": "sidecar", "restartCount": "x"}, "junk"]
+    (p,) = k8s.parse_pods(json.dumps(item))
+    assert p.env == {"pytorch": {"RANK": "1"}} and p.default_container == "pytorch"
+    assert p.statuses["pytorch"] == k8s.ContainerStatus(2, "OOMKilled, exit code 137")
+    assert p.statuses["sidecar"].restarted is False
+    assert k8s.logs_container(K8sTarget(job="p"), p) == "pytorch"
+    assert k8s.logs_argv(K8sTarget(job="p", container="pytorch", context="c"), p,
+                         previous=True, limit_bytes=1000, tail=50, timeout=30) == [
+        "logs", "p-worker-0", "--namespace=training", "--container=pytorch", "--previous",
+        "--limit-bytes=1000", "--timestamps", "--tail=50", "--context=c",
+        "--request-timeout=30s"]
+
+
+def test_log_k8s_job_names_the_crashed_rank_from_the_previous_container(log_cluster):
+    r = run_cli("log", "--k8s-job", "demo", "-n", "training", "--json", env=log_cluster.env())
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["sources"] == ["demo-master-0", "demo-worker-0 (previous)", "demo-worker-0"]
+    verdict = report["verdict"]
+    assert (verdict["culprits"], verdict["hosts"]) == ([1], ["demo-worker-0"]), verdict
+    assert verdict["code"] == "log-first-failure-cuda-error"
+    assert "CUDA error: an illegal memory access" in verdict["title"]
+    assert "at demo-worker-0 (previous):12" in verdict["detail"]  # the crashed run's own line
+    ranks = {r["rank"]: r["host"] for r in report["ranks"]}
+    assert ranks == {0: "demo-master-0", 1: "demo-worker-0"}, report["ranks"]
+    assert any("demo-worker-0: container pytorch restarted 1 time (last run: Error, exit code "
+               "1)" in n for n in report["notes"]), report["notes"]
+    calls = log_cluster.calls()
+    assert sum(c[0] == "get" for c in calls) == 1
+    logs = [c for c in calls if c[0] == "logs"]
+    assert sorted((c[1], "--previous" in c) for c in logs) == [
+        ("demo-master-0", False), ("demo-worker-0", False), ("demo-worker-0", True)]
+    for c in logs:
+        assert f"--limit-bytes={k8s.LOG_LIMIT_BYTES}" in c and "--namespace=training" in c
+        assert "--timestamps" in c
+
+
+def test_log_k8s_limit_bytes_and_no_previous_are_passed(log_cluster):
+    r = run_cli("log", "--k8s-job", "demo", "-n", "training", "--json", "--limit-bytes",
+                "300", "--no-previous", "--tail", "100", env=log_cluster.env())
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["sources"] == ["demo-master-0", "demo-worker-0"]
+    assert any("pod demo-master-0: only the first 300 bytes of its log read (--limit-bytes)"
+               in n for n in report["notes"]), report["notes"]
+    logs = [c for c in log_cluster.calls() if c[0] == "logs"]
+    assert len(logs) == 2 and all("--limit-bytes=300" in c and "--tail=100" in c
+                                  and "--previous" not in c for c in logs)
+
+
+def test_log_k8s_an_unreadable_pod_is_a_note_and_the_others_are_read(log_cluster):
+    r = run_cli("log", "--k8s", "training.kubeflow.org/job-name", "-n", "training", "--json",
+                env=log_cluster.env())
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert "web-0" not in report["sources"] and "demo-master-0" in report["sources"]
+    notes = "\n".join(report["notes"])
+    assert ("pod web-0: logs not read: kubectl logs forbidden; your user needs RBAC 'get' on "
+            "pods/log") in notes
+    assert "pod web-1: logs not read: the container has not started" in notes
+    assert "ContainerCreating" in notes
+    r = run_cli("log", "--k8s-job", "demo", "-n", "training", "-c", "nope",
+                env=log_cluster.env())
+    assert r.returncode == 0 and "container 'nope' not found in pod demo-master-0" in r.stdout
+
+
+def test_log_k8s_errors_are_one_line(log_cluster, tmp_path):
+    r = run_cli("log", "--k8s-job", "nope", "-n", "training", env=log_cluster.env())
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("mldebug: error: no pod matches the job 'nope' in namespace "
+                               "training."), r.stderr
+    r = run_cli("log", "--k8s-job", "demo", env=dict(os.environ, PATH=str(tmp_path)))
+    assert r.returncode == 1 and "kubectl is not on PATH" in r.stderr
+    for bad in (["--k8s-job", "demo", "--limit-bytes", "0"], ["--k8s-job", "Bad_Name"],
+                ["-n", "training", "x.log"], [], ["--k8s", "a=b", "--timeout", "inf"]):
+        r = run_cli("log", *bad, env=log_cluster.env())
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (bad, r.stderr)
+        said = [ln for ln in r.stderr.splitlines() if "error:" in ln]  # (argparse's usage aside)
+        assert len(said) == 1, (bad, r.stderr)
+    assert "--k8s-job NAME" in run_cli("log", "--help").stdout
+
+
+def test_standin_logs_fails_like_kubectl_for_an_unknown_pod(log_cluster):
+    r = subprocess.run([str(log_cluster.bin / "kubectl"), "logs", "x", "-n", "training"],
+                       capture_output=True, text=True, env=log_cluster.env())
+    assert r.returncode == 1 and r.stderr == 'Error from server (NotFound): pods "x" not found\n'
+    r = subprocess.run([str(log_cluster.bin / "kubectl"), "logs", "-p", "demo-master-0",
+                        "-n", "training"], capture_output=True, text=True, env=log_cluster.env())
+    assert r.returncode == 1 and "previous terminated container" in r.stderr

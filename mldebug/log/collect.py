@@ -12,7 +12,7 @@ import re
 import shutil
 import stat
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from mldebug.errors import UsageError
@@ -288,10 +288,22 @@ def _feed(parser: LogParser, stream: object, source: str, file_rank: int | None)
     parser.end_source()
 
 
+def feed_file(parser: LogParser, path: Path, source: str, file_rank: int | None, *,
+              grep_min: int = GREP_MIN) -> None:
+    """One file into ``parser`` as input ``source`` (grep's prefilter for a big one)."""
+    size = path.stat().st_size if path.is_file() else 0
+    grep = shutil.which("grep") if parser.prefilter and size >= grep_min else None
+    if grep and _feed_grep(parser, path, source, file_rank, size, grep):
+        return
+    with open(path, "rb") as f:
+        _feed(parser, f, source, file_rank)
+
+
 def load(paths: Sequence[str], world_size: int | None = None, *, prefilter: bool = True,
-         grep_min: int = GREP_MIN) -> ParsedLogs:
+         grep_min: int = GREP_MIN, pods: Callable[[LogParser], None] | None = None) -> ParsedLogs:
     """Read every input. ``prefilter=False`` parses every line (the reference the prefilter is
-    tested against); ``grep_min`` is the file size from which grep runs the prefilter."""
+    tested against); ``grep_min`` is the file size from which grep runs the prefilter;
+    ``pods`` feeds more inputs after the files (``mldebug log --k8s``: the pods' logs)."""
     parser = LogParser(prefilter=prefilter)
     skipped: list[str] = []
     found = inputs(paths, skipped)
@@ -303,17 +315,14 @@ def load(paths: Sequence[str], world_size: int | None = None, *, prefilter: bool
             _feed(parser, sys.stdin.buffer, "<stdin>", None)
             continue
         try:
-            size = path.stat().st_size if path.is_file() else 0
-            grep = shutil.which("grep") if prefilter and size >= grep_min else None
-            if grep and _feed_grep(parser, path, str(path), rank_from_path(path), size, grep):
-                continue
-            with open(path, "rb") as f:
-                _feed(parser, f, str(path), rank_from_path(path))
+            feed_file(parser, path, str(path), rank_from_path(path), grep_min=grep_min)
         except UsageError as e:
             if path in explicit:
                 raise
             parser.parsed.notes.append(f"skipped {e.message}"[:300])  # one bad file in a directory
         except OSError as e:
             raise UsageError(f"{path}: cannot read ({e.strerror}).", "Check the path and permissions.") from None
+    if pods is not None:
+        pods(parser)
     parser.parsed.world_size = world_size
     return parser.parsed

@@ -103,8 +103,10 @@ _ENQ = re.compile(r"last enqueued (?:NCCL )?work: (?P<enq>-?\d{1,18}), last comp
 
 _TB_START = "Traceback (most recent call last):"
 # launcher prefixes that carry a rank, for the rank sample (bracketed forms only: "12: " could
-# be anything): [rank3]: [default3]: [1,3]<stdout>: and mldebug's own [host:3]
-_RANK_SAMPLE = re.compile(rb"\n(?:\[(?:rank|default)(\d{1,7})\]:|\[\d{1,7},(\d{1,7})\]<std"
+# be anything): [rank3]: [default3]: [1,3]<stdout>: and mldebug's own [host:3], also behind
+# kubectl logs --timestamps' RFC 3339 time (mldebug log --k8s reads the pods with it)
+_RANK_SAMPLE = re.compile(rb"\n(?:\d{4}-\d\d-\d\dT[\d:.]{8,20}(?:Z|[+-]\d\d:\d\d) )?"
+                          rb"(?:\[(?:rank|default)(\d{1,7})\]:|\[\d{1,7},(\d{1,7})\]<std"
                           rb"|\[[A-Za-z][\w.-]{0,62}:(\d{1,7})\] )")
 _TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
 # the line that ends a traceback: any class name (OverflowDetected, DistNetworkError, ...)
