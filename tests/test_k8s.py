@@ -591,6 +591,12 @@ def test_log_k8s_job_names_the_crashed_rank_from_the_previous_container(log_clus
     for c in logs:
         assert f"--limit-bytes={k8s.LOG_LIMIT_BYTES}" in c and "--namespace=training" in c
         assert "--timestamps" in c
+        assert "--tail=200000" in c  # the end of a log by default: where a crash is
+    r = run_cli("log", "--k8s-job", "demo", "-n", "training", "--json", "--tail", "0",
+                env=log_cluster.env())  # --tail 0: no --tail (kubectl's 0 is no line at all)
+    assert r.returncode == 0, r.stderr
+    later = [c for c in log_cluster.calls()[len(calls):] if c[0] == "logs"]
+    assert len(later) == 3 and not any(a.startswith("--tail") for c in later for a in c), later
 
 
 def test_log_k8s_limit_bytes_and_no_previous_are_passed(log_cluster):

@@ -60,7 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"bytes of each container's log read (kubectl --limit-bytes; "
                         f"default: {LOG_LIMIT_BYTES >> 20} MiB)")
     g.add_argument("--tail", type=int, metavar="LINES",
-                   help="only the last LINES lines of each log (kubectl --tail)")
+                   help="the last LINES lines of each log (kubectl --tail; default: 200000 - "
+                        "the end, where a crash is, within --limit-bytes; 0: only the bytes "
+                        "cap, from the start)")
     g.add_argument("--timeout", type=finite_float, default=LOG_TIMEOUT, metavar="S",
                    help=f"seconds each kubectl logs may take (default: {LOG_TIMEOUT:g})")
     g.add_argument("--fanout", type=int, default=32, metavar="N",
@@ -92,8 +94,12 @@ def _pod_options(args: argparse.Namespace) -> PodLogOptions | None:
     t = check_target(K8sTarget(selector=args.k8s, job=args.k8s_job, namespace=args.namespace,
                                context=args.context, kubeconfig=args.kubeconfig,
                                container=args.container))
+    tail = DEFAULT_TAIL if args.tail is None else (None if args.tail == 0 else args.tail)
     return PodLogOptions(t, previous=args.previous, limit_bytes=args.limit_bytes,
-                         tail=args.tail, timeout=args.timeout, fanout=args.fanout)
+                         tail=tail, timeout=args.timeout, fanout=args.fanout)
+
+
+DEFAULT_TAIL = 200000  # kubectl --tail: a log's end is where the crash is (0: not passed)
 
 
 def run(args: argparse.Namespace) -> int:
