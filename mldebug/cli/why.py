@@ -56,9 +56,12 @@ def _where(files: list[Found]) -> str:
 
 
 def _source(files: list[Found], reader: str, what: str) -> Source:
+    from mldebug.why.collect import attempt_of
     from mldebug.why.model import Source
 
-    return Source(_where(files), reader, len(files), what)
+    at = {attempt_of(f.path) for f in files}
+    run, attempt = next(iter(at)) or ("", None) if len(at) == 1 else ("", None)
+    return Source(_where(files), reader, len(files), what, run, attempt)
 
 
 def _basis(v: dict[str, Any], direct: bool) -> str:
@@ -246,23 +249,149 @@ def _numerics(files: list[Found], notes: list[str]) -> list[Evidence]:
                       expected=tuple(range(world)) if world else None)]
 
 
+def _errors(files: list[Found], notes: list[str]) -> list[tuple[Found, Any]]:
+    """The elastic error files that parse (mldebug.why.elastic), each bad one a note."""
+    from mldebug.privdir import read_bounded
+    from mldebug.why.elastic import MAX_BYTES, parse
+
+    out = []
+    for f in files:
+        if f.size > MAX_BYTES:
+            notes.append(f"{f.path}: {f.size >> 20} MiB, over the {MAX_BYTES >> 20} MiB an "
+                         "elastic error file may have; noted, not read")
+            continue
+        try:
+            data = read_bounded(f.path, MAX_BYTES + 1)
+        except OSError as e:
+            notes.append(f"{f.path}: cannot read ({e.strerror}); skipped")
+            continue
+        got = parse(data, f.path)
+        if isinstance(got, str):
+            notes.append(f"{f.path}: elastic error file: {got}")
+        else:
+            out.append((f, got))
+    return out
+
+
+def _elastic(files: list[Found], notes: list[str]) -> list[Evidence]:
+    """One evidence item per attempt (or per loose set) of elastic error files."""
+    from mldebug.why.collect import attempt_of
+
+    groups: dict[Any, list[tuple[Found, Any]]] = {}
+    for f, err in _errors(files, notes):
+        groups.setdefault(attempt_of(f.path), []).append((f, err))
+    return [_elastic_claim(g) for _, g in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+
+
+def _when(stamp: int | None) -> str:
+    import time
+
+    if stamp is None:
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+    except (OverflowError, OSError, ValueError):
+        return ""
+
+
+def _elastic_claim(group: list[tuple[Found, Any]]) -> Evidence:
+    from mldebug.why.elastic import culprit
+    from mldebug.why.model import DIRECT, GENERIC, Evidence
+
+    errs = [e for _, e in group]
+    c = culprit(errs)
+    others = [e for e in errs if e is not c]
+    scope = tuple(sorted({e.rank for e in errs if e.rank is not None}))
+    when = _when(c.timestamp)
+    own = f"its error file{', ' + when if when else ''}"
+    at = f"{c.frame}; " if c.frame else ""
+    src = _source([f for f, _ in group], "elastic",
+                  f"error files of {_ranks(list(scope))}" if scope else "error files, no rank")
+    reactions = "; ".join(e.short() for e in others if not e.primary)
+    if c.primary and c.rank is not None:
+        fact = f"{c.who} raised {c.exception} ({at}{own})"
+        if c.rank_from == "local":
+            fact += " (the local rank of the --log-dir path: the global rank is not recorded)"
+        rival = [e for e in others if e.primary and (
+            e.timestamp is None or c.timestamp is None or e.timestamp <= c.timestamp)]
+        fix = (f"Fix the error at {c.frame}: it is this rank's own exception"
+               + ("; the others' errors came after it." if others else ".")
+               if c.frame else f"Read the traceback in {c.path}.")
+        return Evidence(src, scope, (c.rank,), "exception", fact,
+                        "high" if others and not rival else "medium", "elastic-error-file",
+                        DIRECT, consequences=reactions, fix=fix)
+    if c.primary:
+        fact = (f"a rank raised {c.exception} ({at}{own}), but the file does not say which "
+                "rank: pass the --log-dir tree, or name the file rank<N>.json")
+        return Evidence(src, scope, (), "exception", fact, "low", "elastic-rank-unknown",
+                        GENERIC)
+    fact = (f"no error file records a rank's own failure, only reactions to a peer's: "
+            f"{c.short()}{', ' + when if when else ''}")
+    return Evidence(src, scope, (), None, fact, "low", "elastic-peer-only", GENERIC)
+
+
+MAX_PAST = 20  # earlier attempts summarised, one chain line each
+
+
+def _past(files: list[Found]) -> list[Evidence]:
+    """One evidence item for an earlier attempt: its error files' root cause, else what its
+    logs say; its source carries the attempt (mldebug.why.join: history, no vote)."""
+    from dataclasses import replace
+
+    from mldebug.why.collect import READER
+
+    errors = [f for f in files if READER[f.kind] == "elastic"]
+    logs = [f for f in files if READER[f.kind] == "log"]
+    scratch: list[str] = []  # an earlier attempt's own notes are not the verdict's
+    found = _errors(errors, scratch) if errors else []
+    if found:
+        from mldebug.why.elastic import culprit
+
+        e = _elastic_claim(found)
+        return [replace(e, fact=culprit([err for _, err in found]).short(),
+                        source=replace(e.source, path=_attempt_dir(e.source)))]
+    if logs:
+        try:
+            items = _log(logs, scratch)
+        except Exception:  # an earlier attempt's unreadable log: no summary line
+            return []
+        return [replace(e, fact=e.fact[:200], source=replace(e.source, path=_attempt_dir(e.source)))
+                for e in items]
+    return []
+
+
+def _attempt_dir(s: Source) -> str:
+    from pathlib import Path
+
+    return str(Path(s.run) / f"attempt_{s.attempt}") + os.sep if s.attempt is not None else s.path
+
+
 READERS: dict[str, Callable[[list[Any], list[str]], list[Any]]] = {
-    "log": _log, "fr": _fr, "hang": _hang, "numerics": _numerics}
+    "log": _log, "elastic": _elastic, "fr": _fr, "hang": _hang, "numerics": _numerics}
 
 
 def gather(paths: list[str]) -> tuple[list[Evidence], list[str]]:
-    """Every reader's evidence items from ``paths``, and the notes of what was skipped."""
-    from mldebug.why.collect import READER, collect
+    """Every reader's evidence items from ``paths``, and the notes of what was skipped. Of a
+    torchrun --log-dir run restarted, the last attempt's files are read as the job's; each
+    earlier attempt gives one summary item (its source names the attempt)."""
+    from mldebug.why.collect import READER, collect, split_attempts
 
     inputs = collect(paths)
     notes = list(inputs.notes)
+    current, earlier = split_attempts(inputs.files)
     by_reader: dict[str, list[Found]] = {}
-    for f in inputs.files:
+    for f in current:
         by_reader.setdefault(READER[f.kind], []).append(f)
     items: list[Evidence] = []
-    for reader in ("log", "fr", "hang", "numerics"):
+    for reader in ("log", "elastic", "fr", "hang", "numerics"):
         if by_reader.get(reader):
             items += READERS[reader](by_reader[reader], notes)
+    if items:
+        for files in list(earlier.values())[-MAX_PAST:]:
+            items += _past(files)
+    if len(earlier) > MAX_PAST:
+        notes.append(f"{len(earlier) - MAX_PAST} earlier torchrun attempts not summarised "
+                     f"(the last {MAX_PAST} are)")
     return items, notes
 
 
@@ -303,6 +432,8 @@ def render(v: WhyVerdict, items: list[Evidence], notes: list[str]) -> None:
     for e in items:
         s = e.source
         count = f"{s.files} files: " if s.files > 1 else ""
+        if s.attempt is not None:
+            count = f"attempt {s.attempt}, {count}"
         print(f"  {s.reader:<9}{s.path}  ({count}{s.what})")
     if notes:
         print("notes:")

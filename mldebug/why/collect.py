@@ -17,7 +17,9 @@ HEAD = 1 << 16  # bytes sniffed of each file
 
 # what a file is, by content
 FR_PICKLE, FR_JSON, HANG, NUMERICS, TEXT = "fr-pickle", "fr-json", "hang", "numerics", "text"
-READER = {FR_PICKLE: "fr", FR_JSON: "fr", HANG: "hang", NUMERICS: "numerics", TEXT: "log"}
+ELASTIC = "elastic-error"  # a TORCHELASTIC_ERROR_FILE (mldebug.why.elastic)
+READER = {FR_PICKLE: "fr", FR_JSON: "fr", HANG: "hang", NUMERICS: "numerics", TEXT: "log",
+          ELASTIC: "elastic"}
 HANG_FORMAT = "mldebug.hang.dump/1"  # mldebug.hang.collect.DUMP_FORMAT
 SENTINEL_KINDS = ("nonfinite", "replica", "scaler_skip")  # mldebug.numerics.records._KINDS
 
@@ -30,6 +32,33 @@ class Found:
     kind: str
     size: int
     root: str
+
+
+def attempt_of(path: Path) -> tuple[str, int] | None:
+    """(run directory, attempt) of a file in a torchrun --log-dir tree (RUN/attempt_N/...)."""
+    from mldebug.why.elastic import where
+
+    run, attempt, _ = where(path)
+    return None if attempt is None else (run, attempt)
+
+
+def split_attempts(files: list[Found]) -> tuple[list[Found], dict[tuple[str, int], list[Found]]]:
+    """The files of each run's last attempt (and those in no attempt), and the earlier
+    attempts' files by (run, attempt): those failed and were restarted (mldebug.log.collect.
+    last_attempt's rule)."""
+    last: dict[str, int] = {}
+    for f in files:
+        if (ra := attempt_of(f.path)) is not None:
+            last[ra[0]] = max(last.get(ra[0], -1), ra[1])
+    current: list[Found] = []
+    earlier: dict[tuple[str, int], list[Found]] = {}
+    for f in files:
+        ra = attempt_of(f.path)
+        if ra is None or ra[1] == last[ra[0]]:
+            current.append(f)
+        else:
+            earlier.setdefault(ra, []).append(f)
+    return current, dict(sorted(earlier.items()))
 
 
 @dataclass
@@ -65,6 +94,10 @@ def sniff(head: bytes) -> str | None:
     if head[:1] == b"\x80":
         return FR_PICKLE  # a pickle: the fr loader decides (restricted unpickler)
     if _json_start(head):
+        from mldebug.why.elastic import sniff as elastic
+
+        if elastic(head):
+            return ELASTIC
         line = head.split(b"\n", 1)[0]
         try:
             first = json.loads(line)

@@ -8,8 +8,8 @@ The rules (docs/why.md, "How the verdict is decided"):
    well (HEALTHY). A DIRECT claim whose culprits all lie outside its own source's scope (fr
    blaming ranks it has no dump of) is an inference.
 2. The claim that names ranks and rests on the most wins: DIRECT over INFERRED, then the
-   reader's confidence, then the order log, fr, numerics, hang (a process's own error is the
-   cause; a missing collective is what the others saw of it).
+   reader's confidence, then the order log, elastic, fr, numerics, hang (a process's own
+   error is the cause; a missing collective is what the others saw of it).
 3. Every other claim that names a winning rank agrees: each raises the confidence one step.
    A claim naming other ranks conflicts: it is shown beside the winner, with why it lost; a
    conflict on the same footing caps the confidence at medium.
@@ -17,6 +17,9 @@ The rules (docs/why.md, "How the verdict is decided"):
    no artifact of its own in a per-rank source (no FR dump, no stack dump) is evidence: named
    in the chain, and the suspect when no claim names a rank.
 5. Claims that name no rank are context; all sources healthy: no suspect at all.
+6. A torchrun ``--log-dir`` run restarted (``--max-restarts``): its last attempt's evidence
+   decides; each earlier attempt is one line of the chain ("attempt 0: rank 1 raised
+   RuntimeError at train.py:12; restarted") and votes for nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from mldebug.why.model import DIRECT, GENERIC, HEALTHY, INFERRED, Evidence, Link
 BASIS_ORDER = {DIRECT: 3, INFERRED: 2, GENERIC: 1, HEALTHY: 0}
 CONFIDENCE_ORDER = {"high": 2, "medium": 1, "low": 0}
 CONFIDENCE_NAMES = ("low", "medium", "high")
-READER_ORDER = {"log": 3, "fr": 2, "numerics": 1, "hang": 0}
+READER_ORDER = {"log": 4, "elastic": 3, "fr": 2, "numerics": 1, "hang": 0}
 NOUN = {"fr": "flight-recorder dump", "hang": "stack dump", "numerics": "sentinel record",
-        "log": "log line"}
+        "log": "log line", "elastic": "error file"}
 
 
 def ranks_text(ranks: Sequence[int] | set[int]) -> str:
@@ -86,8 +89,8 @@ def _why_lost(win: Evidence, e: Evidence) -> str:
             e.confidence or "low", 0):
         return f"{win.source.reader}'s confidence is {win.confidence}, {e.source.reader}'s " \
                f"{e.confidence or 'unstated'}"
-    return (f"on equal footing the order is log, fr, numerics, hang ({win.source.reader} "
-            "first)")
+    return (f"on equal footing the order is log, elastic, fr, numerics, hang "
+            f"({win.source.reader} first)")
 
 
 def _gap_links(found: list[tuple[Evidence, list[int]]], culprits: set[int],
@@ -108,8 +111,36 @@ def _gap_links(found: list[tuple[Evidence, list[int]]], culprits: set[int],
     return out
 
 
+def history(items: Sequence[Evidence]) -> tuple[list[Evidence], list[Evidence]]:
+    """Rule 6: (the evidence of each run's last attempt and of no attempt, the evidence of
+    earlier attempts of a torchrun run: they failed and were restarted)."""
+    last: dict[str, int] = {}
+    for e in items:
+        if e.source.attempt is not None:
+            last[e.source.run] = max(last.get(e.source.run, -1), e.source.attempt)
+    now = [e for e in items if e.source.attempt is None or e.source.attempt == last[e.source.run]]
+    past = [e for e in items if e.source.attempt is not None
+            and e.source.attempt < last[e.source.run]]
+    return now, past
+
+
+def _past_links(past: list[Evidence]) -> list[Link]:
+    best: dict[tuple[str, int], Evidence] = {}
+    for e in sorted(past, key=_rank, reverse=True):
+        best.setdefault((e.source.run, e.source.attempt or 0), e)
+    return [_link(e, f"attempt {key[1]}: {e.fact}; restarted")
+            for key, e in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+
+
 def join(items: Sequence[Evidence]) -> WhyVerdict:
     """One verdict from every source's evidence (rules in the module docstring)."""
+    now, past = history(items)
+    v = _join(now)
+    v.chain += _past_links(past)
+    return v
+
+
+def _join(items: Sequence[Evidence]) -> WhyVerdict:
     items = [settle(e) for e in items]
     if not items:
         return WhyVerdict("undecided", "no source could be read: nothing to decide", [], None,

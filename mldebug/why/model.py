@@ -15,16 +15,20 @@ HEALTHY = "healthy"  # the source saw nothing wrong
 @dataclass(frozen=True)
 class Source:
     """Where evidence came from: a file or a directory, the reader that read it, how many
-    files, and a short description ("fr dumps of ranks 0-39")."""
+    files, and a short description ("fr dumps of ranks 0-39"). ``run``/``attempt``: the
+    torchrun ``--log-dir`` run directory and restart attempt the files all come from (None:
+    not one attempt); the join reads an earlier attempt of a run as its history."""
 
     path: str
-    reader: str  # log, fr, hang, numerics
+    reader: str  # log, elastic, fr, hang, numerics
     files: int = 1
     what: str = ""
+    run: str = ""
+    attempt: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "reader": self.reader, "files": self.files,
-                "what": self.what}
+                "what": self.what, "attempt": self.attempt}
 
 
 @dataclass
