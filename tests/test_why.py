@@ -186,3 +186,116 @@ def test_why_on_dumps_and_logs_never_imports_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- #42 item 4: elastic error files and --log-dir restarts (tests/fixtures/why/README.md) ---
+WHY = FIX / "why"
+RECORD = next((WHY / "logdir_record").iterdir())  # the run directory
+RESTARTS = next((WHY / "logdir_restarts").iterdir())
+
+
+def test_an_elastic_error_file_alone_names_the_rank_and_the_user_frame(capsys):
+    doc = why_json(capsys, RECORD / "attempt_0" / "1" / "error.json")
+    v = doc["verdict"]
+    assert (v["culprits"], v["class"], v["code"]) == ([1], "exception", "elastic-error-file")
+    assert v["confidence"] == "medium"  # one file: nothing to weigh it against
+    fact = doc["evidence"][0]["fact"]
+    # the innermost user frame (not errors/__init__.py's wrapper), the time torch recorded
+    assert fact == ("rank 1 raised RuntimeError: rank 1: loss is nan at step 3 (train.py:12 "
+                    "in step; its error file, 2026-12-04 20:54:11 UTC)")
+    assert doc["sources"][0] | {"path": ""} == {
+        "path": "", "reader": "elastic", "files": 1, "what": "error files of rank 1",
+        "attempt": 0}
+    assert doc["notes"] == []
+
+
+def test_both_shapes_parse_and_an_unknown_rank_is_said(tmp_path):
+    from mldebug.why.elastic import parse
+
+    f = tmp_path / "rank3.json"  # TORCHELASTIC_ERROR_FILE named by the user: rank from the name
+    e = parse(b'{"message": "RuntimeError: boom", "timestamp": 17}', f)
+    assert not isinstance(e, str)
+    assert (e.rank, e.rank_from, e.exception, e.timestamp, e.frame) == (
+        3, "name", "RuntimeError: boom", 17, None)
+    stack = ('Traceback (most recent call last):\n  File "/opt/conda/lib/python3.11/site-'
+             'packages/torch/x.py", line 3, in w\n  File "/job/mldebug/numerics/sentinel.py", '
+             'line 9, in check\n  File "/job/model.py", line 40, in fwd\n  File "/opt/conda/'
+             'lib/python3.11/site-packages/torch/nn/y.py", line 2, in f\nValueError: bad\n')
+    e = parse(json.dumps({"message": {"message": "ValueError: bad", "extraInfo": {
+        "py_callstack": stack, "timestamp": "5"}, "errorCode": 1}}).encode(),
+        tmp_path / "err.json")
+    assert not isinstance(e, str)
+    assert (e.rank, e.frame, e.timestamp, e.who) == (None, "model.py:40 in fwd", 5,
+                                                      "an unknown rank")
+
+
+def test_a_restarted_log_dir_gives_the_last_attempts_culprit_and_a_line_per_attempt(capsys):
+    doc = why_json(capsys, WHY / "logdir_restarts")
+    v = doc["verdict"]
+    # attempt 1: rank 0 failed connecting to rank 1 (a reaction), rank 1 never got through
+    # init_process_group; attempt 0 (rank 1's RuntimeError) is history, not the verdict
+    assert v["culprits"] == [1] and v["code"] == "log-silent-rank"
+    assert "init_process_group at train.py:18" in v["summary"]
+    past = [c["text"] for c in doc["chain"] if c["text"].startswith("attempt ")]
+    assert past == ["attempt 0: rank 1 raised RuntimeError at train.py:12; restarted"]
+    assert doc["chain"][-1]["text"] == past[0]
+    now = [s for s in doc["sources"] if s["attempt"] == 1]
+    assert {s["reader"] for s in now} == {"log", "elastic"}
+    assert all("attempt_0" not in s["path"] for s in now)
+    assert [s["attempt"] for s in doc["sources"]].count(0) == 1
+    elastic = next(e for e in doc["evidence"] if e["reader"] == "elastic"
+                   and "attempt_1" in e["source"])
+    assert elastic["culprits"] == [] and "reaction" in elastic["fact"]
+
+
+def test_error_files_and_logs_of_the_same_job_agree(capsys):
+    doc = why_json(capsys, WHY / "logdir_record")
+    v = doc["verdict"]
+    assert (v["culprits"], v["class"], v["confidence"]) == ([1], "exception", "high")
+    assert v["summary"].endswith("(elastic agrees)")
+    assert sorted(s["reader"] for s in doc["sources"]) == ["elastic", "log"]
+    (agree,) = [c for c in doc["chain"] if c["reader"] == "elastic"]
+    assert agree["text"].endswith("(agrees: rank 1)") and "train.py:12 in step" in agree["text"]
+    # rank 0's error.json is gloo's "Connection closed by peer": a reaction, not the cause
+    (ev,) = [e for e in doc["evidence"] if e["reader"] == "elastic"]
+    assert ev["culprits"] == [1] and ev["scope"] == [0, 1] and ev["confidence"] == "high"
+    # each source alone at medium: agreeing raises the confidence one step (the join, pure)
+    log = Evidence(Source("job.log", "log"), (0, 1), (1,), "exception", "rank 1 raised",
+                   "medium", "log-first-failure-exception", DIRECT)
+    err = Evidence(Source("error.json", "elastic"), (1,), (1,), "exception", "rank 1 raised",
+                   "medium", "elastic-error-file", DIRECT)
+    assert join([log]).confidence == "medium" and join([log, err]).confidence == "high"
+
+
+def test_an_earlier_attempt_is_history_in_the_join_never_a_vote():
+    def at(n: int, rank: int) -> Evidence:
+        return Evidence(Source(f"run/attempt_{n}/", "elastic", run="run", attempt=n), (rank,),
+                        (rank,), "exception", f"rank {rank} raised ValueError", "high",
+                        "elastic-error-file", DIRECT)
+
+    v = join([at(0, 3), at(1, 2), at(2, 5)])
+    assert v.culprits == [5] and v.confidence == "high"
+    assert [c.text for c in v.chain] == [
+        "elastic run/attempt_2/: rank 5 raised ValueError",
+        "attempt 0: rank 3 raised ValueError; restarted",
+        "attempt 1: rank 2 raised ValueError; restarted"]
+
+
+@pytest.mark.parametrize("name,content,says", [
+    ("deep.json", b'{"message": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", "nested too deeply"),
+    ("big.json", b'{"message": "' + b"A" * (10 << 20) + b'"}', "over the 1 MiB"),
+    ("list.json", b'["message", {"message": {"extraInfo": {"py_callstack": ""}}}]',
+     "not a flight-recorder dump, a stack dump, a sentinel record or an elastic error file"),
+    ("num.json", b'{"message": 5, "extraInfo": {}}', "neither text nor an object"),
+    ("bad.json", b'{"message": {"message": "RuntimeError: x", "extraInfo": {"py_c', "not valid JSON"),
+])
+def test_a_hostile_error_file_is_one_note_never_a_traceback(capsys, tmp_path, name, content,
+                                                            says):
+    shutil.copy(LOGS / "sigkill.log", tmp_path / "job.log")
+    (tmp_path / name).write_bytes(content)
+    rc, out, err = _cli(["why", str(tmp_path), "--json"], capsys)
+    assert rc == 0 and "Traceback" not in out + err
+    doc = json.loads(out)
+    assert doc["verdict"]["culprits"] == [3]
+    (note,) = doc["notes"]
+    assert note.startswith(f"{tmp_path / name}: ") and says in note

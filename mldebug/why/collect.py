@@ -138,8 +138,8 @@ def _add(out: Inputs, path: Path, root: str, st: os.stat_result, follow: bool = 
         os.close(fd)
     kind = sniff(head)
     if kind is None:
-        out.notes.append(f"{path}: JSON, but not a flight-recorder dump, a stack dump or a "
-                         "sentinel record; skipped")
+        out.notes.append(f"{path}: JSON, but not a flight-recorder dump, a stack dump, a "
+                         "sentinel record or an elastic error file; skipped")
         return
     out.files.append(Found(path, kind, st.st_size, root))
 
