@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from mldebug.why.model import Evidence, Source, WhyVerdict
 
 DESCRIPTION = """\
-Give it everything the job left - the launcher's log, per-rank logs, flight-recorder dumps,
-saved stack dumps, NanSentinel records, or the directories holding them - and it names the
+Give it everything the job left - the launcher's log, per-rank logs, torchrun's --log-dir
+(error.json files, restarts), flight-recorder dumps, saved stack dumps, NanSentinel records,
+or the directories holding them - and it names the
 rank to look at and why, as one chain of evidence with the source of each step:
 
   mldebug why job.log dumps/
@@ -38,8 +39,8 @@ LOG_DIRECT = frozenset({"log-killed", "log-crash", "log-size-mismatch",
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="files or directories: logs, flight-recorder dumps, stack dumps, "
-                        "sentinel records (sniffed by content)")
+                   help="files or directories: logs, elastic error files, flight-recorder "
+                        "dumps, stack dumps, sentinel records (sniffed by content)")
     add_json_argument(p)
 
 
@@ -251,6 +252,7 @@ def _numerics(files: list[Found], notes: list[str]) -> list[Evidence]:
 
 def _errors(files: list[Found], notes: list[str]) -> list[tuple[Found, Any]]:
     """The elastic error files that parse (mldebug.why.elastic), each bad one a note."""
+    from mldebug.log.parse import classify
     from mldebug.privdir import read_bounded
     from mldebug.why.elastic import MAX_BYTES, parse
 
@@ -265,7 +267,7 @@ def _errors(files: list[Found], notes: list[str]) -> list[tuple[Found, Any]]:
         except OSError as e:
             notes.append(f"{f.path}: cannot read ({e.strerror}); skipped")
             continue
-        got = parse(data, f.path)
+        got = parse(data, f.path, classify)
         if isinstance(got, str):
             notes.append(f"{f.path}: elastic error file: {got}")
         else:
@@ -450,8 +452,8 @@ def run(args: argparse.Namespace) -> int:
     items, notes = gather(args.paths)
     if not items:
         shown = "; ".join(notes[:3]) or "no file found"
-        raise MldebugError(f"nothing in {', '.join(args.paths)} could be read as a log, a "
-                           f"flight-recorder dump, a stack dump or a sentinel record ({shown}).",
+        raise MldebugError(f"nothing in {', '.join(args.paths)} could be read as a log, an "
+                           f"elastic error file, a flight-recorder dump, a stack dump or a sentinel record ({shown}).",
                            "Pass the job's text logs, the dumps `mldebug fr trigger` or "
                            "`mldebug hang --out` wrote, or NanSentinel's record directory.")
     v = join(items)

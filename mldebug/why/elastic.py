@@ -18,6 +18,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,15 +105,30 @@ def _prefix_rank(d: Path) -> int | None:
     return None
 
 
+# a traceback's frame line, and the files that are not the user's code (mldebug.log.parse's
+# rule: a capability does not import another, so the two short rules live in both)
+_TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
+_NOT_USER = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen", "/torch/")
+_RANK_NAME = re.compile(r"rank[_-]?\d+$", re.IGNORECASE)
+
+
 def _frame(callstack: str) -> str | None:
-    from mldebug.log.parse import _TB_FILE, _user_frame
+    """``file:line in func`` of the innermost frame of the user's code: torch, libraries and
+    mldebug's own hooks (mldebug.ours) skipped."""
+    from mldebug.ours import our_module
 
     found = None
     for line in callstack.splitlines()[-400:]:
         m = _TB_FILE.match(line)
-        if m:
-            found = _user_frame(m["file"], m["line"], m["func"]) or found
+        if m and not any(s in m["file"] for s in _NOT_USER) and our_module(m["file"]) is None:
+            found = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']} in {m['func']}"
     return found
+
+
+def _rank_from_name(path: Path) -> int | None:
+    from mldebug.names import trailing_number
+
+    return trailing_number(path.stem) if _RANK_NAME.search(path.stem) else None
 
 
 def _last_line(text: str) -> str:
@@ -130,11 +146,11 @@ def _int(v: object) -> int | None:
     return None
 
 
-def parse(data: bytes, path: Path) -> ErrorFile | str:
-    """The error file's content, or why it cannot be read (one sentence, for a note)."""
-    from mldebug.log.collect import rank_from_path
-    from mldebug.log.parse import classify
-
+def parse(data: bytes, path: Path,
+          classify: Callable[[str], tuple[str, bool]] | None = None) -> ErrorFile | str:
+    """The error file's content, or why it cannot be read (one sentence, for a note).
+    ``classify``: (kind, primary) of an exception line (the caller passes mldebug.log's);
+    without it every error is the rank's own."""
     if len(data) > MAX_BYTES:
         return f"over the {MAX_BYTES >> 20} MiB an elastic error file may have; not read"
     try:
@@ -168,10 +184,10 @@ def parse(data: bytes, path: Path) -> ErrorFile | str:
         rank = _prefix_rank(path.parent)
         rank, rank_from = (rank, "prefix") if rank is not None else (local, "local")
     else:
-        named = rank_from_path(path)
+        named = _rank_from_name(path)
         if named is not None:
             rank, rank_from = named, "name"
-    kind, primary = classify(exception)
+    kind, primary = classify(exception) if classify else ("exception", True)
     return ErrorFile(path, rank, rank_from, run, attempt, exception, _frame(stack[-(1 << 18):]),
                      _int(stamp), primary, kind)
 
