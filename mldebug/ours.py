@@ -1,5 +1,5 @@
-"""Which frames are mldebug's own code: one rule for every reader of stacks and tracebacks
-(``hang``, ``log``), so a rank stopped inside one of our hooks (the NanSentinel's check, the
+"""Which frames are mldebug's own code, and which a traceback's user frame can be: one rule
+for every reader of stacks and tracebacks (``hang``, ``log``, ``why``), so a rank stopped inside one of our hooks (the NanSentinel's check, the
 watchdog, printflock) is never named as the user's culprit frame.
 
 A path is ours when it has a ``mldebug/<module>`` part naming a module or package of this
@@ -33,3 +33,14 @@ def our_module(path: str) -> str | None:
             if name in OURS and (i + 2 < len(parts) or parts[i + 1].endswith(".py")):
                 return name
     return None
+
+
+# a traceback's files that are not the user's code: libraries, the standard library, torch
+NOT_USER = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen", "/torch/")
+
+
+def user_file(path: str) -> bool:
+    """Whether a traceback frame's file is the user's code: not a library, the standard
+    library, torch, nor mldebug's own hooks (a rank that raised inside the NanSentinel's check
+    is the user's step that called it)."""
+    return not any(s in path for s in NOT_USER) and our_module(path) is None

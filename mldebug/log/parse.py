@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from mldebug.log.model import Event, LauncherFailure, ParsedLogs, StoreFacts, WatchdogTimeout
 from mldebug.logprefix import strip_prefix
-from mldebug.ours import our_module
+from mldebug.ours import user_file
 from mldebug.text import sanitize
 
 MAX_LINE = 16384  # characters of one line that are looked at
@@ -140,7 +140,6 @@ _CONSEQUENCE = re.compile(
     r"|stops this rank too",
     re.IGNORECASE,
 )
-_SUFFIXES = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen", "/torch/")
 
 
 def classify(message: str) -> tuple[str, bool]:
@@ -252,7 +251,7 @@ def _user_frame(file: str, line: str, func: str) -> str | None:
     """``file:line in func`` of a frame of the user's code; None for libraries, torch and
     mldebug's own hooks (``mldebug.ours``: a rank that raised inside the NanSentinel's check
     is the user's step that called it, not sentinel.py)."""
-    if any(s in file for s in _SUFFIXES) or our_module(file) is not None:
+    if not user_file(file):
         return None
     return f"{file.rsplit('/', 1)[-1]}:{line} in {func}"
 

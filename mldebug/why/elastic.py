@@ -105,22 +105,20 @@ def _prefix_rank(d: Path) -> int | None:
     return None
 
 
-# a traceback's frame line, and the files that are not the user's code (mldebug.log.parse's
-# rule: a capability does not import another, so the two short rules live in both)
+# a traceback's frame line; which files are the user's code: mldebug.ours.user_file
 _TB_FILE = re.compile(r'^\s+File "(?P<file>[^"]{1,1000})", line (?P<line>\d+), in (?P<func>\S+)')
-_NOT_USER = ("site-packages/", "dist-packages/", "/lib/python3", "<frozen", "/torch/")
 _RANK_NAME = re.compile(r"rank[_-]?\d+$", re.IGNORECASE)
 
 
 def _frame(callstack: str) -> str | None:
     """``file:line in func`` of the innermost frame of the user's code: torch, libraries and
     mldebug's own hooks (mldebug.ours) skipped."""
-    from mldebug.ours import our_module
+    from mldebug.ours import user_file
 
     found = None
     for line in callstack.splitlines()[-400:]:
         m = _TB_FILE.match(line)
-        if m and not any(s in m["file"] for s in _NOT_USER) and our_module(m["file"]) is None:
+        if m and user_file(m["file"]):
             found = f"{m['file'].rsplit('/', 1)[-1]}:{m['line']} in {m['func']}"
     return found
 
