@@ -32,7 +32,7 @@ import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from mldebug.errors import MldebugError, UsageError
 from mldebug.hosts import validate_host
@@ -561,43 +561,19 @@ def _kubectl() -> str:
 def k8s_pods(options: FanoutOptions) -> list[Pod]:
     """The pods of ``options.k8s`` from ONE ``kubectl get pods -o json`` (read up to
     ``MAX_PODS_JSON`` bytes, within ``GET_TIMEOUT`` s), less ``--exclude``d ones."""
-    import subprocess
-
     from mldebug import k8s
 
     assert options.k8s is not None
     t = k8s.check_target(options.k8s)
     exe = _kubectl()
-    argv = [exe, *k8s.get_pods_argv(t)]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    err: list[bytes] = []
-    reader = threading.Thread(
-        target=lambda: err.append(_read_bounded(proc.stderr, 1 << 20, drain=True)), daemon=True)
-    reader.start()
-    expired = threading.Event()
-
-    def expire() -> None:
-        expired.set()
-        _killpg(proc.pid)
-
-    timer = threading.Timer(k8s.GET_TIMEOUT + 5, expire)
-    timer.start()
-    try:
-        out = _read_bounded(proc.stdout, k8s.MAX_PODS_JSON + 1)
-        if len(out) > k8s.MAX_PODS_JSON:
-            raise MldebugError(f"kubectl get pods answered over {k8s.MAX_PODS_JSON >> 20} MiB "
-                               "of JSON; not read.",
-                               "Narrow it: --k8s with a label selector, or --namespace.")
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            _killpg(proc.pid)
-            proc.wait()
-        reader.join(5)
-    stderr = (err[0] if err else b"").decode(errors="replace")
-    if expired.is_set():
+    run = run_bounded([exe, *k8s.get_pods_argv(t)], timeout=k8s.GET_TIMEOUT + 5,
+                      limit=k8s.MAX_PODS_JSON + 1)
+    if run.size > k8s.MAX_PODS_JSON:
+        raise MldebugError(f"kubectl get pods answered over {k8s.MAX_PODS_JSON >> 20} MiB "
+                           "of JSON; not read.",
+                           "Narrow it: --k8s with a label selector, or --namespace.")
+    out, rc, stderr = run.out, run.rc, run.err
+    if run.timed_out:
         stderr += f"\nno answer within {k8s.GET_TIMEOUT + 5:.0f}s"
     if rc != 0:
         raise k8s.get_failure(stderr, t)
@@ -607,6 +583,65 @@ def k8s_pods(options: FanoutOptions) -> list[Pod]:
     if not pods:
         raise UsageError("every pod is excluded.", "Check --exclude.")
     return pods
+
+
+@dataclass
+class Bounded:
+    """What ``run_bounded`` got: stdout (kept, or written to the sink), its size, whether it
+    was cut at the limit or the time, the exit status and stderr's first MiB."""
+
+    out: bytes
+    size: int
+    rc: int | None
+    err: str
+    timed_out: bool
+    cut: bool
+
+
+def run_bounded(argv: Sequence[str], *, timeout: float, limit: int,
+                sink: BinaryIO | None = None, stderr_limit: int = 1 << 20) -> Bounded:
+    """Run a client of ours (kubectl) in a session of its own, stdin /dev/null: at most
+    ``limit`` bytes of its stdout (kept, or written to ``sink``), its stderr drained (the first
+    ``stderr_limit`` bytes kept); its process group SIGKILLed once over ``limit`` or after
+    ``timeout`` seconds. One bounded read for every outside command's answer."""
+    import subprocess
+
+    proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    err: list[bytes] = []
+    reader = threading.Thread(
+        target=lambda: err.append(_read_bounded(proc.stderr, stderr_limit, drain=True)),
+        daemon=True)
+    reader.start()
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        _killpg(proc.pid)
+
+    timer = threading.Timer(timeout, expire)
+    timer.start()
+    kept: list[bytes] = []
+    size, cut = 0, False
+    try:
+        src: Any = proc.stdout
+        while chunk := src.read1(1 << 20):
+            if size + len(chunk) > limit:
+                chunk, cut = chunk[:limit - size], True
+            (sink.write if sink is not None else kept.append)(chunk)
+            size += len(chunk)
+            if cut:
+                _killpg(proc.pid)
+                break
+        rc: int | None = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            _killpg(proc.pid)
+            proc.wait()
+        reader.join(5)
+    return Bounded(b"".join(kept), size, rc, (err[0] if err else b"").decode(errors="replace"),
+                   expired.is_set(), cut)
 
 
 def _read_bounded(src: Any, limit: int, drain: bool = False) -> bytes:

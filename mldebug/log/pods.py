@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mldebug import k8s
 from mldebug.errors import UsageError
@@ -158,54 +156,16 @@ def _read_one(exe: str, opts: PodLogOptions, t: K8sTarget, pod: Pod, previous: b
     argv = [exe, *k8s.logs_argv(t, pod, previous=previous, limit_bytes=opts.limit_bytes,
                                 tail=opts.tail, timeout=opts.timeout)]
     res = _Read(pod, previous, path)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    err: list[bytes] = []
+    from mldebug.fanout import run_bounded
 
-    def errors() -> None:
-        stderr: Any = proc.stderr
-        got = 0
-        while chunk := stderr.read1(1 << 16):
-            if got < MAX_STDERR:
-                err.append(chunk[:MAX_STDERR - got])
-                got += len(err[-1])
-
-    reader = threading.Thread(target=errors, daemon=True)
-    reader.start()
-    timed_out = threading.Event()
-
-    def expire() -> None:
-        timed_out.set()
-        _kill(proc.pid)
-
-    timer = threading.Timer(opts.timeout, expire)
-    timer.start()
-    cap = 2 * opts.limit_bytes
-    cut = False
-    try:
-        stdout: Any = proc.stdout
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            while chunk := stdout.read1(1 << 20):
-                if res.size + len(chunk) > cap:
-                    out.write(chunk[:cap - res.size])
-                    res.size = cap
-                    cut = True
-                    _kill(proc.pid)
-                    break
-                out.write(chunk)
-                res.size += len(chunk)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
-        if proc.poll() is None:
-            _kill(proc.pid)
-            proc.wait()
-        reader.join(5)
-    said = b"".join(err).decode(errors="replace")
-    lines = [ln for ln in said.splitlines() if ln.strip()]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        run = run_bounded(argv, timeout=opts.timeout, limit=2 * opts.limit_bytes, sink=out,
+                          stderr_limit=MAX_STDERR)
+    res.size, rc, cut = run.size, run.rc, run.cut
+    lines = [ln for ln in run.err.splitlines() if ln.strip()]
     what = f"pod {pod.name}" + (" (previous container)" if previous else "")
-    if timed_out.is_set():
+    if run.timed_out:
         res.error = (f"{what}: logs read for {opts.timeout:.0f}s and not finished; "
                      + ("the part read is used" if res.size else "nothing read") + "; raise --timeout")
         if not res.size:
@@ -216,17 +176,8 @@ def _read_one(exe: str, opts: PodLogOptions, t: K8sTarget, pod: Pod, previous: b
     if cut or res.size >= opts.limit_bytes:
         res.said = (f"{what}: only the first {opts.limit_bytes >> 20 or opts.limit_bytes} "
                     f"{'MiB' if opts.limit_bytes >> 20 else 'bytes'} of its log read "
-                    "(--limit-bytes); pass --tail LINES to read its end")
+                    "(--limit-bytes); a lower --tail LINES reads the end within it")
     return res
-
-
-def _kill(pid: int) -> None:
-    import signal
-
-    try:
-        os.killpg(pid, signal.SIGKILL)  # our own kubectl client, never a rank
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _parse(res: _Read, opts: PodLogOptions, pods: list[Pod], t: K8sTarget,
