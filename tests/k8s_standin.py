@@ -179,6 +179,14 @@ def _container_status(p: dict[str, Any], name: str) -> dict[str, Any]:
     return st
 
 
+def _pod(flags: dict, words: list[str], state: dict) -> tuple[str, str, dict | None]:
+    """(namespace, pod name, the pod) of a POD | pod/NAME argument; the pod None: not found."""
+    ns = flags.get("--namespace", "default")
+    name = words[0].removeprefix("pod/").removeprefix("pods/")
+    return ns, name, next((p for p in state["pods"] if p["name"] == name
+                           and p.get("namespace", "default") == ns), None)
+
+
 def logs(argv: list[str]) -> int:
     flags, words, _ = _parse(argv, {"--container", "--limit-bytes", "--tail", *_GLOBAL},
                              {"--previous", "--timestamps"})
@@ -187,10 +195,7 @@ def logs(argv: list[str]) -> int:
                      "See 'kubectl logs -h' for help and examples")
     state = _state()
     _check_config(flags, state)
-    ns = flags.get("--namespace", "default")
-    name = words[0].removeprefix("pod/").removeprefix("pods/")
-    pod = next((p for p in state["pods"] if p["name"] == name
-                and p.get("namespace", "default") == ns), None)
+    ns, name, pod = _pod(flags, words, state)
     if pod is None:
         return _fail(f'Error from server (NotFound): pods "{name}" not found')
     if pod.get("forbid_logs"):
@@ -245,10 +250,7 @@ def exec_(argv: list[str]) -> int:
                      "COMMAND [args...]'.\nSee 'kubectl exec -h' for help and examples")
     state = _state()
     _check_config(flags, state)
-    ns = flags.get("--namespace", "default")
-    name = words[0].removeprefix("pod/").removeprefix("pods/")
-    pod = next((p for p in state["pods"] if p["name"] == name
-                and p.get("namespace", "default") == ns), None)
+    ns, name, pod = _pod(flags, words, state)
     if pod is None:
         return _fail(f'Error from server (NotFound): pods "{name}" not found')
     if pod.get("forbid_exec"):
