@@ -65,6 +65,19 @@ def test_trigger_over_nodes_gathers_every_rank_and_names_the_culprit(cluster, tm
         assert (m["kind"], m["seq"], m["culprit_ranks"]) == ("missing", 2, [3])
         hosts = {json.loads(p.read_text())["host"] for p in d.glob(".mldebug-fr-*.json")}
         assert hosts == {"node1", "node2"}
+        # --list over the nodes (#39: the job folders, here the one chosen directory): each
+        # node names its own live ranks and the dumps there, and triggers nothing
+        before = sorted(p.name for p in (d / "triggered").iterdir())
+        r = run_cli("fr", "trigger", "--list", "--nodes", "node[1-3]", "--dir", str(d),
+                    "--json", env=cluster.env(), timeout=120)
+        assert r.returncode == 0, r.stderr
+        listed = {n["host"]: n["homes"] for n in json.loads(r.stdout)["nodes"]}
+        assert [h["ranks"] for h in listed["node1"]] == [[0, 1]], listed
+        assert [h["ranks"] for h in listed["node2"]] == [[2, 3]], listed
+        # node3 sees the shared directory's dumps but has no live rank of its own there
+        assert [(h["pids"], h["dumps"] > 0) for h in listed["node3"]] == [([], True)]
+        assert listed["node1"][0]["dir"] == str(d)
+        assert sorted(p.name for p in (d / "triggered").iterdir()) == before
         # node2's Python starts 5 s late and first lists the output being built beside --out
         # (renamed into place at the end): node1's files are there
         out2, seen = tmp_path / "streamed", tmp_path / "seen-by-node2"
