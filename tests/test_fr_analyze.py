@@ -354,3 +354,90 @@ def test_watch_a_running_jobs_slowest_rank_one_collective_short_is_not_a_skip(tm
     far = synth.write(tmp_path / "far", synth.spmd_job(4, 60, fault="skip", culprit=1, at=30))
     assert analyze(load_files(far), since={"0": 20}).culprits == [1]  # 30 behind: not a cut
     assert analyze(load_files(files)).culprits == [1]  # fr analyze (no since): as before
+
+
+def _phase_job(kind: str, world: int = 4, late: int = 2, n: int = 30,
+               per_step: int = 1) -> dict:
+    """Issue #44: ranks whose start/complete times say why one is late. Every step: host work
+    (10 ms), then ``per_step`` all_reduces (2 ms communication each). ``kind``: "compute" -
+    rank ``late`` works 30 ms longer before the step's first all_reduce (the others wait in
+    it); "comm" - its all_reduces take 30 ms longer (its next enqueue is late by that);
+    "missing" - compute, with no start/complete times (older torch); "even" - nobody is
+    late; "first" - compute, with three all_reduces of different sizes per step."""
+    base = 1_700_000_000_000_000_000
+    ms = 1_000_000
+    dumps = {}
+    for r in range(world):
+        entries = []
+        t = base + r * 7919  # each rank's own small jitter
+        for seq in range(1, n + 1):
+            first = (seq - 1) % per_step == 0
+            slow = r == late and kind in ("compute", "missing", "first")
+            t += (10 * ms if first else ms // 2) + (30 * ms if slow and first else 0)
+            e = synth.entry(seq, sizes=((4 + (seq - 1) % per_step,),))
+            created = t
+            # everyone's collective completes once the late rank arrived (the others wait)
+            start = created
+            if kind in ("compute", "missing", "first") and r != late and first:
+                done = created + 30 * ms + 2 * ms
+            elif kind == "comm" and r == late:
+                done = created + 32 * ms
+            elif kind == "comm":
+                done = created + 2 * ms + (30 * ms if seq > 1 else 0)  # waiting for it
+            else:
+                done = created + 2 * ms
+            e["time_created_ns"] = created
+            e["time_discovered_started_ns"] = None if kind == "missing" else start
+            e["time_discovered_completed_ns"] = None if kind == "missing" else done
+            entries.append(e)
+            t = done
+        dumps[r] = synth.dump(r, entries, world=world)
+    return dumps
+
+
+def test_straggler_phase_compute_host_gap(tmp_path):
+    a = run(tmp_path, _phase_job("compute"))
+    assert [s.rank for s in a.stragglers] == [2]
+    st = a.stragglers[0]
+    assert st.phase.startswith("compute or data"), st
+    assert st.host_gap_ms > st.host_gap_ms_others + 20
+    f = next(f for f in a.findings if f.code == "fr-straggler")
+    assert f.severity.name == "WARNING"  # a healthy but slow rank is never an error
+    assert "compute or data" in f.title
+    assert "the step would be about" in f.detail and "wait about" in f.detail
+    d = st.to_dict()
+    assert d["phase"] == st.phase and d["host_gap_ms"] is not None and d["position"] is None
+
+
+def test_straggler_phase_communication(tmp_path):
+    a = run(tmp_path, _phase_job("comm"))
+    assert [s.rank for s in a.stragglers] == [2]
+    st = a.stragglers[0]
+    assert st.phase.startswith("communication"), st
+    # the others' communication includes waiting for it; its own is as long without waiting
+    assert st.comm_ms >= st.comm_ms_others - 1 and abs(st.host_gap_ms - st.host_gap_ms_others) < 5
+
+
+def test_straggler_phase_times_missing(tmp_path):
+    a = run(tmp_path, _phase_job("missing"))
+    assert [s.rank for s in a.stragglers] == [2]
+    st = a.stragglers[0]
+    assert "cannot tell" in st.phase and st.host_gap_ms is None and st.comm_ms is None
+    assert not [f for f in a.findings if f.severity.name == "ERROR"]
+
+
+def test_even_job_names_no_straggler(tmp_path):
+    a = run(tmp_path, _phase_job("even"))
+    assert a.stragglers == [] and a.straggler_window == 30
+
+
+def test_late_at_one_of_three_collectives_per_step_is_named(tmp_path):
+    """Late only at the step's first all_reduce of three: last at a third of the collectives,
+    under the share of all; the per-position rule (op, sizes, call site) names it there."""
+    a = run(tmp_path, _phase_job("first", n=60, per_step=3))
+    assert [s.rank for s in a.stragglers] == [2]
+    st = a.stragglers[0]
+    assert st.position == "all_reduce[4] in group 0" and st.collectives == 20
+    assert st.late_ms_median > 25 and st.phase.startswith("compute or data"), st
+    f = next(f for f in a.findings if f.code == "fr-straggler")
+    assert "all_reduce[4] in group 0" in f.title and f.severity.name == "WARNING"

@@ -85,13 +85,24 @@ def build_findings(a: Analysis) -> list[Finding]:
                            code="fr-duplicate-rank"))
     for st in a.stragglers:
         share = 100 * st.times_last / st.collectives
+        where = f" {st.position}" if st.position else ""
+        phase = f"; late in: {st.phase}" if st.phase else ""
+        times = ""
+        if st.host_gap_ms is not None or st.comm_ms is not None:
+            times = (f" Per collective (median, this rank vs the others): host gap "
+                     f"(previous completion to enqueue) {_ms(st.host_gap_ms)} vs "
+                     f"{_ms(st.host_gap_ms_others)}, communication (start to completion) "
+                     f"{_ms(st.comm_ms)} vs {_ms(st.comm_ms_others)}.")
         out.append(Finding(
-            Severity.WARNING,
+            Severity.WARNING,  # a healthy but slow rank: never an error (#44)
             f"rank {st.rank}{f' ({st.host})' if st.host else ''} arrived last at {share:.0f}% "
-            f"of {st.collectives} collectives, by {st.late_ms_median:.0f} ms median",
+            f"of {st.collectives}{where} collectives, by {st.late_ms_median:.0f} ms median"
+            + phase,
             f"Behind the median rank: median {st.late_ms_median:.1f} ms, p90 "
             f"{st.late_ms_p90:.1f} ms, mean {st.late_ms_mean:.1f} ms (enqueue times, host "
-            "clocks aligned). Every other rank waits this long for it at each collective.",
+            f"clocks aligned). The others wait about {st.late_ms_median:.0f} ms for it per "
+            f"collective{where}; the step would be about {st.late_ms_median:.0f} ms shorter "
+            "per such collective without it." + times,
             f"Look at what rank {st.rank} does between collectives"
             + (f" and at host {st.host}" if st.host else "")
             + ": a slower GPU or NIC, a data loader on a busy host, extra work on that rank "
@@ -102,3 +113,5 @@ def build_findings(a: Analysis) -> list[Finding]:
     return out
 
 
+def _ms(v: float | None) -> str:
+    return "not recorded" if v is None else f"{v:.1f} ms"

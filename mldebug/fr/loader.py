@@ -296,6 +296,9 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
     keys, sid = _static_ids(raw, nbytes, static_key)
     fields = _number_fields(raw, number_row)
     dump.created = _number_column(fields, raw, 0)
+    # every rank's own start/complete times too (the straggler's phase, #44): ranks that
+    # share a timeline share entries, not times
+    dump.started, dump.completed = _number_column(fields, raw, 4), _number_column(fields, raw, 5)
     seq = _number_column(fields, raw, 1)
     p2p_seq = _number_column(fields, raw, 2)
     states, state = _states(tuple(e.get("state") for e in raw) if fields is None else fields[-1])
@@ -314,7 +317,8 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
             RecursionError) as e:
         return _Scanned(name, f"malformed entry ({type(e).__name__}: {_short(e)}); not a "
                         "flight-recorder dump of a known version; skipped")
-    record_id, started, completed, timeout = (_number_column(fields, raw, k) for k in range(3, 7))
+    record_id, timeout = _number_column(fields, raw, 3), _number_column(fields, raw, 6)
+    started, completed = dump.started, dump.completed
     part = _Part(keys, statics, states, sid, seq, p2p_seq, record_id, state, started, completed,
                  timeout, _group_index(statics, sid, seq))
     _seen.add(digest)

@@ -107,6 +107,9 @@ class RankDump:
     # this rank's own enqueue times (time_created_ns, -1 when absent), aligned with its
     # timeline's entries: ranks that share a timeline share entries but not times
     created: array[int] = field(default_factory=lambda: array("q"))
+    # its own start and completion times (NOT_RECORDED when absent), aligned the same way
+    started: array[int] = field(default_factory=lambda: array("q"))
+    completed: array[int] = field(default_factory=lambda: array("q"))
 
 
 NOT_RECORDED = -(1 << 63)  # a number column's "the dump did not say"
@@ -361,12 +364,27 @@ class Straggler:
     late_ms_median: float  # behind the median rank's arrival, host clocks aligned
     late_ms_p90: float
     late_ms_mean: float
+    # why it is late, from its own start/complete times (#44): "compute or data (...)",
+    # "communication (...)", or that the recorder's times cannot tell
+    phase: str = ""
+    # medians per collective: completion of the previous one to this enqueue (host side)
+    # and start to completion (communication), this rank's and the other ranks'
+    host_gap_ms: float | None = None
+    host_gap_ms_others: float | None = None
+    comm_ms: float | None = None
+    comm_ms_others: float | None = None
+    position: str | None = None  # named at this one collective of the step only (op[sizes])
 
     def to_dict(self) -> dict[str, Any]:
+        def r3(v: float | None) -> float | None:
+            return None if v is None else round(v, 3)
         return {"rank": self.rank, "host": self.host, "collectives": self.collectives,
                 "times_last": self.times_last, "late_ms_median": round(self.late_ms_median, 3),
                 "late_ms_p90": round(self.late_ms_p90, 3),
-                "late_ms_mean": round(self.late_ms_mean, 3)}
+                "late_ms_mean": round(self.late_ms_mean, 3),
+                "phase": self.phase, "host_gap_ms": r3(self.host_gap_ms),
+                "host_gap_ms_others": r3(self.host_gap_ms_others), "comm_ms": r3(self.comm_ms),
+                "comm_ms_others": r3(self.comm_ms_others), "position": self.position}
 
 
 @dataclass
