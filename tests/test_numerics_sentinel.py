@@ -374,3 +374,77 @@ def test_replay_calls_the_model_as_the_step_did_not_as_the_batch_looks(tmp_path:
     assert rp["status"] == "reproduced", rp
     assert (rp["phase"], rp["module"], rp["cls"]) == ("backward", "net.layers.3.gate", "Gate")
     assert not model._forward_pre_hooks  # the hook lives for the block only
+
+
+def _can_compile() -> bool:
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:
+        return False
+    return hasattr(torch, "compile") and not sys.platform.startswith("win")
+
+
+needs_compile = pytest.mark.skipif(not _can_compile(), reason="torch.compile is unavailable")
+
+
+def _compiled_trip(s: NanSentinel, model: nn.Module, give_batch: bool = True) -> dict[str, Any]:
+    with s.step(batch(0)):
+        model(*batch(0)).backward()
+    model.zero_grad()
+    with pytest.raises(NonFiniteDetected) as e:
+        with s.step(batch(1, big=1000.0) if give_batch else None):
+            model(*batch(1, big=1000.0)).backward()
+    rec = e.value.record
+    rp = rec["replay"]
+    assert (rp["status"], rp["phase"], rp["module"], rp["cls"], rp["reproducible"]) == \
+        ("reproduced", "backward", "layers.3.gate", "Gate", True), rp
+    params = rec["first_bucket"].get("nonfinite_params") or rec["first_bucket"]["params"]
+    assert "layers.3.fc.weight" in params and not any("_orig_mod" in p for p in params)
+    return rec
+
+
+@needs_compile
+@pytest.mark.parametrize("give_batch", [True, False])
+def test_a_compiled_model_is_replayed_eagerly_on_the_original_module(tmp_path: Path,
+                                                                     give_batch: bool) -> None:
+    """Issue #43: torch.compile(model) (aot_eager: autograd runs through the compiled graph,
+    no C compiler needed). The trip is seen as for the eager model; the replay runs the
+    original module eagerly, so the detector's hooks name layers.3.gate, not a graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = Net()
+    model = torch.compile(net, backend="aot_eager")
+    s = NanSentinel(model, dir=tmp_path / "rec", print_report=False)
+    rec = _compiled_trip(s, model, give_batch)
+    assert rec["origins"] == [0] and rec["loss_finite"] is True
+    assert not net._forward_pre_hooks and not model._forward_pre_hooks
+    assert all(not m._forward_hooks for m in net.modules())  # the replay's hooks are gone
+    model.zero_grad()
+    with s.step(batch(2)):  # training goes on, compiled
+        model(*batch(2)).backward()
+    assert s.trips == 1
+
+
+@needs_compile
+@pytest.mark.parametrize("form", ["ddp_of_compiled", "compiled_ddp"])
+def test_a_compiled_model_under_world_1_ddp_is_replayed_eagerly(tmp_path: Path,
+                                                                form: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        net = Net()
+        model = DDP(torch.compile(net, backend="aot_eager")) if form == "ddp_of_compiled" \
+            else torch.compile(DDP(net), backend="aot_eager")
+        s = NanSentinel(model, dir=tmp_path / "rec", print_report=False)
+        assert s.is_ddp
+        rec = _compiled_trip(s, model, give_batch=False)  # the call hook saw the args
+        assert rec["origins"] == [0] and rec["first_bucket"]["index"] is not None
+        assert all(not p.startswith("_orig_mod") for p in rec["first_bucket"]["params"])
+        assert s.check_replicas() == []
+    finally:
+        dist.destroy_process_group()

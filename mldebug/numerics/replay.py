@@ -95,15 +95,68 @@ def summary(t: Any) -> str:
         return f"tensor{list(t.shape)} {t.dtype} nan={int(t.isnan().sum())} inf={int(t.isinf().sum())}"
 
 
+def _compiled_orig(m: nn.Module) -> nn.Module | None:
+    """The original module of a ``torch.compile(m)`` wrapper (an ``OptimizedModule``), else
+    None (told by duck typing: no import of torch._dynamo)."""
+    orig = m.__dict__.get("_modules", {}).get("_orig_mod")
+    if type(m).__name__ == "OptimizedModule" and isinstance(orig, nn.Module):
+        return orig
+    return None
+
+
+def strip_compiled(name: str) -> str:
+    """A parameter or module name without the ``_orig_mod`` segments ``torch.compile``
+    wrappers add (``_orig_mod.layers.0.fc.weight`` -> ``layers.0.fc.weight``)."""
+    if "_orig_mod" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
+
+
+def call_target(model: nn.Module) -> nn.Module:
+    """The module whose forward pre-hook sees the user's args eagerly: DDP's ``.module``
+    (as the replay calls it), or a ``torch.compile`` wrapper itself (its hooks run before
+    the compiled code; those of its ``_orig_mod`` would run inside the compiled graph, or
+    not at all once it is compiled)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    m = model
+    while isinstance(m, DDP):
+        m = m.module
+    return m
+
+
+def find_ddp(model: nn.Module) -> nn.Module | None:
+    """The ``DistributedDataParallel`` in ``DDP(m)``, ``DDP(torch.compile(m))`` or
+    ``torch.compile(DDP(m))``, else None."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    m: nn.Module | None = model
+    while m is not None:
+        if isinstance(m, DDP):
+            return m
+        m = _compiled_orig(m)
+    return None
+
+
 def _inner(model: nn.Module) -> tuple[nn.Module, Any]:
-    """The module to replay and a context that keeps DDP's reducer out of it."""
+    """The module to replay and a context that keeps DDP's reducer out of it: the original
+    eager module, unwrapped through DDP's ``.module`` and ``torch.compile``'s ``_orig_mod``
+    (so the detector's hooks run on every submodule, outside any compiled graph)."""
     import contextlib
 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    if isinstance(model, DDP):
-        return model.module, model.no_sync()
-    return model, contextlib.nullcontext()
+    quiet: Any = contextlib.nullcontext()
+    m = model
+    while True:
+        if isinstance(m, DDP):
+            quiet = m.no_sync()
+            m = m.module
+            continue
+        orig = _compiled_orig(m)
+        if orig is None:
+            return m, quiet
+        m = orig
 
 
 def replay(model: nn.Module, batch: Any, rng: dict[str, Any],

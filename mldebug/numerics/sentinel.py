@@ -44,7 +44,16 @@ from torch import nn
 
 from mldebug.errors import MldebugError
 from mldebug.numerics import records
-from mldebug.numerics.replay import LossFn, loss_of, replay, rng_state
+from mldebug.numerics.replay import (
+    LossFn,
+    _inner,
+    call_target,
+    find_ddp,
+    loss_of,
+    replay,
+    rng_state,
+    strip_compiled,
+)
 
 logger = logging.getLogger("mldebug.numerics")
 
@@ -154,8 +163,6 @@ class NanSentinel:
                  replica_check_every: int = 0, scaler: Any = None,
                  sync: Literal["step", "late"] = "step", replay_on_peer: bool = False,
                  process_group: Any = None, print_report: bool = True) -> None:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         if action not in ("raise", "skip"):
             raise MldebugError(f"NanSentinel: action={action!r} is not one of 'raise', 'skip'.",
                                "Pass action='raise' (stop every rank) or action='skip' (skip "
@@ -186,10 +193,13 @@ class NanSentinel:
         self.scaler = scaler
         self.sync = sync
         self.print_report = print_report
-        self.is_ddp = isinstance(model, DDP)
-        inner: nn.Module = model.module if self.is_ddp else model  # type: ignore[assignment]
+        # DDP(m), DDP(torch.compile(m)) or torch.compile(DDP(m)): the DDP holds the reducer;
+        # the names, hashes and the replay are the original eager module's
+        ddp = find_ddp(model)
+        self.is_ddp = ddp is not None
+        inner, _ = _inner(model)
         self.inner = inner
-        named = [(n, p) for n, p in inner.named_parameters()]
+        named = [(strip_compiled(n), p) for n, p in inner.named_parameters()]
         if not named:
             raise MldebugError("NanSentinel: the model has no parameters, so there are no "
                                "gradients to check.",
@@ -200,7 +210,8 @@ class NanSentinel:
                                "(requires_grad=False): no gradient will ever be checked.",
                                "Unfreeze the weights you train, or wrap the trainable part.")
         self._names = {id(p): n for n, p in named}
-        self._sparse = [n for n, m in inner.named_modules() if getattr(m, "sparse", False) is True]
+        self._sparse = [strip_compiled(n) for n, m in inner.named_modules()
+                        if getattr(m, "sparse", False) is True]
         if self._sparse and self.is_ddp:
             raise MldebugError(
                 f"NanSentinel: {', '.join(self._sparse[:3])} makes sparse gradients, which DDP "
@@ -235,7 +246,7 @@ class NanSentinel:
         self._handles: list[Any] = [model.register_forward_hook(self._output_hook)]
         if self.is_ddp:
             try:
-                model.register_comm_hook(self, _comm_hook)  # type: ignore[operator]
+                ddp.register_comm_hook(self, _comm_hook)  # type: ignore[union-attr,operator]
             except (RuntimeError, ValueError) as e:
                 raise MldebugError(
                     f"NanSentinel: cannot register its DDP communication hook ({str(e)[:120]}).",
@@ -322,18 +333,19 @@ class NanSentinel:
                 self.micro_batch = 0
 
     def _record_call(self, micro: _Micro) -> Any:
-        """A forward pre-hook on the module the replay runs that keeps its first call of the
-        block (references only; a hook on one module costs microseconds a step)."""
+        """A forward pre-hook that keeps the model's first call of the block (references only;
+        a hook on one module costs microseconds a step): on DDP's ``.module``, or on a
+        ``torch.compile`` wrapper itself, whose hooks run eagerly with the user's args (the
+        replay calls the original module with them)."""
         if not self.do_replay:
             return None
-        from mldebug.numerics.replay import _inner
 
         def keep(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if micro.call is None:
                 micro.call = (args, dict(kwargs))
 
         try:
-            return _inner(self.model)[0].register_forward_pre_hook(keep, with_kwargs=True)
+            return call_target(self.model).register_forward_pre_hook(keep, with_kwargs=True)
         except (AttributeError, RuntimeError, TypeError):  # a module kind without hooks
             return None
 
@@ -659,7 +671,7 @@ class NanSentinel:
         table[self.rank] = h
         table = self._all_reduce(table)
         ref_rank = values.index(reference)
-        names = [n for n, _ in self.inner.named_parameters()]
+        names = [strip_compiled(n) for n, _ in self.inner.named_parameters()]
         diff = (table[differing[0]] != table[ref_rank]).nonzero()
         param = names[int(diff[0])] if diff.numel() and int(diff[0]) < len(names) else None
         rec = {"v": records.VERSION, "kind": "replica", "rank": self.rank,
