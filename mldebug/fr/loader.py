@@ -244,6 +244,32 @@ def _scan(name: str) -> _Scanned:
         return _Scanned(name, f"malformed ({type(e).__name__}: {_short(e)}); skipped")
 
 
+def rank_times(dump: RankDump) -> tuple[array[int], array[int]]:
+    """One rank's own start and completion times (``NOT_RECORDED`` where absent), aligned
+    with its timeline's entries. Ranks that share a timeline share its entries, not their
+    times, and keeping two more columns for every rank of a 16,384-rank job would cost about
+    0.5 GB; the straggler's phase (fr.stragglers) needs them for a few dozen ranks, so they
+    are read again from that rank's file, bounded as ``load_files`` reads it, and cached on
+    the dump. Empty columns when the file cannot be read again."""
+    if dump.started or dump.completed:
+        return dump.started, dump.completed
+    try:
+        data = _read_bounded(dump.file)
+        if stack_needed(data):
+            raise BadDump("deeply nested")
+        doc, err = _decode(data)
+        raw = doc.get("entries") if isinstance(doc, dict) and err is None else None
+        if not isinstance(raw, list) or not all(map(isinstance, raw, repeat(dict))):
+            raise BadDump("no entries")
+        _, number_row = _getters(raw)
+        fields = _number_fields(raw, number_row)
+        dump.started, dump.completed = _number_column(fields, raw, 4), _number_column(fields, raw, 5)
+    except (OSError, BadDump, DeepNesting, KeyError, TypeError, ValueError, AttributeError,
+            OverflowError, RecursionError, MemoryError):
+        pass
+    return dump.started, dump.completed
+
+
 def _short(e: BaseException) -> str:
     try:
         return str(e)[:160]
@@ -296,9 +322,6 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
     keys, sid = _static_ids(raw, nbytes, static_key)
     fields = _number_fields(raw, number_row)
     dump.created = _number_column(fields, raw, 0)
-    # every rank's own start/complete times too (the straggler's phase, #44): ranks that
-    # share a timeline share entries, not times
-    dump.started, dump.completed = _number_column(fields, raw, 4), _number_column(fields, raw, 5)
     seq = _number_column(fields, raw, 1)
     p2p_seq = _number_column(fields, raw, 2)
     states, state = _states(tuple(e.get("state") for e in raw) if fields is None else fields[-1])
@@ -317,8 +340,7 @@ def _scan_doc(name: str, doc: dict[str, Any], nbytes: int) -> _Scanned:
             RecursionError) as e:
         return _Scanned(name, f"malformed entry ({type(e).__name__}: {_short(e)}); not a "
                         "flight-recorder dump of a known version; skipped")
-    record_id, timeout = _number_column(fields, raw, 3), _number_column(fields, raw, 6)
-    started, completed = dump.started, dump.completed
+    record_id, started, completed, timeout = (_number_column(fields, raw, k) for k in range(3, 7))
     part = _Part(keys, statics, states, sid, seq, p2p_seq, record_id, state, started, completed,
                  timeout, _group_index(statics, sid, seq))
     _seen.add(digest)

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mldebug.fr.loader import rank_times
 from mldebug.fr.model import NOT_RECORDED, DumpSet, Straggler, packed, pick, picker
 
 WINDOW = 1000  # the latest matched collectives per group that are compared
@@ -277,7 +278,8 @@ def _explain(ds: DumpSet, st: Straggler, at_key: tuple[str, int] | None,
         for j in [m.ranks.index(st.rank), *others[::step][:OTHERS]]:
             d = ds.dumps[m.ranks[j]]
             mine_ = m.ranks[j] == st.rank
-            _phases(d.created, d.started, d.completed, m.at[j], m.seqs, wanted,
+            started, completed = rank_times(d)  # read again for these few ranks only
+            _phases(d.created, started, completed, m.at[j], m.seqs, wanted,
                     gaps if mine_ else ogaps, comms if mine_ else ocomms)
     med = statistics.median
     st.host_gap_ms = med(gaps) if gaps else None
