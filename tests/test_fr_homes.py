@@ -222,3 +222,45 @@ def test_a_new_recorder_prunes_dead_registrations_in_the_other_jobs_folders(tmp_
     bare = Recorder(dump_dir=tmp_path / "chosen", rank=0, host="vm")
     (tmp_path / "chosen").mkdir(mode=0o700)
     assert bare.prune_siblings() == 0  # a directory somebody chose: no job folders beside it
+
+
+def test_a_new_recorder_removes_the_empty_folders_of_ended_jobs_only(tmp_path):
+    """row: fr-home-empty-pruned - one folder per job would pile up a folder for every job that
+    never dumped; the next recorder removes a sibling folder that holds only what enable()
+    made (its job file and an empty nccl/) when its launcher no longer runs and nothing
+    changed in it for ENDED_AFTER_S. Everything else stays: a dump, a live launcher, a recent
+    change, a file of the user's, a folder without mldebug's job file."""
+    from mldebug.fr.recorder import ENDED_AFTER_S, Recorder
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    base = tmp_path / "mldebug-fr-x"
+    base.mkdir(mode=0o700)
+    old = time.time() - ENDED_AFTER_S - 60
+
+    def home(name: str, launcher: int, *, extra: str | None = None, age: float = old,
+             info: bool = True) -> Path:
+        d = base / name
+        (d / "nccl").mkdir(parents=True, mode=0o700)
+        d.chmod(0o700)
+        if info:
+            (d / node.HOME_INFO).write_text(json.dumps({"key": "k", "launcher_pid": launcher}))
+        if extra:
+            (d / extra).write_text("x")
+        os.utime(d, (age, age))
+        return d
+
+    gone = home("run_a-1-1", dead.pid)
+    kept = [home("run_b-1-1", dead.pid, extra="fr_rank0"),
+            home("run_c-1-1", os.getpid()),
+            home("run_d-1-1", dead.pid, age=time.time()),
+            home("run_e-1-1", dead.pid, extra="notes.txt"),
+            home("run_f-1-1", dead.pid, info=False)]
+    (kept[0] / "nccl" / "fr_rank1").write_bytes(b"")  # and its nccl/ is not empty
+    mine = base / "run_new-2-2"
+    mine.mkdir(mode=0o700)
+    (mine / node.HOME_INFO).write_text("{}")
+    Recorder(dump_dir=mine, rank=0, host="vm").prune_siblings()
+    assert not gone.exists()
+    assert all(d.is_dir() for d in kept), [d for d in kept if not d.is_dir()]
+    assert (kept[1] / node.HOME_INFO).exists() and (kept[1] / "nccl").is_dir()

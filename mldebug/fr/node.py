@@ -61,7 +61,8 @@ def default_dir() -> str:
 # ``/tmp/mldebug-fr-<uid>/<job home>/`` (mldebug.ranks.job_home), so no job's dumps replace
 # another's. The folder's ``.mldebug-fr-job.json`` says whose it is (key, launcher, host).
 HOME_INFO = ".mldebug-fr-job.json"
-NOT_HOMES = frozenset({TRIGGERED, "nccl", "raw"})  # a recorder directory's own folders
+NATIVE_SUBDIR_NAME = "nccl"  # torch's own dumps and pipes (fr.recorder.NATIVE_SUBDIR)
+NOT_HOMES = frozenset({TRIGGERED, NATIVE_SUBDIR_NAME, "raw"})  # a recorder directory's own
 MAX_HOMES = 4096  # job folders looked at under one directory, newest first
 
 

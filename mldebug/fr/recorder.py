@@ -31,11 +31,11 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from mldebug.dist import identity
-from mldebug.fr.node import _TOKEN, TRIGGERED, UnsafeDir, private_dir
+from mldebug.fr.node import _TOKEN, NATIVE_SUBDIR_NAME, TRIGGERED, UnsafeDir, private_dir
 from mldebug.ranks import ns_tag, pid_namespace, start_time
 
 PREFIX = "fr_rank"
-NATIVE_SUBDIR = "nccl"
+NATIVE_SUBDIR = NATIVE_SUBDIR_NAME
 REGISTRY_PREFIX = ".mldebug-fr-"  # .mldebug-fr-<host>-<pid>.json / .done / .trigger
 
 
@@ -252,8 +252,14 @@ class Recorder:
                     continue
                 try:
                     gone += self.prune_stale(dfd=hfd)
+                    empty = _ended_and_empty(hfd)
                 finally:
                     os.close(hfd)
+                if empty:  # a job that ended without a dump: nothing of it to keep
+                    try:
+                        os.rmdir(name, dir_fd=pfd)
+                    except OSError:
+                        pass
         finally:
             os.close(pfd)
         return gone
@@ -609,6 +615,56 @@ def call_in(frames: list[FrameType]) -> dict[str, Any] | None:
         return out
     except Exception:  # noqa: BLE001 - a dump never fails for this
         return None
+
+
+ENDED_AFTER_S = 600.0  # an empty job folder untouched this long, its launcher gone: removed
+
+
+def _ended_and_empty(hfd: int) -> bool:
+    """Whether the job folder ``hfd`` holds nothing but what ``enable()`` made in it (its
+    ``.mldebug-fr-job.json`` and an empty ``nccl/``) and its launcher no longer runs; then
+    those two are removed here (this user's, no link followed) and True: the caller removes
+    the folder. A folder with anything else - a dump, a registration, a file of the user's -
+    stays whole. Pruning this keeps /tmp/mldebug-fr-<uid> from gathering one empty folder per
+    job that never dumped."""
+    from mldebug.fr.node import HOME_INFO
+
+    try:
+        names = os.listdir(hfd)
+        if time.time() - os.fstat(hfd).st_mtime < ENDED_AFTER_S:
+            return False  # a rank whose launcher died may still be finishing its dump
+    except OSError:
+        return False
+    if not set(names) <= {HOME_INFO, NATIVE_SUBDIR} or HOME_INFO not in names:
+        return False
+    try:
+        st = os.stat(HOME_INFO, dir_fd=hfd, follow_symlinks=False)
+        if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 16:
+            return False
+        fd = os.open(HOME_INFO, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hfd)
+        with open(fd, "rb") as f:
+            info = json.loads(f.read(1 << 16) or b"{}")
+        launcher = info.get("launcher_pid") if isinstance(info, dict) else None
+        started = info.get("created") if isinstance(info, dict) else None
+        if isinstance(launcher, int) and not isinstance(launcher, bool) and 0 < launcher < 1 << 31:
+            try:
+                os.kill(launcher, 0)
+                return False  # still running (or a pid we cannot judge): the job may dump yet
+            except ProcessLookupError:
+                pass
+            except OSError:
+                return False
+        elif not (isinstance(started, (int, float)) and time.time() - started > 86400):
+            return False  # no launcher to ask: only a day-old folder is taken for ended
+        if NATIVE_SUBDIR in names:
+            nst = os.stat(NATIVE_SUBDIR, dir_fd=hfd, follow_symlinks=False)
+            if not stat.S_ISDIR(nst.st_mode) or nst.st_uid != os.geteuid():
+                return False
+            os.rmdir(NATIVE_SUBDIR, dir_fd=hfd)  # only when empty: ENOTEMPTY otherwise
+        os.unlink(HOME_INFO, dir_fd=hfd)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _die_by(signum: int) -> None:
