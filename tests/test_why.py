@@ -299,3 +299,17 @@ def test_a_hostile_error_file_is_one_note_never_a_traceback(capsys, tmp_path, na
     assert doc["verdict"]["culprits"] == [3]
     (note,) = doc["notes"]
     assert note.startswith(f"{tmp_path / name}: ") and says in note
+
+
+@pytest.mark.parametrize("case", ["healthy_ddp", "scheduler_sigterm"])
+def test_dumps_of_a_running_job_name_no_culprit(case, capsys):
+    """Dumps written while the job ran (on SIGTERM from outside, or by the capture handler
+    on a live route's signal) catch ranks a collective apart: a cut, not a fault. Real
+    dumps of two no-culprit cases of the fault matrix (tests/fixtures/why/live_cut): `why`
+    named rank 1 and rank 0 ('never enqueued') until the cut rule (cli.why._running_cut)."""
+    d = Path(__file__).parent / "fixtures" / "why" / "live_cut" / case
+    assert main(["why", str(d), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"]["culprits"] == [] and doc["verdict"]["class"] == "healthy", doc
+    assert any("cut through a running job" in c["text"] for c in doc["chain"]) or \
+        "cut through a running job" in json.dumps(doc), doc["chain"]

@@ -162,6 +162,11 @@ def _fr(files: list[Found], notes: list[str]) -> list[Evidence]:
     scope = sorted(ds.dumps)
     consequences = ""
     m = next((m for m in a.mismatches if m.culprit_ranks), None)
+    cut = _running_cut(ds, m) if m is not None else None
+    if cut is not None:  # a job stopped from outside while it ran: its dumps name no culprit
+        v = {**v, "kind": "ok", "culprits": [], "class": "healthy", "summary": cut,
+             "code": "fr-running-cut", "fix": ""}
+        m = None
     if m is not None:
         fact, code, consequences = _fr_fact(m, scope, a.findings)
         fix = next((f.fix for f in a.findings if f.code == code), "")
@@ -174,6 +179,52 @@ def _fr(files: list[Found], notes: list[str]) -> list[Evidence]:
 
 
 _NOT_THERE = ("(not enqueued)", "(no dump)")
+CUT_WAIT_S = 30.0  # the ranks had waited under this in the collective when they were dumped
+# dumps of a job that was running: on SIGTERM (stopped from outside), on a trigger (`fr
+# trigger`), from the capture handler on a signal (`hang --signal`, `trace show`)
+_LIVE_REASONS = ("SIGTERM", "triggered", "mldebug.capture: signal")
+
+
+def _running_cut(ds: Any, m: Any) -> str | None:
+    """The sentence saying the dumps are a cut through a running job, or None. A job that
+    the scheduler stopped with SIGTERM while it trained, or that was asked for its dumps
+    while it ran (a trigger, the capture handler's signal), dumps every rank mid-step: the ranks that reached collective #N wait in it, the others are a collective
+    short - 'never enqueued' without a fault. Taken for that only when every dump says it was
+    written so (``_LIVE_REASONS``), the mismatch is a 'missing' one at most one collective short, and the
+    ranks that reached it had waited under CUT_WAIT_S there (a hung job's ranks wait on and
+    on). Any other dump reason, a longer wait, or times the dumps lack: not a cut."""
+    if m.kind != "missing" or m.p2p or not ds.dumps:
+        return None
+    if any(not (d.reason or "").startswith(_LIVE_REASONS) for d in ds.dumps.values()):
+        return None
+    waits = []
+    for r in m.culprit_ranks:  # each of them dumped, a collective short at most
+        d = ds.dumps.get(r)
+        gi = ds.timelines[d.timeline].groups.get(m.pg) if d is not None and d.timeline >= 0 \
+            else None
+        if gi is None or not gi.seqs or gi.seqs[-1] < m.seq - 1:
+            return None
+    for r, d in ds.dumps.items():
+        if r in m.culprit_ranks:
+            continue
+        gi = ds.timelines[d.timeline].groups.get(m.pg) if d.timeline >= 0 else None
+        if gi is None or d.dumped_at is None:
+            return None
+        k = gi.positions().get(m.seq)
+        if k is None:
+            continue
+        i = gi.order[gi.starts[k]]
+        created = d.created[i] if i < len(d.created) else -1
+        if created <= 0:
+            return None
+        waits.append(d.dumped_at - created / 1e9)
+    if not waits or not all(-1.0 <= w < CUT_WAIT_S for w in waits):
+        return None
+    return (f"the dumps were written while the job ran (on SIGTERM or on request): the ranks "
+            f"in collective "
+            f"#{m.seq} of pg {m.pg} had waited {max(waits):.1f}s there and "
+            f"{_ranks(m.culprit_ranks)} were a collective short - a cut through a running job, "
+            "no culprit")
 
 
 def _fr_fact(m: Any, scope: list[int], findings: list[Any]) -> tuple[str, str, str]:
