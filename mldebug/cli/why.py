@@ -136,7 +136,20 @@ def _log(files: list[Found], notes: list[str]) -> list[Evidence]:
                     if v["culprits"] and victims else "")
     ranks = sorted(p.ranks)
     src = _source(todo, "log", f"log lines of {_ranks(ranks)}" if ranks else "no rank named")
-    return [_evidence(src, v, ranks, _basis(v, direct), consequences=consequences)]
+    return [_evidence(src, v, ranks, _basis(v, direct), consequences=consequences,
+                      launcher=_launcher(p))]
+
+
+def _launcher(parsed: Any) -> Any:
+    """torchrun's "Root Cause" entry of the logs, as the join's LauncherClaim, or None."""
+    from mldebug.log.rootcause import meaning, root_cause
+    from mldebug.why.model import LauncherClaim
+
+    rc = root_cause(parsed)
+    if rc is None:
+        return None
+    what, consequence = meaning(rc)
+    return LauncherClaim(rc.said(), rc.rank, what, consequence, rc.to_dict())
 
 
 def _ranks(rs: list[int] | tuple[int, ...]) -> str:
@@ -461,6 +474,7 @@ def document(v: WhyVerdict, items: list[Evidence], notes: list[str]) -> dict[str
         "chain": [link.to_dict() for link in v.chain],
         "sources": [e.source.to_dict() for e in items],
         "evidence": [e.to_dict() for e in items],
+        "launcher": v.correction,
         "notes": notes,
     }
 

@@ -161,12 +161,19 @@ def killed(facts: Facts) -> Verdict | None:
 def fatal_signal(facts: Facts) -> Verdict | None:
     """A crash by signal (segfault, bus error) or an abort that no timeout explains."""
     hits = []
+    abort = -int(signal.SIGABRT)
+    # a communicator's watchdog SIGABRTs every rank whose collective timed out: when the ranks
+    # that exited all died of SIGABRT and the job's lines show watchdog timeouts, a SIGABRT
+    # rank with no failure line of its own is one more of those aborts, not a crash
+    exited = [st.exitcode for st in facts.ranks.values() if st.exitcode not in (None, 0)]
+    watchdog_aborts = bool(exited) and all(c == abort for c in exited) and any(
+        st.timeouts for st in facts.ranks.values())
     for r, st in facts.ranks.items():
         code = st.exitcode
         if code is None:
             continue
-        if code in FATAL_SIGNALS or (code == -int(signal.SIGABRT) and not st.timeouts
-                                     and not st.consequences):
+        if code in FATAL_SIGNALS or (code == abort and not st.timeouts and not st.consequences
+                                     and not (watchdog_aborts and st.first_primary is None)):
             hits.append((r, code))
     if not hits:
         return None
@@ -917,15 +924,18 @@ def _nccl_findings(parsed: ParsedLogs) -> list[Finding]:
 
 
 def _launcher_note(parsed: ParsedLogs, culprits: list[int]) -> list[Finding]:
-    roots = [f for f in parsed.launcher if f.root]
-    if not roots or not culprits or roots[0].rank in culprits:
+    from mldebug.log.rootcause import meaning, root_cause
+
+    rc = root_cause(parsed)
+    if rc is None or not culprits or rc.rank in culprits:
         return []
-    root = roots[0]
+    what, consequence = meaning(rc)
     return [Finding(
         Severity.INFO,
-        f"torchrun's 'Root Cause' names rank {root.rank} (exit code {root.exitcode}), not the culprit",
-        "torchrun reports the first rank to EXIT; a rank that waited for the culprit often exits "
-        "first.", "Trust the verdict above; the launcher table only orders exits.",
+        f"torchrun's 'Root Cause' names rank {rc.rank} (exit code {rc.exitcode}), not the culprit"
+        + (": a consequence" if consequence else ""),
+        f"{what}. torchrun reports the first rank to EXIT; a rank that waited for the culprit "
+        "often exits first.", "Trust the verdict above; the launcher table only orders exits.",
         code="log-launcher-root")]
 
 

@@ -20,6 +20,10 @@ The rules (docs/why.md, "How the verdict is decided"):
 6. A torchrun ``--log-dir`` run restarted (``--max-restarts``): its last attempt's evidence
    decides; each earlier attempt is one line of the chain ("attempt 0: rank 1 raised
    RuntimeError at train.py:12; restarted") and votes for nothing.
+7. A launcher's "Root Cause" (torchrun's first observed failure) never votes: it names the
+   first rank to *exit*. The verdict says what it is: agreeing, a consequence (the rank was
+   aborted by its watchdog, SIGTERMed by the agent, or its own lines show only a reaction to a
+   peer) with the real failure put first, a claim the evidence contradicts, or no fault at all.
 """
 
 from __future__ import annotations
@@ -136,8 +140,50 @@ def join(items: Sequence[Evidence]) -> WhyVerdict:
     """One verdict from every source's evidence (rules in the module docstring)."""
     now, past = history(items)
     v = _join(now)
+    said = next((e for e in now if e.launcher is not None), None)
+    if said is not None:
+        correct(v, said)
     v.chain += _past_links(past)
     return v
+
+
+def correct(v: WhyVerdict, e: Evidence) -> None:
+    """Rule 7: what the launcher's Root Cause (``e.launcher``) is beside the verdict; sets
+    ``v.correction`` and puts its line in the chain (after the winner's, so the real failure
+    stays first)."""
+    rc = e.launcher
+    assert rc is not None
+    what, consequence = rc.meaning, rc.consequence
+    culprits = set(v.culprits)
+    if culprits and rc.rank is not None and rc.rank in culprits:
+        status, text = "agrees", f"{rc.said}: it agrees ({what})"
+    elif culprits:
+        who = ranks_text(culprits)
+        if consequence:
+            status = "consequence"
+            text = (f"{rc.said}: a consequence, not the cause - {what}; the real failure is "
+                    f"{who}'s (first line)")
+        else:
+            status = "contradicted"
+            text = (f"{rc.said}: {what}; the evidence names {who} instead (the launcher "
+                    "reports the first rank to exit, not the first to fail)")
+    elif v.kind == "ok":
+        status = "no-fault"
+        text = f"{rc.said}: {what} - no rank's fault: {v.summary}"
+    elif consequence:
+        status = "consequence"
+        text = (f"{rc.said}: a consequence, not the cause - {what}; the cause is not that "
+                f"rank's: {v.summary}")
+    else:
+        status = "unconfirmed"
+        text = f"{rc.said}: {what}; no other evidence confirms that rank"
+    v.correction = {**rc.fields, "status": status, "meaning": what, "text": text}
+    link = _link(e, f"{e.source.reader} {e.source.path}: {text}")
+    if status in ("consequence", "contradicted") and v.chain:
+        win = v.winner
+        v.chain.insert(2 if win is not None and win.consequences else 1, link)
+    else:
+        v.chain.append(link)
 
 
 def _join(items: Sequence[Evidence]) -> WhyVerdict:

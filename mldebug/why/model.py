@@ -31,6 +31,20 @@ class Source:
                 "what": self.what, "attempt": self.attempt}
 
 
+@dataclass(frozen=True)
+class LauncherClaim:
+    """What a launcher says caused the failure (torchrun's "Root Cause": the first rank to
+    exit), read by the source's reader: ``said`` ("torchrun's Root Cause names rank 1 (exit
+    code 1)"), the rank, what ended that rank (``meaning``), whether that alone marks it as a
+    consequence of a failure elsewhere, and the entry's fields for ``--json``."""
+
+    said: str
+    rank: int | None
+    meaning: str
+    consequence: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class Evidence:
     """One reader's claim about the job.
@@ -57,6 +71,9 @@ class Evidence:
     consequences: str = ""
     fix: str = ""
     per_rank: bool = False
+    # a launcher's own claim carried by this source (torchrun's "Root Cause"), which the join
+    # says the truth of (mldebug.why.join.correct)
+    launcher: LauncherClaim | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source.path, "reader": self.source.reader,
@@ -90,3 +107,5 @@ class WhyVerdict:
     chain: list[Link] = field(default_factory=list)
     fix: str = ""
     winner: Evidence | None = None
+    # what the join makes of a launcher's "Root Cause" (mldebug.why.join.correct), or None
+    correction: dict[str, Any] | None = None
