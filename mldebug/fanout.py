@@ -111,6 +111,10 @@ class FanoutOptions:
     ssh_args: str | None = None
     exclude: list[str] = field(default_factory=list)
     k8s: K8sTarget | None = None
+    # with k8s: the pods already listed (no second `kubectl get pods`), and the image of the
+    # ephemeral container each is reached through instead of an exec (`kubectl debug`)
+    k8s_listed: list[Pod] | None = None
+    k8s_debug_image: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -374,7 +378,7 @@ def run(job: NodeJob, options: FanoutOptions, on_result: OnResult | None = None,
         keep(_run_local(source, args, options, job.schema))
         return kept
     if options.k8s is not None:
-        pods = k8s_pods(options)
+        pods = options.k8s_listed if options.k8s_listed is not None else k8s_pods(options)
         from mldebug.progress import fanout_progress
 
         with fanout_progress(len(pods), shown=progress) as bar:
@@ -707,10 +711,17 @@ def _run_k8s(pods: Sequence[Pod], source: str, args: Sequence[str], options: Fan
                 pod = todo.get_nowait()
             except queue.Empty:
                 return
+            if options.k8s_debug_image:  # an ephemeral container, named by this run
+                import secrets
+
+                argv = k8s.debug_argv(t, pod, options.k8s_debug_image, options.remote_python,
+                                      k8s.debug_container_name(secrets.token_hex(3)))
+            else:
+                argv = k8s.exec_argv(t, pod, options.remote_python)
             try:
-                res = _exec_pod(exe, k8s.exec_argv(t, pod, options.remote_python), program,
-                                per_pod, pod.name, schema, options.remote_python or "python3",
-                                running, lock)
+                res = _exec_pod(exe, argv, program, per_pod, pod.name, schema,
+                                options.remote_python or "python3", running, lock,
+                                debug=bool(options.k8s_debug_image))
             except Exception as e:  # one pod's failure is that pod's result, never the run's
                 res = NodeResult(pod.name, error=f"kubectl exec failed: {str(e)[:300]}")
             done.put(res)
@@ -746,7 +757,7 @@ def _run_k8s(pods: Sequence[Pod], source: str, args: Sequence[str], options: Fan
 
 def _exec_pod(exe: str, argv: list[str], program: bytes, timeout: float, pod: str,
               schema: Mapping[str, type | tuple[type, ...]], python: str,
-              running: dict[int, Any], lock: threading.Lock) -> NodeResult:
+              running: dict[int, Any], lock: threading.Lock, debug: bool = False) -> NodeResult:
     """One pod: the program on kubectl's stdin, its stdout read line by line (a line at most
     ``MAX_LINE``), at most ``_KEEP`` lines of what else it said; killed after ``timeout``."""
     import collections
@@ -835,6 +846,8 @@ def _exec_pod(exe: str, argv: list[str], program: bytes, timeout: float, pod: st
     elif timed_out.is_set():
         res.error = (f"did not finish within {timeout:.0f}s (kubectl exec, the pod busy or "
                      "hung); raise --timeout")
+    elif debug:
+        res.error = k8s.explain_debug_failure(res.stderr, pod, python)
     else:
         res.error = k8s.explain_exec_failure(res.stderr, pod, python)
     return res

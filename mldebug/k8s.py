@@ -426,3 +426,243 @@ def kubectl_missing() -> MldebugError:
     return MldebugError("kubectl is not on PATH; --k8s and --k8s-job need it.",
                         "Install kubectl (https://kubernetes.io/docs/tasks/tools/) or put it "
                         "on PATH.")
+
+
+# --- the route ladder per pod (#45): which way of reading the ranks answered ---------------
+#
+#   1. py-spy in the container (``kubectl exec``; needs SYS_PTRACE)
+#   2. the ranks' torch debug server (same exec; torch.distributed.debug.start_debug_server())
+#   3. ``kubectl debug POD --profile=sysadmin --target=CONTAINER --image=IMAGE``: an ephemeral
+#      container from ``--debug-image`` that has python3 and py-spy, in the pod's process
+#      namespace (RBAC 'patch' on pods/ephemeralcontainers)
+#   4. the signal route: the ranks' own dump handler (mldebug.watchdog() /
+#      mldebug.install_dump_handler()), asked over ``kubectl exec``
+#   5. none: the line names what would let each rung read the ranks.
+#
+# kubectl's shape (``kubectl debug --help``): ``kubectl debug (POD | TYPE[[.VERSION].GROUP]/NAME)
+# [ -- COMMAND [args...] ]`` with ``-i/--stdin``, ``-q/--quiet``, ``--image``, ``--target``
+# ("When using an ephemeral container, target processes in this container name"),
+# ``--profile`` ("Options are "legacy", "general", "baseline", "netadmin", "restricted" or
+# "sysadmin"") and ``-c/--container`` ("Container name to use for debug container").
+
+RUNG_PYSPY = "py-spy"
+RUNG_DEBUG_SERVER = "debug-server"
+RUNG_KUBECTL_DEBUG = "kubectl-debug"
+RUNG_SIGNAL = "signal"
+RUNGS = (RUNG_PYSPY, RUNG_DEBUG_SERVER, RUNG_KUBECTL_DEBUG, RUNG_SIGNAL)
+DEBUG_PROFILE = "sysadmin"  # kubectl's profile that sets privileged: true (ptrace allowed)
+DEBUG_CONTAINER_PREFIX = "mldebug-"
+# what lets each rung read a pod's ranks (the last line of a pod no rung could read)
+RUNG_NEEDS = {
+    RUNG_PYSPY: "SYS_PTRACE for the container (securityContext: {capabilities: {add: "
+                "[SYS_PTRACE]}}; a py-spy sidecar passed with -c also needs "
+                "shareProcessNamespace: true)",
+    RUNG_DEBUG_SERVER: "torch.distributed.debug.start_debug_server() in the ranks",
+    RUNG_KUBECTL_DEBUG: "--debug-image IMAGE (python3 and py-spy in it) with RBAC 'patch' on "
+                        "pods/ephemeralcontainers and 'create' on pods/attach",
+    RUNG_SIGNAL: "the mldebug.capture handler in the ranks (mldebug.watchdog() or "
+                 "mldebug.install_dump_handler())",
+}
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}")
+
+
+def check_image(image: str) -> str:
+    """``--debug-image``'s value: an image reference (``registry/name:tag`` or ``@sha256:``)."""
+    if not _IMAGE.fullmatch(image):
+        raise UsageError(f"--debug-image {image!r} is not an image reference.",
+                         "Pass an image that has python3 and py-spy, e.g. --debug-image "
+                         "ghcr.io/you/pyspy-debug:1.")
+    return image
+
+
+def debug_container_name(token: str) -> str:
+    """The ephemeral container's name: ``mldebug-TOKEN`` (a DNS label; kubectl's own default
+    is ``debugger-xxxxx``), so ``kubectl get pod -o yaml`` tells whose it is."""
+    return (DEBUG_CONTAINER_PREFIX + re.sub(r"[^a-z0-9-]", "", token.lower()))[:63].rstrip("-")
+
+
+def debug_argv(t: K8sTarget, pod: Pod, image: str, python: str | None = None,
+               name: str | None = None) -> list[str]:
+    """``kubectl debug POD -i -q --image=IMAGE --profile=sysadmin --target=CONTAINER
+    [--container=NAME] -- python3 - <mldebug-node>`` (without the program name): an ephemeral
+    container in the target container's process namespace, the node script on its stdin as
+    with ``exec_argv``. The target: ``--container``, else the pod's default container, else
+    its first."""
+    argv = ["debug", pod.name, "--stdin", "--quiet", f"--image={image}",
+            f"--profile={DEBUG_PROFILE}"]
+    target = logs_container(t, pod)
+    if target:
+        argv.append(f"--target={target}")
+    if name:
+        argv.append(f"--container={name}")
+    ns = pod.namespace or t.namespace
+    if ns:
+        argv.append(f"--namespace={ns}")
+    return [*argv, *_global_flags(t), "--", python or "python3", "-", NODE_ARGV0]
+
+
+def explain_debug_failure(lines: Sequence[str], pod: str, python: str = "python3") -> str:
+    """What ``kubectl debug`` (or the ephemeral container) said, as one actionable sentence."""
+    text = "\n".join(lines)
+    low = text.lower()
+    if "pods/ephemeralcontainers" in low and ("forbidden" in low or "cannot patch" in low):
+        return ("kubectl debug forbidden: your user needs RBAC 'patch' on "
+                "pods/ephemeralcontainers in this namespace (docs/k8s.md, RBAC)")
+    if "pods/attach" in low and "forbidden" in low:
+        return ("kubectl debug forbidden: your user needs RBAC 'create' on pods/attach to "
+                "reach the debug container (docs/k8s.md, RBAC)")
+    if "violates podsecurity" in low:
+        return ("the namespace's Pod Security admission refuses the privileged debug container "
+                f"(--profile={DEBUG_PROFILE}): " + _last(lines)[:200])
+    if "ephemeral containers are disabled" in low or "could not find the requested resource" \
+            in low:
+        return "the cluster has no ephemeral containers (Kubernetes 1.23+ has them)"
+    if "executable file not found" in low or f"{python}: not found" in low:
+        return (f"no {python} in the --debug-image: use an image with python3 and py-spy "
+                "(or pass --remote-python PATH)")
+    if "errimagepull" in low or "imagepullbackoff" in low or "pull" in low and "image" in low:
+        return "the --debug-image could not be pulled: " + _last(lines)
+    if "notfound" in low.replace(" ", "") and "pods" in low:
+        return "the pod is gone (deleted since kubectl get pods listed it)"
+    if text.strip():
+        return "kubectl debug said: " + _last(lines)
+    return "kubectl debug gave no answer (the debug container printed nothing)"
+
+
+@dataclass
+class PodLadder:
+    """One pod's climb: the rung that read its ranks (None: none could), and why each rung
+    above it did not (``refused``: rung -> why)."""
+
+    pod: str
+    answered: str | None = None
+    refused: dict[str, str] = field(default_factory=dict)
+    ranks: int = 0  # rank processes seen in the pod
+    unread: int = 0  # of them, still without stacks
+
+    def line(self) -> str:
+        above = "; ".join(f"{r}: {why}" for r, why in self.refused.items())
+        if self.answered is not None:
+            head = f"pod {self.pod}: {self.answered} answered"
+            return f"{head} (refused above it: {above})" if above else head
+        if self.ranks == 0 and not self.refused:
+            return (f"pod {self.pod}: no rank process seen in the container (the ranks in "
+                    "another container: pass -c, with shareProcessNamespace: true for a "
+                    "sidecar)")
+        needs = "; or ".join(RUNG_NEEDS[r] for r in RUNGS)
+        what = f"{self.unread} of {self.ranks} rank(s)" if self.ranks else "the ranks"
+        return (f"pod {self.pod}: cannot read {what}: {above}. What would: {needs}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pod": self.pod, "answered": self.answered,
+                "refused": [{"rung": r, "why": w} for r, w in self.refused.items()],
+                "ranks": self.ranks, "unread": self.unread, "line": self.line()}
+
+
+def doc_processes(doc: Any) -> list[dict[str, Any]]:
+    procs = doc.get("processes") if isinstance(doc, dict) else None
+    return [p for p in procs if isinstance(p, dict)] if isinstance(procs, list) else []
+
+
+def unread_pids(doc: Any) -> list[int]:
+    """The rank processes of a hang node document that have no stacks."""
+    return [p["pid"] for p in doc_processes(doc)
+            if p.get("dump") is None and isinstance(p.get("pid"), int)]
+
+
+_DS_SPLIT = "Debug-server route: "
+
+
+def short_pyspy_why(err: str) -> str:
+    """py-spy's failure in a pod's ladder line: ptrace denied is said with its cause (the
+    container's missing SYS_PTRACE) and py-spy's own words, the rest as its first sentence."""
+    one = " ".join(err.split())
+    if "ptrace denied" in one:
+        said = one.partition("(ptrace denied")[2].partition(")")[0].lstrip(": ").strip()
+        return ("ptrace denied: the container has no SYS_PTRACE" +
+                (f" (py-spy: {said[:120]})" if said else ""))
+    return one.split(". ")[0][:300]
+
+
+def _why_pyspy(doc: Any) -> tuple[str, str]:
+    """(why py-spy, why the debug server) did not read the first unread rank of ``doc``; the
+    debug server's reason from the rank's error, else from the node's debug-server error."""
+    for p in doc_processes(doc):
+        if p.get("dump") is not None:
+            continue
+        err = str(p.get("pyspy_error") or p.get("error") or "no stacks")
+        pyspy, _, ds = err.partition(_DS_SPLIT)
+        if not ds.strip():
+            errs = doc.get("errors") if isinstance(doc, dict) else None
+            ds = next((str(e["error"]).partition("debug-server route: ")[2]
+                       for e in (errs if isinstance(errs, list) else [])
+                       if isinstance(e, dict) and "debug-server route: " in str(e.get("error"))),
+                      "")
+        return (short_pyspy_why(pyspy) or "no stacks",
+                " ".join(ds.split())[:300] or "no rank registered a torch debug server "
+                                              "(start_debug_server())")
+    return "no stacks", "not asked"
+
+
+def first_rung(pod: str, doc: Any, error: str | None) -> PodLadder:
+    """Rungs 1-2 from the ``kubectl exec`` answer: py-spy, else the debug server in the same
+    run. A pod whose ranks were all read is done; the others climb on."""
+    lad = PodLadder(pod)
+    if doc is None:
+        why = error or "no answer"
+        lad.refused[RUNG_PYSPY] = why
+        lad.refused[RUNG_DEBUG_SERVER] = "needs kubectl exec (as py-spy)"
+        return lad
+    procs = doc_processes(doc)
+    lad.ranks, lad.unread = len(procs), len(unread_pids(doc))
+    routes = {str(p.get("route")) for p in procs if p.get("dump") is not None}
+    if procs and lad.unread == 0:
+        if RUNG_PYSPY in routes or not routes - {RUNG_DEBUG_SERVER}:
+            lad.answered = RUNG_PYSPY if RUNG_PYSPY in routes else RUNG_DEBUG_SERVER
+        if lad.answered == RUNG_DEBUG_SERVER:
+            why = next((str(p.get("pyspy_error")) for p in procs if p.get("pyspy_error")),
+                       "could not read the ranks")
+            lad.refused[RUNG_PYSPY] = short_pyspy_why(why)
+        return lad
+    if not procs:
+        return lad
+    lad.refused[RUNG_PYSPY], lad.refused[RUNG_DEBUG_SERVER] = _why_pyspy(doc)
+    return lad
+
+
+def climbing(lad: PodLadder) -> bool:
+    """Whether the pod needs a rung below the ones tried: ranks left unread, or an exec that
+    failed (kubectl debug may still reach it)."""
+    return lad.answered is None and (lad.unread > 0 or RUNG_PYSPY in lad.refused)
+
+
+def merge_rung(base: Any, later: Any, rung: str, detail: str | None = None) -> int:
+    """Fold a lower rung's answer into the pod's document: each rank ``base`` has without
+    stacks that ``later`` read is replaced by ``later``'s entry (same PID namespace, same
+    pids). ``base`` None: ``later``'s processes are taken whole. Returns the ranks read."""
+    got = {p["pid"]: p for p in doc_processes(later)
+           if p.get("dump") is not None and isinstance(p.get("pid"), int)}
+    if not isinstance(base, dict):
+        return len(got)
+    read = 0
+    procs = base.get("processes")
+    if not isinstance(procs, list):
+        return 0
+    for i, p in enumerate(procs):
+        if isinstance(p, dict) and p.get("dump") is None and p.get("pid") in got:
+            q = dict(got[p["pid"]])
+            if detail:
+                q["route_detail"] = detail
+            procs[i] = q
+            read += 1
+    return read
+
+
+def rung_result(lad: PodLadder, rung: str, read: int, why: str | None) -> None:
+    """Record rung ``rung``'s outcome: ``read`` ranks it read (the pod answered when none is
+    left), else ``why`` it could not."""
+    lad.unread = max(0, lad.unread - read)
+    if read and lad.unread == 0:
+        lad.answered = rung
+    elif why is not None or not read:
+        lad.refused[rung] = " ".join((why or "read none of the ranks").split())[:300]

@@ -39,6 +39,29 @@ with the API server's words for an unknown pod, a container not in the pod, a po
 ``forbid_logs`` or ``waiting`` (e.g. "ContainerCreating"), and ``--previous`` without a
 previous log. ``get`` adds each pod's ``restarts``/``last_exit`` as
 status.containerStatuses[] and its ``env`` as spec.containers[].env.
+
+A pod marked ``no_ptrace`` is a container without ``CAP_SYS_PTRACE``: every ``exec`` into it
+runs under a seccomp filter that fails ``ptrace``, ``process_vm_readv`` and
+``process_vm_writev`` with EPERM. That is what such a container meets (moby's default
+seccomp profile allows process_vm_readv/writev only with CAP_SYS_PTRACE, and attaching to a
+process that is not one's child needs it under Yama's ptrace_scope 1, the common default):
+py-spy in the container is refused with its own message ("Failed to suspend process ...
+EPERM: Operation not permitted") while signals, sockets and /proc reads still work. (py-spy
+--nonblocking reads /proc/PID/mem instead, which this host - root, no Yama - still allows; in
+a real pod Yama refuses that too. mldebug hang dumps blocking by default.)
+
+``debug`` is kubectl's documented ``kubectl debug (POD | TYPE[[.VERSION].GROUP]/NAME)
+[ -- COMMAND [args...] ]`` for an ephemeral container (``-i/--stdin``, ``-q/--quiet``,
+``--image``, ``--target``, ``--profile``, ``-c/--container``, ``-n``, ``--context``,
+``--kubeconfig``): the image is a directory named in the state's ``images`` (its programs
+first on PATH, the image's own environment, not the target's), the container a process
+entering the pod's PID, mount and UTS namespaces with nsenter; ``--profile=sysadmin``
+(privileged) or ``general`` (adds SYS_PTRACE) runs it without the ptrace filter, any other
+profile under it when the pod is ``no_ptrace``. Each ephemeral container is recorded in the
+state as the API server keeps it in ``spec.ephemeralContainers`` (never removed). Refusals
+in kubectl's words: a pod marked ``forbid_debug`` (RBAC: "cannot patch resource
+\"pods/ephemeralcontainers\"") or ``psa`` (Pod Security admission refuses a privileged
+container).
 """
 
 from __future__ import annotations
@@ -65,7 +88,7 @@ def _parse(argv: list[str], with_value: set[str], bare: set[str]) -> tuple[dict[
     """kubectl's flag forms: ``--flag=v``, ``--flag v``, ``-f v``, ``-fv``; ``--`` ends them.
     Returns the flags (long names), the positional words, and the words after ``--``."""
     alias = {"-l": "--selector", "-n": "--namespace", "-o": "--output", "-c": "--container",
-             "-i": "--stdin", "-p": "--previous"}
+             "-i": "--stdin", "-p": "--previous", "-q": "--quiet", "-t": "--tty"}
     flags: dict[str, str] = {}
     words: list[str] = []
     i = 0
@@ -243,6 +266,114 @@ def _pod_env(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
+# seccomp, as <linux/seccomp.h>, <linux/filter.h> and <linux/audit.h> define it (x86_64)
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+_NO_PTRACE_CALLS = (101, 310, 311)  # ptrace, process_vm_readv, process_vm_writev (x86_64)
+
+
+def refuse_ptrace() -> None:
+    """Install a seccomp filter on this process (inherited by everything it execs) that fails
+    ptrace and process_vm_readv/writev with EPERM: a container without CAP_SYS_PTRACE under
+    the runtime's default seccomp profile."""
+    import ctypes
+    import platform
+
+    if platform.machine() != "x86_64":
+        raise SystemExit(_fail("error: the stand-in's no_ptrace pods need x86_64"))
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    n = len(_NO_PTRACE_CALLS)
+    prog = [(ld_abs, 0, 0, 4),                                  # seccomp_data.arch
+            (jeq, 0, n + 1, _AUDIT_ARCH_X86_64),                # another arch: allow
+            (ld_abs, 0, 0, 0)]                                  # seccomp_data.nr
+    for i, nr in enumerate(_NO_PTRACE_CALLS):
+        prog.append((jeq, n - i, 0, nr))                        # -> EPERM
+    prog += [(ret, 0, 0, _RET_ALLOW), (ret, 0, 0, _RET_EPERM)]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(prog))(*[SockFilter(*f) for f in prog])
+    fprog = SockFprog(len(prog), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise SystemExit(_fail(f"error: seccomp filter refused (errno {ctypes.get_errno()})"))
+
+
+def _enter(pid: int, command: list[str], env: dict[str, str], stdin: bool,
+           no_ptrace: bool) -> int:
+    """Run ``command`` in pod ``pid``'s PID, mount and UTS namespaces (this process is
+    replaced), under the ptrace filter when ``no_ptrace``."""
+    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+    if not stdin:
+        fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(fd, 0)
+    if no_ptrace:
+        refuse_ptrace()
+    os.execve(nsenter, [nsenter, f"--target={pid}", "--pid", "--mount", "--uts", "--",
+                        *command], env)
+    return 127  # not reached
+
+
+def debug(argv: list[str]) -> int:
+    """``kubectl debug POD -i --image=IMAGE --target=CONTAINER [--profile=P] -- COMMAND``: an
+    ephemeral container in the pod (see the module's docstring)."""
+    flags, words, command = _parse(argv, {"--container", "--image", "--target", "--profile",
+                                          *_GLOBAL}, {"--stdin", "--tty", "--quiet"})
+    if len(words) != 1:
+        return _fail("error: expected 'debug (POD | TYPE[[.VERSION].GROUP]/NAME) "
+                     "[ -- COMMAND [args...] ]'.\nSee 'kubectl debug -h' for help and examples")
+    if "--image" not in flags:
+        return _fail("error: --image is required when not using --copy-to")
+    profile = flags.get("--profile", "legacy")
+    if profile not in ("legacy", "general", "baseline", "netadmin", "restricted", "sysadmin"):
+        return _fail(f"error: unknown profile: {profile}")
+    state = _state()
+    _check_config(flags, state)
+    ns, name, pod = _pod(flags, words, state)
+    if pod is None:
+        return _fail(f'Error from server (NotFound): pods "{name}" not found')
+    debugger = flags.get("--container") or f"debugger-{os.urandom(3).hex()[:5]}"
+    if "--quiet" not in flags and "--container" not in flags:
+        sys.stderr.write(f"Defaulting debug container name to {debugger}.\n")
+    if pod.get("forbid_debug"):  # the words of github.com/ministryofjustice/cloud-platform#7960
+        return _fail(f'Error from server (Forbidden): pods "{name}" is forbidden: User '
+                     f'"tester" cannot patch resource "pods/ephemeralcontainers" in API group "" '
+                     f'in the namespace "{ns}"')
+    if pod.get("psa") and profile in ("sysadmin", "general", "legacy"):
+        # the words of github.com/kubernetes/kubernetes/issues/117130 (a baseline namespace)
+        return _fail(f'Error from server (Forbidden): pods "{name}" is forbidden: violates '
+                     f'PodSecurity "baseline:latest": privileged (container "{debugger}" must '
+                     f'not set securityContext.privileged=true)')
+    target = flags.get("--target")
+    if target is not None and target not in pod.get("containers", ["main"]):
+        return _fail(f'error: container "{target}" not found in pod "{name}"')
+    image = (state.get("images") or {}).get(flags["--image"])
+    if image is None:
+        return _fail(f"error: the stand-in cannot pull image {flags['--image']!r} "
+                     "(not in the state's images)")
+    if pod.get("phase", "Running") != "Running" or not pod.get("pid"):
+        return _fail(f"error: cannot debug a container in a pod whose phase is "
+                     f"{pod.get('phase', 'Running')}")
+    pod.setdefault("ephemeral", []).append({"name": debugger, "image": flags["--image"],
+                                            "targetContainerName": target, "profile": profile})
+    Path(os.environ[STATE_ENV]).write_text(json.dumps(state))
+    if not command:
+        return 0
+    env = {"PATH": f"{image}:/usr/local/bin:/usr/bin:/bin", "HOME": "/root"}
+    if shutil.which(command[0], path=env["PATH"]) is None:
+        return _fail(f"error: the ephemeral container {debugger} could not start: exec: "
+                     f"\"{command[0]}\": executable file not found in $PATH")
+    privileged = profile in ("sysadmin", "general")
+    return _enter(int(pod["pid"]), command, env, "--stdin" in flags,
+                  bool(pod.get("no_ptrace")) and not privileged)
+
+
 def exec_(argv: list[str]) -> int:
     flags, words, command = _parse(argv, {"--container", *_GLOBAL}, {"--stdin", "--tty"})
     if len(words) != 1 or not command:
@@ -275,13 +406,7 @@ def exec_(argv: list[str]) -> int:
                          f"process: exec: \"{command[0]}\": executable file not found in $PATH: "
                          f"unknown\ncommand terminated with exit code 126\n")
         return 126
-    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
-    if "--stdin" not in flags:
-        fd = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(fd, 0)
-    os.execve(nsenter, [nsenter, f"--target={pid}", "--pid", "--mount", "--uts", "--",
-                        *command], env)
-    return 127  # not reached
+    return _enter(pid, command, env, "--stdin" in flags, bool(pod.get("no_ptrace")))
 
 
 def main(argv: list[str]) -> int:
@@ -297,6 +422,8 @@ def main(argv: list[str]) -> int:
         return exec_(argv[1:])
     if argv[0] == "logs":
         return logs(argv[1:])
+    if argv[0] == "debug":
+        return debug(argv[1:])
     return _fail(f'error: unknown command "{argv[0]}" for "kubectl"')
 
 
@@ -315,7 +442,9 @@ def install(bin_dir: Path) -> Path:
 def write_state(path: Path, pods: list[dict[str, Any]], contexts: list[str] | None = None,
                 **extra: Any) -> None:
     """The cluster: ``pods`` (name, namespace, labels, phase, containers, pid: the pod's PID 1,
-    forbid_exec; for ``logs``: restarts, last_exit, env, forbid_logs, waiting), the ``contexts`` that exist; ``get_delay``: seconds each get takes."""
+    forbid_exec, no_ptrace; for ``logs``: restarts, last_exit, env, forbid_logs, waiting; for
+    ``debug``: forbid_debug, psa), the ``contexts`` that exist; ``get_delay``: seconds each
+    get takes; ``images``: image name -> the directory of its programs (``debug --image``)."""
     path.write_text(json.dumps({"pods": pods, "contexts": contexts or [], **extra}))
 
 

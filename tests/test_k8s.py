@@ -443,6 +443,9 @@ def test_hang_k8s_names_the_rank_that_skipped_the_all_reduce(demo_job):
     assert [(s["rank"], s["host"]) for s in report["suspects"]] == [(1, "demo-worker-0")]
     assert report["suspects"][0]["call_site"].startswith("train_rank.py:"), report["suspects"]
     assert report["errors"] == []
+    # the route ladder's first rung read both pods: nothing above it to refuse
+    assert [(x["pod"], x["answered"], x["refused"]) for x in report["k8s_routes"]] == [
+        ("demo-master-0", "py-spy", []), ("demo-worker-0", "py-spy", [])]
     assert all(p.proc.poll() is None for p in demo_job.pods)  # the ranks are only read
     calls = demo_job.calls()
     assert sum(c[0] == "get" for c in calls) == 1

@@ -69,6 +69,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the job's TCPStore (its MASTER_ADDR:MASTER_PORT), where the ranks' "
                         "torch debug servers are registered; default: from the ranks' or their "
                         "launcher's environment and command line (docs/hang.md)")
+    d.add_argument("--debug-image", metavar="IMAGE",
+                   help="with --k8s/--k8s-job: for pods whose ranks neither py-spy nor a torch "
+                        "debug server read, an ephemeral container from IMAGE (python3 and "
+                        "py-spy in it) via kubectl debug --profile=sysadmin (docs/k8s.md, the "
+                        "route ladder)")
     d.add_argument("--signal", nargs="?", const="SIGUSR1", metavar="SIG",
                    help="no ptrace: send SIG (default SIGUSR1) to the ranks and collect the dumps "
                         "their mldebug.watchdog()/install_dump_handler() writes (docs/capture.md)")
@@ -172,7 +177,18 @@ def run(args: argparse.Namespace) -> int:
 
         out = check_out(Path(args.out), force=args.force)
     docs: Any = None
-    if args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
+    ladder = None
+    if args.debug_image and target.k8s is None:
+        from mldebug.errors import UsageError
+
+        raise UsageError("--debug-image is for Kubernetes pods (kubectl debug).",
+                         "Add --k8s SELECTOR or --k8s-job NAME (docs/k8s.md).")
+    if target.k8s is not None and not args.signal:  # the route ladder per pod
+        from mldebug.hang.ladder import K8sLadder
+
+        ladder = K8sLadder(args.debug_image)
+        docs = ladder.docs
+    elif args.signal:  # the ranks dump themselves (mldebug.capture), no py-spy
         from mldebug.hang.signal_collect import signal_docs
 
         docs = functools.partial(signal_docs, signal=args.signal)
@@ -215,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
             from mldebug.hang.signal_report import to_dict
 
             doc["capture"] = to_dict(results, {(p.host, p.pid) for p in report.processes})
+        if ladder is not None:
+            doc["k8s_routes"] = [lad.to_dict() for lad in ladder.pods]
         write_json(wrap(doc))
     else:
         if target.is_local and not args.pid and not args.slurm_job:
@@ -233,6 +251,15 @@ def run(args: argparse.Namespace) -> int:
             from mldebug.render import console
 
             render_capture(results, console(), {(p.host, p.pid) for p in report.processes})
+        if ladder is not None:  # which rung read each pod's ranks, why the ones above did not
+            from mldebug.render import console
+            from mldebug.text import sanitize
+
+            con = console()
+            con.print("[bold]routes per pod[/bold] (py-spy -> debug-server -> kubectl-debug "
+                      "-> signal)")
+            for lad in ladder.pods:
+                con.print(sanitize(lad.line()), markup=False, highlight=False, soft_wrap=True)
     if args.html:
         if not report.processes:
             from mldebug.errors import MldebugError

@@ -151,6 +151,22 @@ def kernel_all(targets: list[dict[str, Any]]) -> None:
         lock_holders(waiting)
 
 
+def pyspy_said(stderr: str, limit: int = 160) -> str:
+    """py-spy's error on one line: its message and causes ("Error: Failed to get stack traces /
+    0: Failed to suspend process / 1: EPERM: Operation not permitted"), without the "Caused
+    by:" header, repeated causes and the Rust backtrace."""
+    parts: list[str] = []
+    for line in stderr.splitlines():
+        line = line.strip()
+        if line.startswith("Stack backtrace:"):
+            break
+        text = line.split(":", 1)[1].strip() if line[:1].isdigit() and ":" in line else line
+        if line and line != "Caused by:" and text not in (p.split(":", 1)[-1].strip()
+                                                          for p in parts):
+            parts.append(line)
+    return " / ".join(parts)[:limit]
+
+
 def explain_pyspy_error(pid: int, stderr: str, rc: int,
                         status: dict[str, str] | None = None, euid: int | None = None) -> str:
     """One line saying why py-spy failed on ``pid`` and what to do: a stopped or already
@@ -174,7 +190,7 @@ def explain_pyspy_error(pid: int, stderr: str, rc: int,
                     f"kill -CONT {pid} if you stopped it, then run again.")
         if (os.geteuid() if euid is None else euid) == 0:
             return (f"py-spy could not attach to pid {pid} although running as root "
-                    f"(ptrace denied: {stderr.strip()[:160]}). Containers: "
+                    f"(ptrace denied: {pyspy_said(stderr)}). Containers: "
                     "--cap-add=SYS_PTRACE, or a seccomp/LSM profile that blocks ptrace. "
                     + NO_PTRACE_ROUTE)
         return f"py-spy could not attach to pid {pid} (ptrace denied). {PTRACE_FIX}"
