@@ -982,7 +982,8 @@ def bundle(modules: Sequence[str], main: str, main_func: str = "main", *,
         parts = name.split(".")
         for i in range(1, len(parts)):
             lines.append(f"_pkg({'.'.join(parts[:i])!r})")
-        lines.append(f"_m = types.ModuleType({name!r}); sys.modules[{name!r}] = _m")
+        lines.append(f"_m = types.ModuleType({name!r}); sys.modules[{name!r}] = _m; "
+                     f"_m.__file__ = {spec.origin!r}")  # as imported (the path is the caller's)
         lines.append(f"exec(compile({source!r}, {spec.origin!r}, 'exec'), _m.__dict__)")
     lines.append(f"sys.exit(sys.modules[{main!r}].{main_func}(sys.argv[1:]))")
     return "\n".join(lines) + "\n"

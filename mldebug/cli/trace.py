@@ -23,6 +23,7 @@ the reason. With neither, the one job of yours on this host is asked (several: p
   mldebug trace show DIR --json
   mldebug trace show --pid 4123           # a live job here: its ranks write their rings now
   mldebug trace show --job run:abc123     # ... the job with this key ('mldebug hang' lists them)
+  mldebug trace show --k8s-job llama -n training   # every pod of a job (also --nodes, --slurm-job)
   mldebug trace run --lines -- python train.py --steps 10
   torchrun --nproc_per_node 4 -m mldebug.trace run train.py   # same, through torchrun
 
@@ -49,11 +50,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     live.add_argument("--job", metavar="KEY",
                       help="only the job with this key (as 'mldebug hang' names jobs) on this "
                            "host")
-    from mldebug.cli._common import finite_float
+    from mldebug.cli._common import add_target_arguments
 
-    live.add_argument("--timeout", type=finite_float, default=30.0, metavar="S",
-                      help="seconds each rank may take to write its ring (default: 30; a "
-                           "watchdog's handler looks every min(5, timeout/4) s)")
+    add_target_arguments(s, default_timeout=30.0,
+                         timeout_help="seconds each rank may take to write its ring (a "
+                                      "watchdog's handler looks every min(5, timeout/4) s)")
     s.add_argument("--json", action="store_true", help="the report as JSON")
     from mldebug.htmlview import add_view_arguments
 
@@ -77,15 +78,23 @@ def run(args: argparse.Namespace) -> int:
         from mldebug.trace.collect import abort_notes, load
 
         check_view_targets(args)
-        if args.paths and (args.pid is not None or args.job is not None):
+        from mldebug.cli._common import fanout_options
+
+        target = fanout_options(args)
+        if args.paths and (args.pid is not None or args.job is not None
+                           or not target.is_local):
             from mldebug.errors import UsageError
 
-            raise UsageError("pass saved rings (DIR|FILE) or a live job (--pid/--job), not both.",
+            raise UsageError("pass saved rings (DIR|FILE) or a live job (--pid/--job, --nodes, "
+                             "--slurm-job, --k8s/--k8s-job), not both.",
                              "e.g. mldebug trace show capture/, or mldebug trace show --pid "
                              "<torchrun's pid>.")
         if args.paths:
             traces, errors = load(args.paths)
             report = analyze(traces, errors, abort_notes(args.paths))
+        elif not target.is_local:  # the ranks of every node or pod, asked there
+            report = _remote(target, args.pid, args.job, args.timeout)
+            traces = report.traces
         else:
             check_seconds("--timeout", args.timeout)
             report = _live(args.pid, args.job, args.timeout)
@@ -215,6 +224,81 @@ def _live(pid: int | None, job: str | None, timeout: float) -> Any:
             report = analyze(traces, [], notes, job=label, live=True, unnoted=unnoted,
                              busy=(busy, took))
     return report
+
+
+def _remote(target: Any, pid: int | None, job: str | None, timeout: float) -> Any:
+    """``trace show`` over the fan-out (pdsh, srun, kubectl exec): each node or pod asks its
+    own ranks (``mldebug.trace.node``) and answers with their rings; one job's ranks are
+    compared as a local live ``trace show`` compares them (one read: the re-read for progress
+    is local only). A node that did not answer is named in the report's errors."""
+    import dataclasses
+
+    from mldebug.errors import MldebugError
+    from mldebug.fanout import NodeJob, run
+    from mldebug.trace.analyze import analyze
+    from mldebug.trace.collect import rank_from_doc
+    from mldebug.trace.node import NODE_MODULES, NODE_SCHEMA
+
+    @dataclasses.dataclass
+    class TraceArgs:
+        pid: int | None = None
+        job: str | None = None
+        timeout: float = 30.0
+
+    results = run(NodeJob(NODE_MODULES, TraceArgs(pid, job, timeout), NODE_SCHEMA),
+                  dataclasses.replace(target, timeout=timeout + 15), progress=False)
+    errors: list[str] = []
+    jobs: dict[str | None, list[tuple[str, dict[str, Any]]]] = {}
+    for r in results:
+        if r.data is None:
+            errors.append(f"{r.host}: {r.error or 'no answer'}")
+            continue
+        for e in r.data.get("errors") or ():
+            errors.append(f"{r.host}: {str(e)[:300]}")
+        for x in r.data.get("ranks") or ():
+            if isinstance(x, dict) and isinstance(x.get("pid"), int):
+                key = x.get("job") if isinstance(x.get("job"), str) else None
+                jobs.setdefault(key, []).append((r.host, x))
+    if not jobs:
+        raise MldebugError("no rank process on any node or pod answered"
+                           + (f" ({'; '.join(errors[:3])})" if errors else "") + ".",
+                           "'mldebug hang' with the same options lists the ranks and jobs.")
+    if len(jobs) > 1:
+        listed = "; ".join(f"{k or '(no job key)'} ({len(v)} ranks)"
+                           for k, v in list(jobs.items())[:6])
+        first = next((k for k in jobs if k), None)
+        raise MldebugError(f"{len(jobs)} jobs have rank processes there: {listed}; trace show "
+                           "compares the ranks of one job.",
+                           "Pick one: --job KEY" + (f" (e.g. --job {first})" if first else ""))
+    [(key, ranks)] = jobs.items()
+    traces, notes = [], []
+    for host, x in ranks:
+        ring = x.get("trace")
+        if isinstance(ring, dict):
+            try:
+                events = [e for e in ring.get("events") or () if isinstance(e, list)]
+                t = rank_from_doc({**ring, "host": host, "events": ring.get("kind"),
+                                   "locations": events,
+                                   "threads": [{"events": list(range(len(events)))}]
+                                   + [{}] * max(0, int(ring.get("threads") or 1) - 1)},
+                                  f"{host}:{x['pid']}")
+            except (TypeError, ValueError) as e:
+                errors.append(f"{host}: rank pid {x['pid']}: malformed ring ({e})"[:300])
+                continue
+            traces.append(t)
+        else:
+            rank = x.get("rank") if isinstance(x.get("rank"), int) else None
+            notes.append((rank, x["pid"], f"{str(x.get('reason') or 'no ring')[:300]} "
+                                          f"(on {host})"))
+    traces.sort(key=lambda t: (t.rank is None, t.rank or 0, t.host, t.pid))
+    if not traces and all("dump handler" in why for _, _, why in notes):
+        raise MldebugError(
+            f"job {key or '?'}: none of its {len(notes)} rank processes has a dump handler, so "
+            "nothing can ask for its ring without stopping it (no rank was signalled).",
+            "Add mldebug.trace.enable() and mldebug.install_dump_handler() (or "
+            "mldebug.watchdog()) to the training script and restart it; meanwhile "
+            "'mldebug hang' with the same options shows the stacks.")
+    return analyze(traces, errors, notes, job=key or "(no job key)", live=True)
 
 
 RECHECK_S = 6.0  # trace show's longest look for progress in a live job whose ranks diverge
