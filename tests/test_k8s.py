@@ -654,3 +654,13 @@ def test_standin_logs_fails_like_kubectl_for_an_unknown_pod(log_cluster):
     r = subprocess.run([str(log_cluster.bin / "kubectl"), "logs", "-p", "demo-master-0",
                         "-n", "training"], capture_output=True, text=True, env=log_cluster.env())
     assert r.returncode == 1 and "previous terminated container" in r.stderr
+
+
+def test_env_k8s_covers_every_pod_answered_or_named(standin):
+    r = run_cli("env", "--k8s", "app=web", "--json", env=standin.env(), timeout=120)
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    doc = json.loads(r.stdout)
+    assert sorted(n["host"] for n in doc["nodes"]) == ["web-0", "web-1"]
+    assert sorted(doc["unreachable"]) == ["web-2", "web-3"]
+    assert "Pending" in doc["unreachable"]["web-2"]
+    assert "pods/exec" in doc["unreachable"]["web-3"]

@@ -328,3 +328,12 @@ def test_the_text_report_has_one_line_per_pod_with_its_rung(ladder):
                  "kubectl-debug: not tried: pass --debug-image IMAGE",
                  "pod lad-sig-0: signal answered (refused above it: py-spy: "):
         assert line in out, out[-3000:]
+
+
+def test_debug_image_needs_k8s_and_an_image_reference(tmp_path):
+    r = run_cli("hang", "--debug-image", "img:1")
+    assert r.returncode == 2 and "--debug-image is for Kubernetes pods" in r.stderr
+    env = dict(os.environ, PATH=str(tmp_path))  # never reaches kubectl
+    r = run_cli("hang", "--k8s", "app=x", "--debug-image=-it", env=env)
+    assert r.returncode == 2 and "not an image reference" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
