@@ -122,3 +122,40 @@ def test_trace_show_k8s_text_and_refusals(traced):
     assert r.returncode == 2 and "not both" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("trace", "show", "--k8s", "app=none", env=traced["env"])
     assert r.returncode == 1 and "no pod matches the selector 'app=none'" in r.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_trace_show_nodes_asks_each_sshd_nodes_ranks(cluster, tmp_path):
+    """The same node script over pdsh: two nodes of the local sshd cluster, one rank each."""
+    import re
+
+    tmp_path.chmod(0o755)
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    port = free_port()
+    logs = [tmp_path / f"node{i + 1}.log" for i in range(2)]
+    for i, log in enumerate(logs):
+        cluster.spawn(f"node{i + 1}", (
+            f"env RANK={i} LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.1.1 MASTER_PORT={port} "
+            f"PYTHONPATH={REPO} PYTHONUNBUFFERED=1 {sys.executable} {script}"), str(log))
+    try:
+        deadline = time.monotonic() + 60
+        while not all(log.exists() and " ready" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, "".join(
+                log.read_text() for log in logs if log.exists())
+            time.sleep(0.3)
+        time.sleep(1.5)
+        r = run_cli("trace", "show", "--nodes", "node[1-2]", "--json", "--timeout", "15",
+                    env=cluster.env(), timeout=120)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert sorted((x["host"], x["rank"]) for x in doc["ranks"]) == [("node1", 0),
+                                                                        ("node2", 1)]
+        assert {x["rank"]: x["last"]["func"] for x in doc["ranks"]}[1] == "load_batch"
+    finally:
+        for i, log in enumerate(logs):  # each rank by the pid it printed, on its own node
+            m = re.search(r"pid (\d+) ready", log.read_text() if log.exists() else "")
+            if m:
+                cluster.ssh(f"node{i + 1}", f"kill -9 {m[1]}", check=False)
