@@ -627,6 +627,9 @@ def first_rung(pod: str, doc: Any, error: str | None) -> PodLadder:
     if not procs:
         return lad
     lad.refused[RUNG_PYSPY], lad.refused[RUNG_DEBUG_SERVER] = _why_pyspy(doc)
+    if isinstance(doc, dict) and "py_spy" in doc and doc["py_spy"] is None:
+        lad.refused[RUNG_PYSPY] = ("no py-spy in the container image (pip install py-spy in "
+                                   "the image, or --py-spy PATH)")
     return lad
 
 

@@ -320,6 +320,24 @@ def _enter(pid: int, command: list[str], env: dict[str, str], stdin: bool,
     return 127  # not reached
 
 
+def _record_ephemeral(name: str, ns: str, container: dict[str, Any]) -> None:
+    """Add the ephemeral container to the pod in the state file: read, changed and replaced
+    under a lock (kubectl debug runs for several pods at once; a reader never sees half a
+    file)."""
+    import fcntl
+
+    path = Path(os.environ[STATE_ENV])
+    with open(str(path) + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = json.loads(path.read_text())
+        for p in state["pods"]:
+            if p["name"] == name and p.get("namespace", "default") == ns:
+                p.setdefault("ephemeral", []).append(container)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, path)
+
+
 def debug(argv: list[str]) -> int:
     """``kubectl debug POD -i --image=IMAGE --target=CONTAINER [--profile=P] -- COMMAND``: an
     ephemeral container in the pod (see the module's docstring)."""
@@ -360,9 +378,8 @@ def debug(argv: list[str]) -> int:
     if pod.get("phase", "Running") != "Running" or not pod.get("pid"):
         return _fail(f"error: cannot debug a container in a pod whose phase is "
                      f"{pod.get('phase', 'Running')}")
-    pod.setdefault("ephemeral", []).append({"name": debugger, "image": flags["--image"],
-                                            "targetContainerName": target, "profile": profile})
-    Path(os.environ[STATE_ENV]).write_text(json.dumps(state))
+    _record_ephemeral(name, ns, {"name": debugger, "image": flags["--image"],
+                                 "targetContainerName": target, "profile": profile})
     if not command:
         return 0
     env = {"PATH": f"{image}:/usr/local/bin:/usr/bin:/bin", "HOME": "/root"}

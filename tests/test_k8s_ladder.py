@@ -113,6 +113,10 @@ def test_first_rung_says_which_answered_and_why_the_one_above_did_not():
         "the job's TCPStore at 127.0.0.1:1 refused the connection")
     lad = k8s.first_rung("p-0", None, "kubectl exec forbidden: your user needs RBAC ...")
     assert k8s.climbing(lad) and lad.refused["py-spy"].startswith("kubectl exec forbidden")
+    no_spy = _doc({"pid": 7, "dump": None, "error": None})
+    no_spy["py_spy"] = None  # the node found no py-spy beside the image's Python or on PATH
+    assert k8s.first_rung("p-0", no_spy, None).refused["py-spy"].startswith(
+        "no py-spy in the container image")
     none = k8s.first_rung("p-0", _doc(), None)
     assert not k8s.climbing(none) and "no rank process seen" in none.line()
 
