@@ -33,6 +33,7 @@ _LAZY: dict[str, str] = {
     "beat": "mldebug.capture",
     "install_dump_handler": "mldebug.capture",
     "see_memory_usage": "mldebug.memory.usage",
+    "step": "mldebug.stepclock",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -468,6 +468,83 @@ def train(model: torch.nn.Module, opt: torch.optim.Optimizer | None, train_model
     dist.barrier()
 
 
+# --- stragglers (#44): slow, never stuck ------------------------------------------------
+
+class SlowRows(Dataset):  # type: ignore[type-arg]
+    """Records read from storage that answers in ``ms`` per batch of 4 (a sleep: I/O)."""
+
+    def __init__(self, ms: float) -> None:
+        self.s = ms / 4000
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.s)
+        return torch.randn(32, generator=torch.Generator().manual_seed(i))
+
+
+def _calibrate(model: torch.nn.Module, ms: float) -> int:
+    """Forward+backward passes that take about ``ms`` on rank 0, the same count on every
+    rank (a fixed amount of work: a culprit's slower compute is more of it)."""
+    x = torch.randn(256, 32)
+    n = torch.zeros(1)
+    if RANK == 0:
+        times = []
+        for _ in range(7):
+            t = time.perf_counter()
+            model(x).pow(2).mean().backward()
+            times.append(time.perf_counter() - t)
+        n[0] = max(1, round(ms / 1000 / sorted(times)[3]))
+    dist.broadcast(n, src=0)
+    model.zero_grad()
+    return int(n.item())
+
+
+def train_stragglers(model: torch.nn.Module) -> None:
+    """Every step: a batch from a DataLoader (``--phase-ms``), compute (forward+backward,
+    about ``--phase-ms``), the gradients all_reduced in ``--collectives`` buckets, an SGD
+    update; the step inside ``mldebug.step()``. The culprit's ``--slow-phase`` takes
+    ``--slow-factor`` x ``--phase-ms`` longer: ``data`` (its storage), ``compute`` (more
+    passes), ``comm`` (its first gradient all_reduce returns that much later: a delay inside
+    its collective call, after gloo's transfer)."""
+    import mldebug
+    import mldebug.fr
+    import mldebug.stepclock
+
+    base = ARGS.phase_ms
+    extra = ARGS.slow_factor if CULPRIT else 0.0
+    slow = ARGS.slow_phase if CULPRIT else ""
+    iters = _calibrate(model, base)
+    if slow == "compute":
+        iters = max(iters + 1, round(iters * (1 + extra)))
+    loader = DataLoader(SlowRows(base * (1 + extra) if slow == "data" else base),
+                        batch_size=4, num_workers=0)
+    it = iter(loader)
+    params = list(model.parameters())
+    cuts = [params[:1], params[1:3], params[3:]] if ARGS.collectives == 3 else [params]
+    side(f"ready-rank{RANK}", f"{os.getpid()}\n")
+    if CULPRIT and slow:
+        injected()
+    for step in range(ARGS.steps):
+        x = next(it).repeat(64, 1)
+        with mldebug.step():
+            for _ in range(iters):
+                model(x).pow(2).mean().backward()
+            for k, bucket in enumerate(cuts):
+                g = torch.cat([p.grad.reshape(-1) for p in bucket if p.grad is not None])
+                dist.all_reduce(g)
+                if k == 0 and slow == "comm":
+                    time.sleep(extra * base / 1000)
+            update(model, None)
+        if step % 10 == 0:
+            side(f"step-rank{RANK}", f"{step}\n")
+    mldebug.fr.dump("end of training")
+    mldebug.stepclock.flush()
+    print(f"training done after {ARGS.steps} steps", flush=True)
+    dist.barrier()
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fault", default="healthy")
@@ -484,6 +561,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-fr", action="store_true", help="do not enable the flight recorder")
     p.add_argument("--trace", action="store_true",
                    help="record each rank's execution ring (mldebug.trace.enable)")
+    p.add_argument("--slow-phase", default="", choices=["", "data", "compute", "comm"],
+                   help="stragglers: the culprit's slower phase")
+    p.add_argument("--slow-factor", type=float, default=0.0,
+                   help="stragglers: the culprit's phase takes this x --phase-ms longer")
+    p.add_argument("--phase-ms", type=float, default=30.0,
+                   help="stragglers: data and compute time per step")
+    p.add_argument("--collectives", type=int, default=1, choices=[1, 3],
+                   help="stragglers: gradient all_reduces per step")
     p.add_argument("--pool", help="a JSON list of cases ({fault, culprits, mode, side}) to run "
                    "one after another in these ranks")
     p.add_argument("--hold-margin", type=float, default=4.0,
@@ -541,6 +626,9 @@ def one_case() -> None:
         store.wait([f"manifest/{r}" for r in range(WORLD)], timeout)
     pairs = make_pairs() if ARGS.mode == "subgroup" else []
     model = MLP()
+    if ARGS.fault == "straggler":
+        train_stragglers(model)
+        return
     train_model: torch.nn.Module = model
     if ARGS.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel

@@ -5,6 +5,7 @@ no-culprit cases, seconds to verdict), each route beside the tool a user would u
     python benchmarks/faults/run.py --quick            # one case per class, 4 ranks (~5 min)
     python benchmarks/faults/run.py                    # every class at 2, 4 and 8 ranks
     python benchmarks/faults/run.py --classes flock,sigstop --seeds 3 --json out.json
+    python benchmarks/faults/run.py --stragglers --ranks 2,4  # slow ranks (stragglers.py)
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", action="store_true",
                    help="run the poolable cases one after another in shared jobs (ranks start "
                         "once; their log route reads each case's part of the output; no fr)")
+    p.add_argument("--stragglers", action="store_true",
+                   help="run the straggler rows instead (benchmarks/faults/stragglers.py): "
+                        "a rank slower in data, compute or communication, and even jobs")
     a = p.parse_args(argv)
+    if a.stragglers:
+        import stragglers
+
+        ranks_s = [int(x) for x in (a.ranks if a.ranks != "2,4,8" else "2,4").split(",")]
+        return stragglers.main(ranks_s, a.seeds, a.first_seed, min(a.jobs, 2), a.json,
+                               lambda s: print(s, file=sys.stderr), a.keep)
     if a.docs:
         from runner import docs_table
 
