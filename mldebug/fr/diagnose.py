@@ -93,12 +93,20 @@ def build_findings(a: Analysis) -> list[Finding]:
                      f"(previous completion to enqueue) {_ms(st.host_gap_ms)} vs "
                      f"{_ms(st.host_gap_ms_others)}, communication (start to completion) "
                      f"{_ms(st.comm_ms)} vs {_ms(st.comm_ms_others)}.")
+        if st.data_ms is not None:
+            times += (f" Per step (median, step clock, this rank vs the others): data "
+                      f"{_ms(st.data_ms)} vs {_ms(st.data_ms_others)}, compute "
+                      f"{_ms(st.compute_ms)} vs {_ms(st.compute_ms_others)}, communication "
+                      f"{_ms(st.step_comm_ms)} vs {_ms(st.step_comm_ms_others)}.")
+            if st.step_ms is not None and st.step_ms_without is not None:
+                times += (f" Step time {_ms(st.step_ms)}; without its delay about "
+                          f"{_ms(st.step_ms_without)}.")
         out.append(Finding(
             Severity.WARNING,  # a healthy but slow rank: never an error (#44)
             f"rank {st.rank}{f' ({st.host})' if st.host else ''} arrived last at {share:.0f}% "
             f"of {st.collectives}{where} collectives, by {st.late_ms_median:.0f} ms median"
             + phase,
-            f"Behind the median rank: median {st.late_ms_median:.1f} ms, p90 "
+            f"Behind the other ranks' median: median {st.late_ms_median:.1f} ms, p90 "
             f"{st.late_ms_p90:.1f} ms, mean {st.late_ms_mean:.1f} ms (enqueue times, host "
             f"clocks aligned). The others wait about {st.late_ms_median:.0f} ms for it per "
             f"collective{where}; the step would be about {st.late_ms_median:.0f} ms shorter "

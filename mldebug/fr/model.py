@@ -374,6 +374,19 @@ class Straggler:
     comm_ms: float | None = None
     comm_ms_others: float | None = None
     position: str | None = None  # named at this one collective of the step only (op[sizes])
+    # from the ranks' step clocks (``with mldebug.step():``), medians over the steps holding
+    # the collectives it was named for: waiting for data (previous step's exit to this
+    # entry), compute (entry to the step's first collective), communication (first
+    # collective to exit), this rank's and the others'; the others' step period and what it
+    # would be without this rank's delay
+    data_ms: float | None = None
+    data_ms_others: float | None = None
+    compute_ms: float | None = None
+    compute_ms_others: float | None = None
+    step_comm_ms: float | None = None
+    step_comm_ms_others: float | None = None
+    step_ms: float | None = None
+    step_ms_without: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         def r3(v: float | None) -> float | None:
@@ -384,7 +397,13 @@ class Straggler:
                 "late_ms_mean": round(self.late_ms_mean, 3),
                 "phase": self.phase, "host_gap_ms": r3(self.host_gap_ms),
                 "host_gap_ms_others": r3(self.host_gap_ms_others), "comm_ms": r3(self.comm_ms),
-                "comm_ms_others": r3(self.comm_ms_others), "position": self.position}
+                "comm_ms_others": r3(self.comm_ms_others), "position": self.position,
+                "data_ms": r3(self.data_ms), "data_ms_others": r3(self.data_ms_others),
+                "compute_ms": r3(self.compute_ms),
+                "compute_ms_others": r3(self.compute_ms_others),
+                "step_comm_ms": r3(self.step_comm_ms),
+                "step_comm_ms_others": r3(self.step_comm_ms_others),
+                "step_ms": r3(self.step_ms), "step_ms_without": r3(self.step_ms_without)}
 
 
 @dataclass

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 from mldebug.fr.loader import rank_times
 from mldebug.fr.model import NOT_RECORDED, DumpSet, Straggler, packed, pick, picker
+from mldebug.stepclock import read_beside
 
 WINDOW = 1000  # the latest matched collectives per group that are compared
 MIN_COLLECTIVES = 10  # fewer: no verdict (a one-off stall is not a straggler)
 LAST_SHARE = 0.5  # last at this share of the collectives at least ...
-MIN_LATE_MS = 5.0  # ... by at least this much (median, behind the median rank)
+MIN_Z = 3.0  # ... this many standard deviations above chance (1 in n ranks: binomial) ...
+MIN_LATE_MS = 2.0  # ... by at least this much (median, behind the other ranks' median)
 
 
 @dataclass
@@ -122,13 +124,28 @@ class Arrivals:
     mids: list[float]
 
 
+def _mids(col: Sequence[float]) -> tuple[float, float, float]:
+    """A collective's median arrival, and the median of the others for a rank above it
+    (the column without its latest) and below it (without its earliest)."""
+    v = sorted(col)
+    n = len(v)
+
+    def med(lo: int, hi: int) -> float:  # median of v[lo:hi]
+        m = hi - lo
+        return v[lo + m // 2] if m % 2 else (v[lo + m // 2 - 1] + v[lo + m // 2]) / 2
+
+    return med(0, n), med(0, n - 1), med(1, n)
+
+
 def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
                     arrivals: list[Arrivals] | None = None) -> tuple[list[Straggler], int]:
     """Ranks consistently last at matched collectives, and how many collectives were compared.
 
-    Lateness of a rank at one collective = its aligned enqueue time minus the median rank's.
-    A rank is named when it was last at ``LAST_SHARE`` of at least ``MIN_COLLECTIVES``
-    collectives by a median of ``MIN_LATE_MS`` or more: of all its collectives, or of those
+    Lateness of a rank at one collective = its aligned enqueue time minus the median of the
+    other members'. A rank is named when it was last at ``LAST_SHARE`` of at least
+    ``MIN_COLLECTIVES`` collectives, ``MIN_Z`` standard deviations more often than chance
+    (last 1 in n times in a group of n: with 2 ranks, last at half is chance), by a median of
+    ``MIN_LATE_MS`` or more: of all its collectives, or of those
     at one position of the step (one group's collectives of one op, sizes and call site: a
     rank late only at the first of three all_reduces per step). Each named rank gets its
     ``phase`` (see ``phase_of``).
@@ -138,6 +155,9 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
     # per position (group, static id): collectives, and who was last how often there
     pos_count: dict[tuple[str, int], int] = defaultdict(int)
     pos_last: dict[tuple[int, tuple[str, int]], int] = defaultdict(int)
+    pos_size: dict[tuple[str, int], int] = {}
+    # last this often by chance (1 in n), and the variance of that count (binomial)
+    chance: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     compared = 0
     kept = []
     for pg, m in arrival_times(ds, since).items():
@@ -146,35 +166,51 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
         shift = [offsets[h] for h in hosts]
         keys = _positions(ds, m)
         mids = []
+        others: list[tuple[float, float]] = []  # the others' median, for a late / early rank
         aligned: Sequence[float]
         shifted = any(shift)  # one host (or no host names): the times as they are
         for col, sid in zip(zip(*m.times, strict=True), keys, strict=True):  # one collective
             aligned = [t - s for t, s in zip(col, shift, strict=True)] if shifted else col
-            mids.append(statistics.median(aligned))
+            mid, above, below = _mids(aligned)
+            mids.append(mid)
+            others.append((above, below))
             r = m.ranks[aligned.index(max(aligned))]  # the first of the latest
             last[r] += 1
             pos_count[pg, sid] += 1
             pos_last[r, (pg, sid)] += 1
+        p = 1 / len(m.ranks)
         for r in m.ranks:
             count[r] += len(m.seqs)
-        kept.append((pg, m, shift, mids, keys))
+            chance[r][0] += len(m.seqs) * p
+            chance[r][1] += len(m.seqs) * p * (1 - p)
+        for sid in set(keys):
+            pos_size[pg, sid] = len(m.ranks)
+        kept.append((pg, m, shift, mids, keys, others))
         if arrivals is not None:  # kept for the HTML view's heat map (no second pass)
             arrivals.append(Arrivals(pg, m, shift, mids))
         compared += len(m.seqs)
     # only a rank that was last often enough can be named: its lateness is all that is kept
     # (a 16,384-rank job would otherwise hold 16,384 x 1,000 numbers)
+    def beyond_chance(k: int, n: int, mean: float, var: float) -> bool:
+        return n >= MIN_COLLECTIVES and k >= LAST_SHARE * n and k - mean >= MIN_Z * var ** 0.5
+
     late: dict[int, list[float]] = {r: [] for r, n in count.items()
-                                    if n >= MIN_COLLECTIVES and last[r] >= LAST_SHARE * n}
+                                    if beyond_chance(last[r], n, *chance[r])}
+    # per position too for a rank last at most collectives overall: late at one of three
+    # all_reduces by 20 ms and on time at the other two, its median over all is ~0
     at_pos: dict[tuple[int, tuple[str, int]], list[float]] = {
         (r, key): [] for (r, key), n in pos_last.items()
-        if r not in late and pos_count[key] >= MIN_COLLECTIVES
-        and n >= LAST_SHARE * pos_count[key]}
+        if pos_count[key] < count[r] and beyond_chance(
+            n, pos_count[key], pos_count[key] / pos_size[key],
+            pos_count[key] / pos_size[key] * (1 - 1 / pos_size[key]))}
     wanted = set(late) | {r for r, _ in at_pos}
-    for pg, m, shift, mids, keys in kept:
+    for pg, m, shift, mids, keys, others in kept:
         for r, times, sh in zip(m.ranks, m.times, shift, strict=True):
             if r not in wanted:
                 continue
-            values = [((t - sh) - mid) / 1e6 for t, mid in zip(times, mids, strict=True)]
+            # behind the median of the *other* ranks (with 2 ranks, the whole gap)
+            values = [((t - sh) - (o[0] if t - sh > mid else o[1] if t - sh < mid else mid))
+                      / 1e6 for t, mid, o in zip(times, mids, others, strict=True)]
             if r in late:
                 late[r].extend(values)
             for k, v in enumerate(values):
@@ -187,7 +223,10 @@ def find_stragglers(ds: DumpSet, since: dict[str, int] | None = None,
         if st is not None:
             named.append((st, None))
     by_rank: dict[int, tuple[Straggler, tuple[str, int] | None]] = {}
+    overall = {st.rank for st, _ in named}
     for (r, where), values in at_pos.items():
+        if r in overall:
+            continue
         st = _straggler(ds, r, values, pos_last[r, where], where)
         best = by_rank.get(r)
         if st is not None and (best is None or (st.times_last, st.late_ms_median)
@@ -253,15 +292,93 @@ def _phases(dump_created: Sequence[int], started: Sequence[int], completed: Sequ
         prev_done, prev_seq = (d, seqs[k]) if ok else (None, None)
 
 
+DATA = "data (waiting for the next batch: between its steps, step clock)"
+STEP_COMPUTE = "compute (in its step, before the step's collectives: step clock)"
+STEP_COMMUNICATION = ("communication (its collectives and what follows them in the step "
+                      "are as long as the others', who wait there for it: step clock)")
+
+
+@dataclass
+class StepPhases:
+    """Per matched collective, the phases of the step (of one rank's step clock) holding it,
+    in ms; ``steps``: the distinct steps they came from."""
+
+    data: list[float]
+    compute: list[float]
+    comm: list[float]
+    period: list[float]
+    steps: set[int]
+
+
+def step_phases(enter: Sequence[int], exit_: Sequence[int], created: Sequence[int],
+                at: Sequence[int], wanted: Sequence[bool], out: StepPhases) -> None:
+    """Append, for each ``wanted`` collective (entry index ``at[k]`` into ``created``), the
+    phases of the step whose [entry, exit] holds its enqueue time: data = the step's entry
+    minus the previous step's exit, compute = the step's first collective's enqueue minus its
+    entry, communication = its exit minus that enqueue, period = entry to the next entry.
+    Collectives outside every step (before the clock started, between steps) are left out."""
+    first: dict[int, int] = {}
+    where: list[int] = []
+    for i in at:
+        c = created[i] if i < len(created) else -1
+        s = bisect_right(enter, c) - 1 if c > 0 else -1
+        if s < 0 or c > exit_[s]:
+            s = -1
+        where.append(s)
+        if s >= 0 and (s not in first or c < first[s]):
+            first[s] = c
+    for k, s in enumerate(where):
+        if not wanted[k] or s < 1:
+            continue
+        out.data.append((enter[s] - exit_[s - 1]) / 1e6)
+        out.compute.append((first[s] - enter[s]) / 1e6)
+        out.comm.append((exit_[s] - first[s]) / 1e6)
+        if s + 1 < len(enter):
+            out.period.append((enter[s + 1] - enter[s]) / 1e6)
+        out.steps.add(s)
+
+
+def _step_verdict(st: Straggler, mine: StepPhases, theirs: StepPhases, wanted_n: int) -> bool:
+    """The phase from the step clocks; False when they do not cover the collectives."""
+    if len(mine.data) < MIN_COLLECTIVES // 2 or len(theirs.data) < MIN_COLLECTIVES // 2:
+        return False
+    med = statistics.median
+    st.data_ms, st.data_ms_others = med(mine.data), med(theirs.data)
+    st.compute_ms, st.compute_ms_others = med(mine.compute), med(theirs.compute)
+    st.step_comm_ms, st.step_comm_ms_others = med(mine.comm), med(theirs.comm)
+    late = st.late_ms_median
+    if theirs.period:
+        st.step_ms = med(theirs.period)
+        per_step = late * min(wanted_n, len(mine.data)) / max(1, len(mine.steps))
+        st.step_ms_without = max(0.0, st.step_ms - per_step)
+    d_data = st.data_ms - st.data_ms_others
+    d_compute = st.compute_ms - st.compute_ms_others
+    d_comm = st.step_comm_ms - st.step_comm_ms_others
+    # host side: one of its own phases is longer by half its lateness, or the others'
+    # communication is longer than its own by that much (they wait there for it); then the
+    # longer of its data and compute phases (next to the others') is the one
+    if max(d_data, d_compute) >= late / 2 or d_comm <= -late / 2:
+        st.phase = DATA if d_data >= d_compute else STEP_COMPUTE
+    else:
+        # arriving last, its collectives should be the shortest (the others wait for it in
+        # theirs): as long as theirs, its own are slow
+        st.phase = STEP_COMMUNICATION
+    return True
+
+
 def _explain(ds: DumpSet, st: Straggler, at_key: tuple[str, int] | None,
-             kept: list[tuple[str, Matched, list[float], list[float], list[int]]]) -> None:
+             kept: list[tuple[str, Matched, list[float], list[float], list[int],
+                              list[tuple[float, float]]]]) -> None:
     """``st``'s phase and the medians behind it: its own times at the collectives it was named
     for against up to ``OTHERS`` other members' per group (linear in those entries)."""
     gaps: list[float] = []
     comms: list[float] = []
     ogaps: list[float] = []
     ocomms: list[float] = []
-    for pg, m, _, _, keys in kept:
+    mine_steps = StepPhases([], [], [], [], set())
+    their_steps = StepPhases([], [], [], [], set())
+    wanted_n = 0
+    for pg, m, _, _, keys, _ in kept:
         if st.rank not in m.ranks or m.at is None:
             continue
         if at_key is not None:
@@ -281,12 +398,19 @@ def _explain(ds: DumpSet, st: Straggler, at_key: tuple[str, int] | None,
             started, completed = rank_times(d)  # read again for these few ranks only
             _phases(d.created, started, completed, m.at[j], m.seqs, wanted,
                     gaps if mine_ else ogaps, comms if mine_ else ocomms)
+            clock = read_beside(d.file, d.rank)  # the rank's step clock, when it has one
+            if clock is not None:
+                step_phases(clock.enter, clock.exit, d.created, m.at[j], wanted,
+                            mine_steps if mine_ else their_steps)
+        wanted_n += sum(wanted)
     med = statistics.median
     st.host_gap_ms = med(gaps) if gaps else None
     st.host_gap_ms_others = med(ogaps) if ogaps else None
     st.comm_ms = med(comms) if comms else None
     st.comm_ms_others = med(ocomms) if ocomms else None
     half = st.late_ms_median / 2
+    if _step_verdict(st, mine_steps, their_steps, wanted_n):
+        return
     if not (gaps and ogaps and comms and ocomms):
         st.phase = CANNOT_TELL
     elif med(gaps) - med(ogaps) >= half:
