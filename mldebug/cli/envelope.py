@@ -141,10 +141,19 @@ def _numerics(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, str
     doc["verdict_text"] = text
     first = doc.get("first") or None
     f0 = _first(doc.get("findings") or [], "error", "warning")
-    if first:
+    coll = doc.get("collectives") or None
+    if coll and (not first or coll.get("step", 0) <= first.get("step", 0)):
+        # a collective-fingerprint mismatch (the report's verdict text says so first)
+        v = verdict("culprits" if coll.get("differing") else "problems", str(text),
+                    list(coll.get("differing") or []), "desync", "high",
+                    f0.get("code", "") if f0 else "")
+    elif first:
         v = verdict("culprits" if first.get("rank") is not None else "problems", str(text),
                     [first["rank"]] if first.get("rank") is not None else [], "non-finite",
                     "high", f0.get("code", "") if f0 else "")
+    elif doc.get("replica"):
+        v = verdict("culprits", str(text), list(doc["replica"].get("differing") or []),
+                    "replica-diverged", "high", f0.get("code", "") if f0 else "")
     else:
         v = verdict("ok", str(text), [], None, "high", f0.get("code", "") if f0 else "")
     return v, {"verdict_text": "verdict.summary (verdict was this string before schema 2)"}

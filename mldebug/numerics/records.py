@@ -17,7 +17,10 @@ A record (``kind`` "nonfinite")::
 
 ``kind`` "replica": the replica check found ranks whose parameters differ (``differing``,
 ``param``); ``kind`` "scaler_skip": GradScaler skipped a step for inf gradients (counted, not
-a fault).
+a fault); ``kind`` "collectives": the step's collective fingerprints differed (``index`` of the
+first differing collective in the step, ``expected`` entry and ``expected_ranks``, the
+``differing`` ranks and their ``entries``, per-rank ``counts``, this rank's ``mine``; entries
+as :mod:`mldebug.numerics.collectives` writes them).
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def load_records(directory: str | Path) -> Loaded:
     return out
 
 
-_KINDS = ("nonfinite", "replica", "scaler_skip")
+_KINDS = ("nonfinite", "replica", "scaler_skip", "collectives")
 
 
 def parse_line(line: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -203,6 +206,7 @@ class SentinelReport:
     skipped: list[tuple[str, str]]
     files: int
     records: int
+    collectives: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -216,6 +220,7 @@ class SentinelReport:
             "skipped": [{"file": f, "reason": r} for f, r in self.skipped],
             "files": self.files,
             "records": self.records,
+            "collectives": self.collectives,
         }
 
 
@@ -312,6 +317,11 @@ def analyze(loaded: Loaded) -> SentinelReport:
         if first is None:
             verdict = (f"replica divergence: rank {replica['rank']} ({replica['host']}), step "
                        f"{replica['step']}, holds weights that differ from the other replicas")
+    coll = _collectives(recs)
+    if coll is not None:
+        findings.insert(0, _collectives_finding(coll))
+        if first is None or coll["step"] <= first.step:
+            verdict = _collectives_verdict(coll)
     if scaler_skips:
         findings.append(Finding(
             Severity.INFO, f"GradScaler skipped {scaler_skips} step(s) for inf gradients",
@@ -327,7 +337,7 @@ def analyze(loaded: Loaded) -> SentinelReport:
     return SentinelReport(verdict=verdict, first=first, trips=len({(r["step"], r.get(
         "micro_batch", 0)) for r in nonfinite}), ranks=ranks, replica=replica,
         scaler_skips=scaler_skips, findings=findings, skipped=loaded.skipped,
-        files=loaded.files, records=len(recs))
+        files=loaded.files, records=len(recs), collectives=coll)
 
 
 def _where(first: First) -> str:
@@ -399,6 +409,60 @@ def _replica(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
     host = next((_s(x.get("host", ""), 128) for x in reps if x["rank"] == first_rank), "")
     return {"rank": first_rank, "host": host, "step": r["step"], "differing": differing,
             "param": _opt_str(r.get("param"))}
+
+
+def _collectives(recs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest collective-fingerprint mismatch (every rank recorded the same one)."""
+    from mldebug.numerics.collectives import clean_entry
+
+    cs = [r for r in recs if r.get("kind") == "collectives"]
+    if not cs:
+        return None
+    r = min(cs, key=lambda r: (r["step"], r["rank"]))
+    differing = sorted({d for d in (r.get("differing") or []) if isinstance(d, int)
+                        and not isinstance(d, bool) and 0 <= d < 1 << 30})[:64]
+    entries_in = r.get("entries") if isinstance(r.get("entries"), dict) else {}
+    assert isinstance(entries_in, dict)
+    entries = {str(k)[:8]: clean_entry(v) for k, v in list(entries_in.items())[:64]}
+    index = r.get("index")
+    n = r.get("expected_ranks")
+    return {"step": r["step"], "index": index if isinstance(index, int) and not
+            isinstance(index, bool) and 0 <= index < 1 << 30 else None,
+            "expected": clean_entry(r.get("expected")),
+            "expected_ranks": n if isinstance(n, int) and not isinstance(n, bool) else None,
+            "differing": differing, "entries": entries,
+            "ranks_recorded": sorted({x["rank"] for x in cs if x["step"] == r["step"]})[:1024]}
+
+
+def _collectives_verdict(c: dict[str, Any]) -> str:
+    from mldebug.numerics.collectives import describe
+
+    ranks = ", ".join(map(str, c["differing"])) or "?"
+    if c["index"] is None:
+        return (f"collective mismatch at step {c['step']}: rank(s) {ranks} made a different "
+                "sequence of collectives (beyond the first kept entries)")
+    theirs = next(iter(c["entries"].values()), None)
+    return (f"collective mismatch at step {c['step']}: collective #{c['index'] + 1} of the "
+            f"step is {describe(theirs)} on rank(s) {ranks} but {describe(c['expected'])} on "
+            f"{c['expected_ranks']} rank(s)")
+
+
+def _collectives_finding(c: dict[str, Any]) -> Finding:
+    from mldebug.numerics.collectives import describe
+
+    detail = "\n".join(f"rank {k}: {describe(v)}" for k, v in list(c["entries"].items())[:16])
+    if c["expected"] is not None:
+        detail += f"\nthe other {c['expected_ranks']} rank(s): {describe(c['expected'])}"
+    return Finding(
+        Severity.ERROR,
+        f"rank(s) {', '.join(map(str, c['differing'])) or '?'} made a different collective at "
+        f"step {c['step']}" + (f" (#{c['index'] + 1} of the step)" if c["index"] is not None
+                               else ""),
+        detail.strip(),
+        "Find the rank-dependent branch before that collective on those ranks (a reduce op, a "
+        "tensor shape or dtype chosen per rank, a collective skipped or added): every rank must "
+        "make the same collectives in the same order. gloo may complete such a mismatch with "
+        "wrong values; NCCL may hang or corrupt silently.", code="numerics-collectives-differ")
 
 
 def render(report: SentinelReport, console: Any) -> None:

@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from mldebug.errors import MldebugError
-from mldebug.numerics import records
+from mldebug.numerics import collectives, records
+from mldebug.numerics import fingerprint as _fingerprint
 from mldebug.numerics.replay import (
     LossFn,
     _inner,
@@ -72,6 +73,12 @@ class NonFiniteDetected(RuntimeError):
 class ReplicasDiverged(NonFiniteDetected):
     """Raised on every rank when the replica check finds data-parallel replicas whose
     parameters differ (a subclass: ``except NonFiniteDetected`` catches every sentinel trip)."""
+
+
+class CollectivesDiffer(NonFiniteDetected):
+    """Raised on every rank when the step's collective fingerprints differ across ranks: some
+    rank made a different collective (op, reduce op, group, shape or dtype) than the others,
+    which gloo may complete silently with wrong values. ``.record["differing"]`` names them."""
 
 
 @dataclass
@@ -155,6 +162,10 @@ class NanSentinel:
       business (counted in ``scaler_skips``, recorded as such, no action).
     - ``sync``: "step" (read the flags at the end of the block; needed for skip and replay) or
       "late" (CUDA: read them at the next step, no host sync of its own; raise only).
+    - ``fingerprint``: hash each step's collectives (op, reduce op, group, shape, dtype) on
+      every rank and compare the hashes (one 16-byte all-reduce per step); a difference names
+      the first differing collective and its ranks (:class:`CollectivesDiffer`, or a skipped
+      step). On when distributed with more than one rank and ``sync="step"``.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -162,7 +173,8 @@ class NanSentinel:
                  loss_fn: LossFn | None = None, replay: bool = True,
                  replica_check_every: int = 0, scaler: Any = None,
                  sync: Literal["step", "late"] = "step", replay_on_peer: bool = False,
-                 process_group: Any = None, print_report: bool = True) -> None:
+                 process_group: Any = None, print_report: bool = True,
+                 fingerprint: bool = True) -> None:
         if action not in ("raise", "skip"):
             raise MldebugError(f"NanSentinel: action={action!r} is not one of 'raise', 'skip'.",
                                "Pass action='raise' (stop every rank) or action='skip' (skip "
@@ -243,6 +255,11 @@ class NanSentinel:
         self._named_steps = 0
         self._skip_next = False
         self._late: tuple[torch.Tensor, Any, int, list[int], list[_Micro]] | None = None
+        # the step's collective fingerprint: exchanged at the end of each deciding block
+        self._fp: _fingerprint.StepCollectives | None = None
+        if fingerprint and self.dist and self.world > 1 and sync == "step":
+            _fingerprint.install()
+            self._fp = _fingerprint.StepCollectives()
         self._handles: list[Any] = [model.register_forward_hook(self._output_hook)]
         if self.is_ddp:
             try:
@@ -302,12 +319,16 @@ class NanSentinel:
         micro = _Micro(self.micro_batch, batch, rng_state())
         self._micro = micro
         hook = self._record_call(micro)
+        if self._fp is not None:
+            _fingerprint.activate(self._fp)
         try:
             yield self
         except BaseException:
             self._micro = None
             raise
         finally:
+            if self._fp is not None:
+                _fingerprint.activate(None)
             if hook is not None:
                 hook.remove()
         self._micro = None
@@ -322,6 +343,7 @@ class NanSentinel:
             self.micro_batch += 1
             return
         try:
+            self._check_collectives()
             self._decide()
         finally:
             self._named_steps += 1
@@ -475,13 +497,70 @@ class NanSentinel:
             return
         self._trip(local_bad, loss_bad, pre_bad_buckets, late)
 
-    def _all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
         """A small all-reduce on the device the backend needs (CUDA for NCCL)."""
         dist = torch.distributed
         if dist.get_backend(self._group) == "nccl":
             t = t.to(torch.device("cuda", torch.cuda.current_device()))
-        dist.all_reduce(t, group=self._group)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op, group=self._group)
         return t.cpu()
+
+    # ---- the collective fingerprint -----------------------------------------------------------
+    def _check_collectives(self) -> None:
+        """Compare the step's collective hash across the ranks: one all-reduce (MIN) of
+        [h, -h] gives the smallest and the largest; when they differ, every rank's sequence
+        is gathered once and the first differing collective and the ranks that made it are
+        recorded; every rank then takes the same action."""
+        fp = self._fp
+        if fp is None:
+            return
+        h, count, entries = fp.value(), fp.count, fp.entries
+        fp.reset()
+        v = self._all_reduce(torch.tensor([h, -h], dtype=torch.int64),
+                             torch.distributed.ReduceOp.MIN)
+        lo, hi = int(v[0]), -int(v[1])
+        if lo == hi:
+            return
+        gathered: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(gathered, (h, count, entries), group=self._group)
+        seqs = {r: list(g[2]) for r, g in enumerate(gathered)}
+        res = collectives.compare(seqs)
+        if not res["differing"]:  # the kept entries agree: the difference lies further on
+            hashes = [g[0] for g in gathered]
+            best = max(hashes.count(x) for x in hashes)
+            ref = next(x for x in hashes if hashes.count(x) == best)
+            res["differing"] = [r for r, x in enumerate(hashes) if x != ref]
+        rec = {"v": records.VERSION, "kind": "collectives", "rank": self.rank,
+               "world_size": self.world, "host": self.host, "pid": os.getpid(),
+               "time": time.time(), "step": self.step_number, "micro_batch": 0,
+               "index": res["index"], "expected": res["expected"],
+               "expected_ranks": res["expected_ranks"], "differing": res["differing"][:64],
+               "entries": dict(list(res["entries"].items())[:64]),
+               "counts": {str(r): int(g[1]) for r, g in enumerate(gathered)} if self.world <= 64
+               else {}, "mine": entries[:collectives.MAX_ENTRIES], "action": self.action}
+        self._write(rec)
+        msg = self._collectives_message(rec)
+        logger.error("%s", msg)
+        if self.print_report:
+            from mldebug.printing import printflock
+
+            printflock(f"[{self.host}:{self.rank}] {msg}", file=sys.stderr)
+        if self.action == "skip":
+            self._skip_next = True
+            return
+        raise CollectivesDiffer(msg, rec)
+
+    def _collectives_message(self, rec: dict[str, Any]) -> str:
+        ranks = ", ".join(map(str, rec["differing"]))
+        text = f"NanSentinel: the ranks' collectives differ at step {rec['step']}"
+        if rec["index"] is not None:
+            first = next(iter(rec["entries"].values()), None)
+            text += (f": collective #{rec['index'] + 1} of the step is "
+                     f"{collectives.describe(rec['expected'])} on {rec['expected_ranks']} "
+                     f"rank(s) but {collectives.describe(first)} on rank(s) {ranks}")
+        else:
+            text += f" (beyond the first {collectives.MAX_ENTRIES}): rank(s) {ranks}"
+        return text + f". Records: {self.dir} (mldebug numerics report {self.dir})"
 
     def _trip(self, local_bad: list[bool], loss_bad: list[bool], pre_bad: list[int],
               late: bool) -> None:
