@@ -5,9 +5,11 @@
 
 Re-runs itself under ``torchrun --standalone --nproc_per_node 2`` (gloo on CPU, NCCL with
 ``--cuda``, one GPU per rank). Per workload, two DDP copies of the same model are trained
-interleaved, round after round (the order alternates): ``off`` (plain DDP, the builtin C++
-all-reduce) and ``on`` (the same with ``NanSentinel``: comm hook checking each bucket before
-the all-reduce and folding the flag into it, loss check, one read of the flags per step; replica check off).
+interleaved, round after round (the order rotates): ``off`` (plain DDP, the builtin C++
+all-reduce), ``on`` (the same with ``NanSentinel(fingerprint=False)``: comm hook checking each
+bucket before the all-reduce and folding the flag into it, loss check, one read of the flags
+per step; replica check off) and ``fp`` (``NanSentinel`` with its default collective
+fingerprint: every collective of the step hashed, one 16-byte all-reduce per step).
 A step is forward + backward + optimizer step + zero_grad. Prints rank 0's median and minimum
 step time over rounds and the ratios on/off (wall time, and the process's CPU time, which
 other work on a shared machine disturbs less), then the replica-hash cost per call: the local
@@ -78,12 +80,17 @@ def bench_one(name: str, device: Any, args: argparse.Namespace, out_dir: str, ra
 
     model_off, loss_off, _ = WORKLOADS[name](device)
     model_on, loss_on, batch = WORKLOADS[name](device)
+    model_fp, loss_fp, _ = WORKLOADS[name](device)
     ddp_off = DDP(model_off)
     ddp_on = DDP(model_on)
+    ddp_fp = DDP(model_fp)
     opt_off = torch.optim.SGD(ddp_off.parameters(), lr=1e-4)
     opt_on = torch.optim.SGD(ddp_on.parameters(), lr=1e-4)
+    opt_fp = torch.optim.SGD(ddp_fp.parameters(), lr=1e-4)
     sentinel = NanSentinel(ddp_on, opt_on, dir=os.path.join(out_dir, name),
-                           loss_fn=lambda m, b, f=loss_on: f(m))
+                           loss_fn=lambda m, b, f=loss_on: f(m), fingerprint=False)
+    sentinel_fp = NanSentinel(ddp_fp, opt_fp, dir=os.path.join(out_dir, name + "-fp"),
+                              loss_fn=lambda m, b, f=loss_fp: f(m))
 
     def step_off() -> None:
         loss_off(ddp_off).backward()
@@ -96,12 +103,20 @@ def bench_one(name: str, device: Any, args: argparse.Namespace, out_dir: str, ra
         opt_on.step()
         opt_on.zero_grad(set_to_none=True)
 
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    cpu: dict[str, list[float]] = {"off": [], "on": []}
-    for fn in (step_off, step_on, step_off, step_on):  # warm-up (DDP rebuilds buckets)
+    def step_fp() -> None:
+        with sentinel_fp.step(batch):
+            loss_fp(ddp_fp).backward()
+        opt_fp.step()
+        opt_fp.zero_grad(set_to_none=True)
+
+    labels = ("off", "on", "fp")
+    times: dict[str, list[float]] = {k: [] for k in labels}
+    cpu: dict[str, list[float]] = {k: [] for k in labels}
+    for fn in (step_off, step_on, step_fp) * 2:  # warm-up (DDP rebuilds buckets)
         fn()
+    fns = [("off", step_off), ("on", step_on), ("fp", step_fp)]
     for r in range(args.rounds):
-        order = [("off", step_off), ("on", step_on)]
+        order = fns[r % 3:] + fns[:r % 3]
         if r % 2:
             order.reverse()
         for label, fn in order:
@@ -135,17 +150,23 @@ def bench_one(name: str, device: Any, args: argparse.Namespace, out_dir: str, ra
               f"rounds={args.rounds} steps={args.steps}")
         print(f"  step off  median {med['off'] * 1e3:8.3f} ms   min {mn['off'] * 1e3:8.3f} ms")
         print(f"  step on   median {med['on'] * 1e3:8.3f} ms   min {mn['on'] * 1e3:8.3f} ms")
+        print(f"  step fp   median {med['fp'] * 1e3:8.3f} ms   min {mn['fp'] * 1e3:8.3f} ms")
         print(f"  ratio on/off: median {med['on'] / med['off']:.3f}x   "
               f"min {mn['on'] / mn['off']:.3f}x   (wall time)")
+        print(f"  ratio fp/off: median {med['fp'] / med['off']:.3f}x   "
+              f"min {mn['fp'] / mn['off']:.3f}x   (wall time; fp/on median "
+              f"{med['fp'] / med['on']:.3f}x)")
         cmed = {k: statistics.median(v) for k, v in cpu.items()}
         cmn = {k: min(v) for k, v in cpu.items()}
         print(f"  process CPU time per step: off {cmed['off'] * 1e3:.3f} ms, on "
-              f"{cmed['on'] * 1e3:.3f} ms; ratio median {cmed['on'] / cmed['off']:.3f}x   "
-              f"min {cmn['on'] / cmn['off']:.3f}x")
+              f"{cmed['on'] * 1e3:.3f} ms, fp {cmed['fp'] * 1e3:.3f} ms; ratio on/off median "
+              f"{cmed['on'] / cmed['off']:.3f}x min {cmn['on'] / cmn['off']:.3f}x; fp/off "
+              f"median {cmed['fp'] / cmed['off']:.3f}x min {cmn['fp'] / cmn['off']:.3f}x")
         h, c = statistics.median(hash_t), statistics.median(check_t)
         print(f"  replica hash: local {h * 1e6:8.1f} us/call, check_replicas "
               f"{c * 1e6:8.1f} us/call ({c / med['off']:.2f} of a step)", flush=True)
     sentinel.detach()
+    sentinel_fp.detach()
     dist.barrier()
 
 

@@ -87,8 +87,9 @@ def test_the_report_reads_collectives_records_and_refuses_bad_entries(tmp_path: 
     write(d, 0, coll(0))
     write(d, 1, coll(1))
     rep = records.analyze(records.load_records(d))
-    assert rep.verdict.startswith("collective mismatch at step 5: collective #1 of the step is "
-                                  "all_reduce(MAX, world, [8] float32) on rank(s) 1")
+    assert rep.verdict.startswith("collective mismatch at step 5: collective #1 since the "
+                                  "previous check is all_reduce(MAX, world, [8] float32) on "
+                                  "rank(s) 1")
     assert rep.collectives is not None and rep.collectives["differing"] == [1]
     assert rep.findings[0].code == "numerics-collectives-differ"
     # hostile: entries of the wrong shape are dropped, not rendered; huge/negative ranks refused
@@ -220,8 +221,8 @@ def test_a_max_vs_sum_mismatch_on_rank_2_is_named_on_every_rank(tmp_path: Path) 
     out, rec = torchrun(tmp_path, "--fault", "mismatch", "--rank", "2", "--step", "3")
     res = results(out)
     assert res == {r: "step=3 action=raise kind=collectives" for r in range(4)}, out[-3000:]
-    assert "collective #1 of the step is all_reduce(SUM, world, [] float32) on 3 rank(s) but " \
-           "all_reduce(MAX, world, [] float32) on rank(s) 2" in out
+    assert "collective #1 since the previous check is all_reduce(SUM, world, [] float32) on " \
+           "3 rank(s) but all_reduce(MAX, world, [] float32) on rank(s) 2" in out
     doc = report(rec)
     v = check_envelope(doc, "numerics.report")
     assert (v["kind"], v["culprits"], v["class"]) == ("culprits", [2], "desync")
@@ -229,10 +230,10 @@ def test_a_max_vs_sum_mismatch_on_rank_2_is_named_on_every_rank(tmp_path: Path) 
     assert (c["step"], c["index"], c["differing"]) == (3, 0, [2])
     assert c["entries"] == {"2": ["all_reduce", "MAX", "world", [], "float32"]}
     assert c["ranks_recorded"] == [0, 1, 2, 3]
-    # every rank's own sequence of that step: the metric, then DDP's one bucket
+    # every rank's own sequence checked at that step: the metric alone (DDP's one bucket
+    # carried the check, the sentinel's own traffic is not counted)
     mine = [json.loads(ln) for ln in next(rec.glob("*rank0.jsonl")).read_text().splitlines()]
-    assert [e[0] for e in mine[0]["mine"]] == ["all_reduce", "all_reduce"]
-    assert mine[0]["mine"][1][3] == [1105]  # the gradient bucket: every parameter, flat
+    assert mine[0]["mine"] == [["all_reduce", "SUM", "world", [], "float32"]]
 
 
 @pytest.mark.slow

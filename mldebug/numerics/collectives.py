@@ -79,3 +79,32 @@ def clean_entry(e: Any) -> Entry | None:
     if not _valid_entry(e):
         return None
     return [e[0][:40], e[1][:16], e[2][:16], list(e[3]), e[4][:16]]
+
+
+# ---- riding a SUM all-reduce ---------------------------------------------------------------
+# DDP's gradient all-reduce is a SUM: the hash cannot ride it as a MIN/MAX. Instead each rank
+# appends, per chunk c of the hash's low 32 bits, c and c*c; from the sums every rank sees
+# whether all ranks' chunks are equal (sum(c*c) * world == sum(c) ** 2 exactly when they
+# are: Cauchy-Schwarz). Chunks are small enough that every sum is an integer fp32 holds
+# exactly (< 2**24), so no rounding can hide or invent a difference.
+
+def ride_bits(world: int) -> int:
+    """Bits per chunk: 8 up to 256 ranks, 4 up to 74,000, else 2."""
+    return 8 if world <= 256 else (4 if world <= 74_000 else 2)
+
+
+def ride_encode(h: int, world: int) -> list[float]:
+    bits = ride_bits(world)
+    mask = (1 << bits) - 1
+    chunks = [(h >> (i * bits)) & mask for i in range(32 // bits)]
+    return [float(c) for c in chunks] + [float(c * c) for c in chunks]
+
+
+def ride_equal(sums: list[float], world: int) -> bool:
+    """From the reduced [c..., c*c...]: True when every rank sent the same chunks."""
+    k = len(sums) // 2
+    for s1, s2 in zip(sums[:k], sums[k:], strict=True):
+        a, b = round(s1), round(s2)
+        if b * world != a * a:
+            return False
+    return True

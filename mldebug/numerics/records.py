@@ -442,8 +442,8 @@ def _collectives_verdict(c: dict[str, Any]) -> str:
         return (f"collective mismatch at step {c['step']}: rank(s) {ranks} made a different "
                 "sequence of collectives (beyond the first kept entries)")
     theirs = next(iter(c["entries"].values()), None)
-    return (f"collective mismatch at step {c['step']}: collective #{c['index'] + 1} of the "
-            f"step is {describe(theirs)} on rank(s) {ranks} but {describe(c['expected'])} on "
+    return (f"collective mismatch at step {c['step']}: collective #{c['index'] + 1} since the "
+            f"previous check is {describe(theirs)} on rank(s) {ranks} but {describe(c['expected'])} on "
             f"{c['expected_ranks']} rank(s)")
 
 
@@ -456,7 +456,7 @@ def _collectives_finding(c: dict[str, Any]) -> Finding:
     return Finding(
         Severity.ERROR,
         f"rank(s) {', '.join(map(str, c['differing'])) or '?'} made a different collective at "
-        f"step {c['step']}" + (f" (#{c['index'] + 1} of the step)" if c["index"] is not None
+        f"step {c['step']}" + (f" (#{c['index'] + 1} since the previous check)" if c["index"] is not None
                                else ""),
         detail.strip(),
         "Find the rank-dependent branch before that collective on those ranks (a reduce op, a "

@@ -129,7 +129,38 @@ def _comm_hook(state: NanSentinel, bucket: Any) -> torch.futures.Future[torch.Te
         else:  # on the device, no sync: + 0 when finite, + nan when not
             buf[:1].add_(s.mul(0))
         micro.buffers.append(buf[:1])  # a view: reduced in place with the bucket
+        if state._fp is not None and state._ride is None and \
+                buf.dtype in (torch.float32, torch.float64):
+            return _ride(state, buf)
     return default_hooks.allreduce_hook(state._group, bucket)
+
+
+def _ride(state: NanSentinel, buf: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """The step's first bucket carries the collective fingerprint: the bucket (divided by the
+    world size, as the default hook does) and the hash's chunks [c..., c*c...] are all-reduced
+    in one SUM; the future returns the bucket's part, which DDP copies into the gradients as
+    it does the default hook's result (no extra pass). The hash covers the collectives
+    made since the previous comparison: the step's forward, and the previous step's bucket
+    all-reduces after its first (the ones that follow this one belong to the next)."""
+    import torch.distributed as dist
+
+    fp = state._fp
+    assert fp is not None
+    snap = (fp.value(), fp.count, fp.entries)
+    fp.reset()
+    n = buf.numel()
+    world = state.world
+    tail = torch.tensor(collectives.ride_encode(snap[0], world), dtype=buf.dtype)
+    ext = torch.empty(n + tail.numel(), dtype=buf.dtype, device=buf.device)
+    torch.div(buf, world, out=ext[:n])
+    ext[n:].copy_(tail, non_blocking=True)
+    state._ride = (ext[n:], snap)
+    micro = state._micro
+    if micro is not None and micro.buffers:
+        micro.buffers[-1] = ext[:1]  # the reduced first element is read from here
+    all_reduce = getattr(dist.all_reduce, "__mldebug_fingerprint__", dist.all_reduce)  # not ours
+    fut = all_reduce(ext, group=state._group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0][:n])
 
 
 # DDP compares the hook's annotations with the real classes; postponed ones are strings
@@ -257,6 +288,8 @@ class NanSentinel:
         self._late: tuple[torch.Tensor, Any, int, list[int], list[_Micro]] | None = None
         # the step's collective fingerprint: exchanged at the end of each deciding block
         self._fp: _fingerprint.StepCollectives | None = None
+        # DDP: the reduced chunks and the (hash, count, entries) the first bucket carried
+        self._ride: tuple[torch.Tensor, tuple[int, int, list[Any]]] | None = None
         if fingerprint and self.dist and self.world > 1 and sync == "step":
             _fingerprint.install()
             self._fp = _fingerprint.StepCollectives()
@@ -319,6 +352,7 @@ class NanSentinel:
         micro = _Micro(self.micro_batch, batch, rng_state())
         self._micro = micro
         hook = self._record_call(micro)
+        self._ride = None
         if self._fp is not None:
             _fingerprint.activate(self._fp)
         try:
@@ -514,13 +548,18 @@ class NanSentinel:
         fp = self._fp
         if fp is None:
             return
-        h, count, entries = fp.value(), fp.count, fp.entries
-        fp.reset()
-        v = self._all_reduce(torch.tensor([h, -h], dtype=torch.int64),
-                             torch.distributed.ReduceOp.MIN)
-        lo, hi = int(v[0]), -int(v[1])
-        if lo == hi:
-            return
+        if self._ride is not None:  # DDP: it rode the first bucket's all-reduce
+            sums, (h, count, entries) = self._ride
+            self._ride = None
+            if collectives.ride_equal(sums.double().cpu().tolist(), self.world):
+                return
+        else:  # no bucket carried it (a plain module, FSDP; a bf16/fp16 bucket)
+            h, count, entries = fp.value(), fp.count, fp.entries
+            fp.reset()
+            v = self._all_reduce(torch.tensor([h, -h], dtype=torch.int64),
+                                 torch.distributed.ReduceOp.MIN)
+            if int(v[0]) == -int(v[1]):
+                return
         gathered: list[Any] = [None] * self.world
         torch.distributed.all_gather_object(gathered, (h, count, entries), group=self._group)
         seqs = {r: list(g[2]) for r, g in enumerate(gathered)}
@@ -555,7 +594,7 @@ class NanSentinel:
         text = f"NanSentinel: the ranks' collectives differ at step {rec['step']}"
         if rec["index"] is not None:
             first = next(iter(rec["entries"].values()), None)
-            text += (f": collective #{rec['index'] + 1} of the step is "
+            text += (f": collective #{rec['index'] + 1} since the previous check is "
                      f"{collectives.describe(rec['expected'])} on {rec['expected_ranks']} "
                      f"rank(s) but {collectives.describe(first)} on rank(s) {ranks}")
         else:
