@@ -6,6 +6,7 @@ no-culprit cases, seconds to verdict), each route beside the tool a user would u
     python benchmarks/faults/run.py                    # every class at 2, 4 and 8 ranks
     python benchmarks/faults/run.py --classes flock,sigstop --seeds 3 --json out.json
     python benchmarks/faults/run.py --stragglers --ranks 2,4  # slow ranks (stragglers.py)
+    python benchmarks/faults/run.py --routes numerics   # NanSentinel's rows (numerics.py)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-peers", action="store_true", help="skip the peer tools")
     p.add_argument("--routes", default="hang,watch,log,fr,trace,why",
                    help="routes to run (default hang,watch,log,fr,trace,why; why: `mldebug why`"
-                        " on the dead job's log and dumps)")
+                        " on the dead job's log and dumps; numerics alone: NanSentinel's rows)")
     p.add_argument("--json", metavar="FILE", help="write every outcome and the scores here")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--keep", action="store_true", help="keep each case's directory")
@@ -60,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         ranks_s = [int(x) for x in (a.ranks if a.ranks != "2,4,8" else "2,4").split(",")]
         return stragglers.main(ranks_s, a.seeds, a.first_seed, min(a.jobs, 2), a.json,
                                lambda s: print(s, file=sys.stderr), a.keep)
+    if a.routes == "numerics":  # its own catalogue of rows: benchmarks/faults/numerics.py
+        from numerics import main as numerics_main
+
+        return numerics_main(["--seeds", str(a.seeds), "--first-seed", str(a.first_seed)]
+                             + (["--markdown"] if a.markdown else [])
+                             + (["--json", a.json] if a.json else []))
     if a.docs:
         from runner import docs_table
 
