@@ -172,7 +172,8 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         if w.key in ctx.explained:
             continue
         cat = cat or catalogue.load()
-        cls = cat.describe(w.message, w.source, w.context)
+        cls = cat.describe(w.message, w.source, w.context,
+                           w.versions[0] if w.versions else None)
         if cls is not None:
             fmt = cls.entry.format if cls.entry is not None else w.key
             by_format.setdefault((cls.component, fmt, cls.cause or ""), []).append((w, cls))
@@ -217,9 +218,16 @@ def _catalogued(group: list[tuple[WarnGroup, Classified]]) -> Finding:
     how = {"values": "by the values in the message",
            "source file": f"by NCCL's source file {w.source}",
            "context": "by what NCCL was setting up just before"}.get(cls.how)
+    cond = ""
+    if cls.condition is not None:  # the condition in NCCL's source decided the cause
+        versions = sorted({v for g, _ in group for v in g.versions})
+        cond = (f"\nDecided by: {cls.condition.evidence}."
+                + (f" NCCL here: {', '.join(versions[:4])}." if versions
+                   else " The log does not show the NCCL version: check it (NCCL version line)."
+                   if cls.condition.rule.kind == "version" else ""))
     return Finding(
         Severity.WARNING, f"NCCL WARN ({cls.title}): {w.message[:200]}",
-        where + (f"\nLikely cause: {cls.cause}." if cls.cause else "")
+        where + (f"\nLikely cause: {cls.cause}." if cls.cause else "") + cond
         + (f"\nJust before it: {w.context[:200]}" if w.context else "")
         + (f"\nComponent decided {how}." if how else "") + src,
         cls.fix, f"nccl-log-{cls.component}", tuple(hosts))

@@ -33,6 +33,13 @@ _VALUE = {
     "c": r".", "s": r".*?", "m": r".*?", "%": r"%", "n": r"",
 }
 _WORD = re.compile(r"\S+")
+_ERRNO_NUM = re.compile(r"\berrno:? (\d{1,3})\b|\berror:? (?:\w+ )?\(?(\d{1,3})\)?(?:\s|$)")
+_CALL_TO = re.compile(r"Call to (\w{1,64})")
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    """'2.21.5+cuda12.4' -> (2, 21, 5)."""
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+", 1)[0])[:3])
 
 
 def first_word(text: str) -> str:
@@ -50,6 +57,7 @@ class Entry:
     versions: list[list[str]]
     component: str | None
     literals: list[str] = field(default_factory=list)  # the literal pieces, in order
+    conditions: list[dict[str, Any]] = field(default_factory=list)  # what prints it, per version
     _regex: re.Pattern[str] | None = None
 
     @property
@@ -104,6 +112,54 @@ class Classified:
     cause: str | None
     entry: Entry | None  # the format string matched, if any
     how: str = "format"  # what decided the component: format, values, source file, context
+    condition: CondCause | None = None  # the cause decided by the condition in NCCL's source
+
+
+@dataclass
+class CondRule:
+    """A cause keyed by the condition that prints a string (calls, function, test, macro) and
+    the errno the line prints, not by the file it lives in (catalogue.json condition_causes)."""
+
+    id: str
+    title: str
+    cause: str
+    fix: str | None
+    kind: str | None
+    errno: tuple[str, ...]
+    match: dict[str, re.Pattern[str]]  # calls/function/test/macro/format/value -> regex
+
+
+@dataclass
+class CondCause:
+    """One condition-level cause found for a message: the rule, the condition of NCCL's source
+    it matched and the errno the line printed (or the condition tests)."""
+
+    rule: CondRule
+    condition: dict[str, Any]
+    errno: str | None
+
+    @property
+    def text(self) -> str:
+        """The cause, with the errno and the condition it was decided by."""
+        return self.rule.cause
+
+    @property
+    def evidence(self) -> str:
+        c = self.condition
+        where = c.get("function", "?")
+        what = ((f"unless ({c['test']})" if c.get("negated") else f"if ({c['test']})")
+                if c.get("test")
+                else f"the '{c['label']}:' path" if c.get("label") else "")
+        calls = c.get("calls") or []
+        parts = [f"NCCL's {where}()" + (f" prints it {what}" if what else "")]
+        if calls:
+            parts.append("calls " + ", ".join(calls[:4]))
+        if self.errno:
+            parts.append(f"errno {self.errno}")
+        if c.get("returns"):
+            parts.append(f"returns {c['returns']}")
+        versions = ", ".join(a if a == b else f"{a}-{b}" for a, b in c.get("versions", []))
+        return "; ".join(parts) + (f" (NCCL {versions})" if versions else "")
 
 
 # components that say little on their own: the WARN's source file or the setup line before
@@ -122,8 +178,21 @@ class Catalogue:
         self.causes = [(re.compile(c["match"]), c["cause"], c.get("fix"))
                        for c in data.get("causes", [])]
         self.tags: list[str] = data.get("tags", [])
+        self.errno: dict[str, tuple[int, str]] = {k: (v[0], v[1])
+                                                  for k, v in data.get("errno", {}).items()}
+        # strerror texts, longest first ('No such device or address' before 'No such device')
+        self._errno_text = sorted(((t, k) for k, (_, t) in self.errno.items()),
+                                  key=lambda tk: -len(tk[0]))
+        self._errno_num = {n: k for k, (n, _) in sorted(self.errno.items(), reverse=True)}
+        self.cond_rules = [
+            CondRule(c["id"], c["title"], c["cause"], c.get("fix"), c.get("kind"),
+                     tuple(c.get("errno", ())),
+                     {k: re.compile(c[k]) for k in ("calls", "function", "test", "macro",
+                                                    "format", "value") if k in c})
+            for c in data.get("condition_causes", [])]
         self.entries = [Entry(s["format"], s["level"], s["files"], s["versions"],
-                              s.get("component"), _literals(s["format"]))
+                              s.get("component"), _literals(s["format"]),
+                              s.get("conditions", []))
                         for s in data.get("strings", [])]
         self._by_word: dict[str, list[Entry]] = defaultdict(list)
         self._rest: list[tuple[str, Entry]] = []  # (longest literal, entry)
@@ -178,14 +247,63 @@ class Catalogue:
                 break
         return best
 
+    def errno_of(self, msg: str) -> str | None:
+        """The errno a message prints: glibc's strerror text, else 'errno N' / 'error N'."""
+        msg = msg[:MAX_MESSAGE]
+        for text, name in self._errno_text:
+            if text in msg:
+                return name
+        m = _ERRNO_NUM.search(msg)
+        return self._errno_num.get(int(m.group(1) or m.group(2))) if m else None
+
+    def condition_rules(self, entry: Entry, cond: dict[str, Any],
+                        msg: str | None = None) -> list[CondRule]:
+        """The condition causes whose condition part fits ``cond`` (errno not checked)."""
+        calls = list(cond.get("calls", ())) + _CALL_TO.findall(entry.format)
+        if msg is not None and "Call to %s" in entry.format:
+            calls += _CALL_TO.findall(msg[:MAX_MESSAGE])  # SYSCHECK's #call, ibvwrap's name
+        fields = {"function": [cond.get("function") or ""], "test": [cond.get("test") or ""],
+                  "macro": [cond.get("macro") or ""], "format": [entry.format],
+                  "calls": calls or [""], "value": [msg[:MAX_MESSAGE] if msg else ""]}
+        out = []
+        for rule in self.cond_rules:
+            if msg is None and "value" in rule.match:
+                continue
+            if all(any(pat.search(v) for v in fields[k]) for k, pat in rule.match.items()):
+                out.append(rule)
+        return out
+
+    def condition_cause(self, entry: Entry | None, msg: str,
+                        version: str | None = None) -> CondCause | None:
+        """The cause decided by the condition that printed ``msg`` and the errno it prints;
+        ``version``: the NCCL version of the line, whose conditions are tried first."""
+        if entry is None or not entry.conditions or not self.cond_rules:
+            return None
+        printed = self.errno_of(msg)
+        conds = entry.conditions
+        if version:
+            k = _vkey(version)
+            conds = sorted(conds, key=lambda c: not any(
+                _vkey(a) <= k <= _vkey(b) for a, b in c.get("versions", [])))
+        for cond in conds:
+            if cond.get("negated") and printed in cond.get("errno", ()):
+                continue  # printed only when the errno is none of these: not this condition
+            tested = cond.get("errno", []) if not cond.get("negated") else []
+            err = printed or (tested[0] if len(tested) == 1 else None)
+            for rule in self.condition_rules(entry, cond, msg):
+                if rule.errno and err not in rule.errno:
+                    continue
+                return CondCause(rule, cond, err)
+        return None
+
     def cause(self, msg: str) -> tuple[str, str | None] | None:
         for pat, cause, fix in self.causes:
             if pat.search(msg):
                 return cause, fix
         return None
 
-    def describe(self, msg: str, src: str | None = None,
-                 context: str | None = None) -> Classified | None:
+    def describe(self, msg: str, src: str | None = None, context: str | None = None,
+                 version: str | None = None) -> Classified | None:
         """Component, fix and cause of one WARN message; None if nothing classifies it.
         ``src``: NCCL's 'file.cc:123' from the log line; ``context``: the INFO line the same
         process printed just before (what NCCL was setting up)."""
@@ -215,7 +333,10 @@ class Catalogue:
         info = self.components[comp]
         c = self.cause(msg) or (self.cause(entry.format) if entry is not None else None)
         cause, fix = (c[0], c[1] or info["fix"]) if c else (None, info["fix"])
-        return Classified(comp, info["title"], fix, cause, entry, how)
+        cc = self.condition_cause(entry, msg, version)
+        if cc is not None:  # the condition in NCCL's source and the errno printed decide
+            cause, fix = cc.text, cc.rule.fix or fix
+        return Classified(comp, info["title"], fix, cause, entry, how, cc)
 
 
 @lru_cache(maxsize=1)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mldebug.findings import Finding, Severity, fold_hosts
+from mldebug.nccllog.catalogue import CondCause
 from mldebug.nccllog.model import FROM_TRACEBACK, CommSummary, ProcessLog, Signal, WarnGroup
 from mldebug.render import fold_ints
 
@@ -84,7 +85,27 @@ def _f(severity: Severity, code: str, title: str, detail: str, fix: str,
     return Finding(severity, title, detail, fix, code, tuple(sorted(set(hosts))))
 
 
+def condition_cause(groups: Sequence[WarnGroup]) -> CondCause | None:
+    """The cause the condition in NCCL's source gives for these WARN kinds, with the errno
+    they print (catalogue.json condition_causes; the catalogue is loaded on demand): one that
+    names an errno first, as the same failure is often printed twice, once without it."""
+    from mldebug.nccllog.catalogue import load
+    cat = load()
+    found = [cc for g in groups if (cc := cat.condition_cause(
+        cat.lookup(g.message), g.message, g.versions[0] if g.versions else None))]
+    return next((cc for cc in found if cc.errno), found[0] if found else None)
+
+
+def condition_note(cc: CondCause | None) -> str:
+    return (f"\nCause (from the condition in NCCL's source and the errno printed): "
+            f"{cc.rule.cause}.\nDecided by: {cc.evidence}." if cc is not None else "")
+
+
 # ------------------------------------------------------------------ shared memory
+SHM_CALL = re.compile(r"Call to (?:open|shm_open|ftruncate|fallocate|posix_fallocate|mmap) "
+                      r"failed ?:")
+
+
 def rule_shm(ctx: Context) -> list[Finding]:
     def is_shm(m: str) -> bool:
         return ("/dev/shm" in m or "shared memory segment" in m or "posix_fallocate" in m
@@ -95,6 +116,16 @@ def rule_shm(ctx: Context) -> list[Finding]:
     groups = ctx.warns_matching(is_shm)
     if not groups:
         return []
+    # the errno decides: ENOENT is a missing segment, EACCES a permission, ENOSPC a full
+    # /dev/shm; a line without an errno (NCCL < 2.22) keeps the historical reading
+    calls = [w for w in ctx.warns if w.key not in ctx.explained and SHM_CALL.match(w.message)]
+    cc = condition_cause(groups + calls)
+    if cc is not None and cc.rule.id.startswith("shm-"):
+        ctx.explained.update(w.key for w in calls)  # SYSCHECK's 'Call to open failed: ...'
+
+        return [_f(Severity.ERROR, "nccl-log-shm", cc.rule.title,
+                   f"{groups[0].message}\n({_where(groups)})" + condition_note(cc),
+                   cc.rule.fix or "", ctx.hosts_of(groups))]
     return [_f(Severity.ERROR, "nccl-log-shm", "/dev/shm is too small (or full) for NCCL",
                f"{groups[0].message}\n({_where(groups)})",
                "give the container more shared memory: docker run --shm-size=16g (or "
@@ -432,15 +463,20 @@ def rule_connect(ctx: Context) -> list[Finding]:
             peers.add(m["peer"] + (f":{m['port']}" if m["port"] else ""))
     refused = any("refused" in w.message for w in groups)
     loopback = sorted(p for p in peers if p.startswith(("127.", "::1", "localhost")))
+    # refused, timed out and unreachable are three causes: the errno printed decides
+    cc = condition_cause(groups)
+    cc = cc if cc is not None and cc.rule.id.startswith("connect-") else None
     return [_f(Severity.ERROR, "nccl-log-connect",
                "NCCL could not open a TCP connection to another node"
-               + (" (connection refused)" if refused else ""),
+               + (f" ({cc.rule.title})" if cc else " (connection refused)" if refused else ""),
                f"{groups[0].message}\n({_where(groups)}"
                + (f"; peers {', '.join(sorted(peers)[:4])}{' ...' if len(peers) > 4 else ''}"
                   if peers else "") + ")"
                + (f"\nThe peer address {loopback[0]} is loopback: a process advertised lo (or "
                   "a hostname resolving to 127.0.x.x), which no other process can reach; set "
-                  "NCCL_SOCKET_IFNAME to the NIC the nodes share." if loopback else ""),
+                  "NCCL_SOCKET_IFNAME to the NIC the nodes share." if loopback else "")
+               + condition_note(cc),
+               cc.rule.fix if cc is not None and cc.rule.fix else
                "a connection between nodes failed: check NCCL_SOCKET_IFNAME selects a NIC every "
                "node can reach, and that firewalls (iptables/nftables, security groups) allow "
                "TCP between the nodes on all ports: NCCL's bootstrap and socket transport "
