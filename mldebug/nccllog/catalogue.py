@@ -126,6 +126,7 @@ class CondRule:
     fix: str | None
     kind: str | None
     errno: tuple[str, ...]
+    weak: bool  # keyed by the condition alone: a hand-written cause of the message wins
     match: dict[str, re.Pattern[str]]  # calls/function/test/macro/format/value -> regex
 
 
@@ -187,8 +188,9 @@ class Catalogue:
         self.cond_rules = [
             CondRule(c["id"], c["title"], c["cause"], c.get("fix"), c.get("kind"),
                      tuple(c.get("errno", ())),
-                     {k: re.compile(c[k]) for k in ("calls", "function", "test", "macro",
-                                                    "format", "value") if k in c})
+                     not (c.get("errno") or c.get("value") or c.get("strong")),
+                     {k: re.compile(c[k]) for k in ("calls", "function", "where", "test",
+                                                    "macro", "format", "value") if k in c})
             for c in data.get("condition_causes", [])]
         self.entries = [Entry(s["format"], s["level"], s["files"], s["versions"],
                               s.get("component"), _literals(s["format"]),
@@ -250,9 +252,15 @@ class Catalogue:
     def errno_of(self, msg: str) -> str | None:
         """The errno a message prints: glibc's strerror text, else 'errno N' / 'error N'."""
         msg = msg[:MAX_MESSAGE]
+        # the first text printed ('returned 113(No route to host) errno 115(...)': the
+        # result before the errno), the longest at one place ('No such device or address')
+        best: tuple[int, int, str] | None = None
         for text, name in self._errno_text:
-            if text in msg:
-                return name
+            at = msg.find(text)
+            if at >= 0 and (best is None or (at, -len(text)) < best[:2]):
+                best = (at, -len(text), name)
+        if best is not None:
+            return best[2]
         m = _ERRNO_NUM.search(msg)
         return self._errno_num.get(int(m.group(1) or m.group(2))) if m else None
 
@@ -263,13 +271,14 @@ class Catalogue:
         if msg is not None and "Call to %s" in entry.format:
             calls += _CALL_TO.findall(msg[:MAX_MESSAGE])  # SYSCHECK's #call, ibvwrap's name
         fields = {"function": [cond.get("function") or ""], "test": [cond.get("test") or ""],
+                  "where": [cond.get("function") or "", *calls],
                   "macro": [cond.get("macro") or ""], "format": [entry.format],
                   "calls": calls or [""], "value": [msg[:MAX_MESSAGE] if msg else ""]}
         out = []
         for rule in self.cond_rules:
-            if msg is None and "value" in rule.match:
-                continue
-            if all(any(pat.search(v) for v in fields[k]) for k, pat in rule.match.items()):
+            # without a message (coverage), a rule's condition part alone is checked
+            if all(any(pat.search(v) for v in fields[k]) for k, pat in rule.match.items()
+                   if msg is not None or k != "value"):
                 out.append(rule)
         return out
 
@@ -334,6 +343,8 @@ class Catalogue:
         c = self.cause(msg) or (self.cause(entry.format) if entry is not None else None)
         cause, fix = (c[0], c[1] or info["fix"]) if c else (None, info["fix"])
         cc = self.condition_cause(entry, msg, version)
+        if cc is not None and cc.rule.weak and c:
+            cc = None  # a generic condition: the hand-written cause says more
         if cc is not None:  # the condition in NCCL's source and the errno printed decide
             cause, fix = cc.text, cc.rule.fix or fix
         return Classified(comp, info["title"], fix, cause, entry, how, cc)

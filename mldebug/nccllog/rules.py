@@ -226,8 +226,11 @@ def rule_ibv_modify_qp(ctx: Context) -> list[Finding]:
            + (f"; this run used index {gi['i']}" if gi else "") + "), check NCCL_IB_HCA "
            "selects only ports that are cabled and ACTIVE (ibstat), and test the pair with "
            "ib_write_bw.")
+    cc = condition_cause(groups)  # the errno it returned: unreachable vs refused attributes
+    cc = cc if cc is not None and cc.rule.id.startswith("ibv-qp") else None
     return [_f(Severity.ERROR, "nccl-log-ib-modify-qp",
-               f"ibv_modify_qp failed ({err})", f"{msg}\n({_where(groups)})", fix,
+               f"ibv_modify_qp failed ({err})", f"{msg}\n({_where(groups)})" + condition_note(cc),
+               fix if cc is None or not cc.rule.fix else f"{cc.rule.fix} {fix}",
                ctx.hosts_of(groups))]
 
 
