@@ -96,7 +96,7 @@ KEYWORDS = {"if", "while", "for", "switch", "return", "sizeof", "defined", "do",
             "static_cast", "reinterpret_cast", "const_cast", "dynamic_cast", "decltype",
             "__builtin_expect", "likely", "unlikely", "NCCL_UNLIKELY", "NCCL_LIKELY", "case"}
 _CALL = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
-_ERRNO = re.compile(r"\b(E[A-Z][A-Z0-9]+)\b")
+_ERRNO = re.compile(r"\b((?:WSA)?E[A-Z][A-Z0-9]+)\b")
 _RESULT = re.compile(r"\b(nccl(?:[A-Z]\w*Error|InProgress|Success))\b")
 _MACRO = re.compile(r"#\s*define\s+(\w+)\s*\(([^)]*)\)")
 _LABEL = re.compile(r"(?<![:\w])([A-Za-z_]\w*)\s*:(?!:)\s*$")
@@ -159,13 +159,38 @@ def _close_after(s: str, pos: int, open_: str, close: str) -> int:
 
 def _if_test(s: str, end: int) -> str | None:
     """The condition of ``if (...)`` when ``s[:end]`` ends with it."""
+    got = _if_at(s, end)
+    return got[0] if got else None
+
+
+def _if_at(s: str, end: int) -> tuple[str, int] | None:
+    """(condition, where its 'if' starts) when ``s[:end]`` ends with ``if (...)``."""
     t = s[:end].rstrip()
     if not t.endswith(")"):
         return None
     o = _open_before(s, len(t) - 1, "(", ")")
-    if o < 0 or not re.search(r"\bif\s*$", s[max(0, o - 12):o]):
+    m = re.search(r"\bif\s*$", s[max(0, o - 12):o]) if o >= 0 else None
+    if m is None:
         return None
-    return s[o + 1:len(t) - 1]
+    return s[o + 1:len(t) - 1], max(0, o - 12) + m.start()
+
+
+def _else_chain(s: str, o: int) -> tuple[list[str], int] | None:
+    """The conditions of every branch before the ``else {`` whose brace is at ``s[o]``
+    (``if (A) {} else if (B) {} else {``: A and B), and where the first 'if' starts."""
+    tests: list[str] = []
+    at = o
+    while re.search(r"\belse\s*$", s[max(0, at - 10):at]):
+        prev = s[:at].rstrip()[:-4].rstrip()
+        if not prev.endswith("}"):
+            break
+        po = _open_before(s, len(prev) - 1, "{", "}")
+        got = _if_at(s, po) if po >= 0 else None
+        if got is None:
+            break
+        tests.insert(0, got[0])
+        at = got[1]
+    return (tests, at) if tests else None
 
 
 def _calls(text: str) -> list[str]:
@@ -194,7 +219,8 @@ def condition(raw: str, s: str, at: int, end: int) -> dict:
     # the statement before the WARN: a single-statement 'if (...)' or a label
     stmt_start = max(s.rfind(c, 0, at) for c in ";{}") + 1
     head = s[stmt_start:at]
-    test = _if_test(s, at) if head.strip() else None
+    got = _if_at(s, at) if head.strip() else None
+    test, if_at = got if got else (None, -1)
     negated = False
     label = _LABEL.search(head)
     case = re.search(r"\bcase\s+(\w+)\s*:\s*$", head)
@@ -211,14 +237,17 @@ def condition(raw: str, s: str, at: int, end: int) -> dict:
     elif test is None:
         o = _open_before(s, at, "{", "}")
         if o >= 0:
-            test = _if_test(s, o)
-            if test is None and re.search(r"\belse\s*$", s[max(0, o - 10):o]):
-                # the else of 'if (...) { ... } else {': the if's condition, negated
-                prev = s[:o].rstrip()[:-4].rstrip()
-                if prev.endswith("}"):
-                    po = _open_before(s, len(prev) - 1, "{", "}")
-                    test = _if_test(s, po) if po >= 0 else None
-                    negated = test is not None
+            got = _if_at(s, o)
+            if got:
+                test, if_at = got
+            else:
+                # the else of 'if (A) {} else if (B) {} else {': none of A, B held
+                chain = _else_chain(s, o)
+                if chain:
+                    tests, if_at = chain
+                    test = " || ".join(f"({t.strip()})" if len(tests) > 1 else t
+                                       for t in tests)
+                    negated = True
     calls: list[str] = []
     if test is not None:
         cond["test"] = _clean(test)[:160]
@@ -226,15 +255,15 @@ def condition(raw: str, s: str, at: int, end: int) -> dict:
             cond["negated"] = True
         calls = _calls(test)
         names = set(re.findall(r"\w+", test))
-        if not calls or names & set(params):
+        if (not calls or names & set(params)) and if_at >= 0:
             # 'if (hptr == MAP_FAILED)': the call is the assignment before the test
-            if_at = s.rfind("if", 0, at - len(head) if head.strip() else at)
             prev_end = s.rfind(";", 0, if_at)
             prev_start = max(s.rfind(c, 0, prev_end) for c in ";{}") + 1
             prev = s[prev_start:prev_end]
             if names & set(re.findall(r"\w+", prev)):
                 calls += [c for c in _calls(prev) if c not in calls]
-        errnos = [e for e in _ERRNO.findall(test) if e in ERRNO_NAMES]
+        errnos = [e for e in (x.removeprefix("WSA") for x in _ERRNO.findall(test))
+                  if e in ERRNO_NAMES]  # os/windows.cc tests WSAETIMEDOUT ...
         if errnos:
             cond["errno"] = list(dict.fromkeys(errnos))
     elif "label" in cond:

@@ -297,7 +297,9 @@ class Catalogue:
         for cond in conds:
             if cond.get("negated") and printed in cond.get("errno", ()):
                 continue  # printed only when the errno is none of these: not this condition
-            tested = cond.get("errno", []) if not cond.get("negated") else []
+            # an errno the condition compares with '==' (not '!='), when the line prints none
+            tested = [e for e in cond.get("errno", ()) if not cond.get("negated")
+                      and re.search(r"==\s*" + e + r"\b", cond.get("test", ""))]
             err = printed or (tested[0] if len(tested) == 1 else None)
             for rule in self.condition_rules(entry, cond, msg):
                 if rule.errno and err not in rule.errno:
