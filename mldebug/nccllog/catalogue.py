@@ -150,7 +150,7 @@ class CondCause:
         where = c.get("function", "?")
         what = ((f"unless ({c['test']})" if c.get("negated") else f"if ({c['test']})")
                 if c.get("test")
-                else f"the '{c['label']}:' path" if c.get("label") else "")
+                else f"on the '{c['label']}:' path" if c.get("label") else "")
         calls = c.get("calls") or []
         parts = [f"NCCL's {where}()" + (f" prints it {what}" if what else "")]
         if calls:
