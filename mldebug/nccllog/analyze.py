@@ -62,6 +62,8 @@ def _merge(logs: Sequence[ParsedLog], tracebacks: bool = False) -> list[ProcessL
             m.gdr_disabled += [h for h in p.gdr_disabled if h not in m.gdr_disabled]
             m.gid_link_local = m.gid_link_local or p.gid_link_local
             m.mtu = m.mtu or p.mtu
+            m.first_time = m.first_time or p.first_time
+            m.last_time = p.last_time or m.last_time
             for sl, cnt in p.coll.items():
                 m.coll[sl].update(cnt)
             if m.launcher_rank is None:
@@ -186,6 +188,7 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
             + origin_note([w]),
             warn_fix(w.message), "nccl-log-warn", tuple(w.hosts)))
     findings += [_catalogued(group) for group in by_format.values()]
+    findings += _reader_findings(logs, signals, warns)
     findings += _input_findings(logs, procs, findings)
     coll: dict[int, Counter[str]] = defaultdict(Counter)
     for p in procs:
@@ -197,6 +200,45 @@ def analyze(logs: Sequence[ParsedLog]) -> NcclLogReport:
         findings=sort_findings(findings), groups=_process_groups(procs),
         lines=sum(log.lines for log in logs), nccl_lines=sum(log.nccl_lines for log in logs),
         tracebacks=tracebacks)
+
+
+# failure texts a GPU without kernels in this NCCL explains (versions.findings)
+_NO_KERNEL = ("no kernel image", "named symbol not found", "maxSharedMem",
+              "unhandled cuda error", "ncclUnhandledCudaError", "invalid device function")
+
+
+def _reader_findings(logs: Sequence[ParsedLog], signals: dict[str, Signal],
+                     warns: Sequence[WarnGroup]) -> list[Finding]:
+    """NCCL version x GPU (versions.py), NCCL DIAG reports (diag.py), RAS documents (ras.py):
+    each only when a file holds what it reads."""
+    out: list[Finding] = []
+    if any(log.gpus for log in logs):
+        from mldebug.nccllog import versions
+
+        failed = [w.message for w in warns if any(n in w.message for n in _NO_KERNEL)]
+        failed += [e for k in ("no kernel for gpu", "unhandled cuda error")
+                   if k in signals for e in signals[k].examples]
+        uses = []
+        for log in logs:
+            procs = list(log.processes.values()) + list(log.tracebacks.values())
+            vs = {(p.version, p.host, p.label) for p in procs if p.version}
+            seen = {v for v, _, _ in vs}
+            vs |= {(v, "(no host in line)", "bare version line") for v in log.bare_versions
+                   if v not in seen}
+            for cc, evidence in log.gpus.items():
+                uses += [(v, cc, evidence, host, label) for v, host, label in vs]
+        out += versions.findings(uses, failed)
+    diag_lines = [d for log in logs for d in log.diag]
+    if diag_lines:
+        from mldebug.nccllog import diag
+
+        out += diag.findings(diag_lines)
+    ras_items = [d for log in logs for d in log.ras]
+    if ras_items:
+        from mldebug.nccllog import ras
+
+        out += ras.findings(ras_items)
+    return out
 
 
 def _catalogued(group: list[tuple[WarnGroup, Classified]]) -> Finding:

@@ -84,6 +84,10 @@ class ProcessLog:
     traceback: bool = False  # made up from torch's NCCL error text, not from NCCL's own lines
     warn_origin: dict[str, str] = field(default_factory=dict)  # kind -> FROM_TRACEBACK
     coll: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    # NCCL_DEBUG_TIMESTAMP_FORMAT prefixes (2.26+: '[%F %T] ' on WARN lines by default), as
+    # printed: of the first and the last line that carried one
+    first_time: str | None = None
+    last_time: str | None = None
 
     @property
     def key(self) -> str:
@@ -154,6 +158,7 @@ class ProcessLog:
             "comms": [c.__dict__ for c in self.comms.values()],
             "warnings": sum(self.warn_counts.values()),
             "gdr_disabled": self.gdr_disabled, "ib_mtu": self.mtu,
+            "first_time": self.first_time, "last_time": self.last_time,
             "collectives": {op: sum(c[op] for c in self.coll.values())
                             for op in sorted({o for c in self.coll.values() for o in c})},
         }
@@ -187,6 +192,11 @@ class ParsedLog:
     nul_line: int = 0  # the line of the first
     truncated: bool = False  # stopped at the size bound
     binary: str | None = None  # 'gzip' / 'binary' when the start of the file is not text
+    # GPU compute capabilities the lines name (90, 120: 'sm_120', 'cudaArch 1200', sm="90"),
+    # each with the first line that says it (versions.py)
+    gpus: dict[int, str] = field(default_factory=dict)
+    diag: list[Any] = field(default_factory=list)  # NCCL DIAG report lines (diag.DiagLine)
+    ras: list[Any] = field(default_factory=list)  # ncclras JSON documents (ras.RasDoc)
 
 
 @dataclass

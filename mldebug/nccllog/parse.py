@@ -48,6 +48,7 @@ from typing import BinaryIO
 
 from mldebug.errors import UsageError
 from mldebug.logprefix import split_prefix
+from mldebug.nccllog import diag, ras
 from mldebug.nccllog.model import (
     FROM_TRACEBACK,
     MAX_NETS,
@@ -59,6 +60,7 @@ from mldebug.nccllog.model import (
     Signal,
     normalise,
 )
+from mldebug.nccllog.versions import MAX_GPUS, gpu_from_line
 from mldebug.text import CONTROL_BYTES, drop_nuls
 
 MAX_LINE = 64 << 10
@@ -125,6 +127,14 @@ _NEEDLES = [(kind, needle) for kind, needles in SIGNALS.items() for needle in ne
 INFO_NEEDLES = ("maxSharedMem", "rror")
 
 
+# the time a line's prefix carries: NCCL_DEBUG_TIMESTAMP_FORMAT (2.26+, default '[%F %T] ',
+# on WARN lines by default; '%Nf' adds N digits of subseconds) or a logger's
+TIME_TEXT = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?|"
+                       r"\b\d\d:\d\d:\d\d(?:[.,]\d{1,9})?\b|\b\d{10}(?:\.\d{1,9})?\b")
+DEV_FIELD = re.compile(r" \[\d{1,9}\] ")  # ' [cudaDev] ' after host:pid:tid
+MAX_TIME_PREFIX = 128
+MAX_RAS_LINES = 256
+
 # INFO lines that say what NCCL was setting up (the context of a WARN that follows):
 # not the '<file>:<line> -> <code>' unwinding lines nor the per-collective lines.
 _UNWIND = re.compile(r"[\w./+-]{1,200}:\d{1,6} -> ")
@@ -171,10 +181,16 @@ class _Parser:
             return
         label: str | None = None
         rest = line
+        when: str | None = None
         m = HEAD.match(line)  # the common case: no prefix at all
         if m is None:
             label, rest = split_prefix(line)
             m = HEAD.match(rest) or NOHEAD.match(rest)
+            if m is None:  # a custom NCCL_DEBUG_TIMESTAMP_FORMAT: '<time> host:pid:tid [0] ...'
+                m, when = _custom_time(rest)
+            elif len(rest) < len(line):
+                t = TIME_TEXT.search(line, 0, min(len(line) - len(rest), MAX_TIME_PREFIX))
+                when = t[0] if t else None
         # NCCL's own INFO lines carry none of the failure texts but the shared-memory one:
         # they skip the scan (most lines of a log)
         if m is None or m["level"] != "INFO" or any(n in line for n in INFO_NEEDLES):
@@ -187,10 +203,17 @@ class _Parser:
                 if self.last_proc is not None and self.last_proc.version is None:
                     self.last_proc.version = v["v"]
                 return
+            if diag.NEEDLE in rest:  # NCCL 2.31 diagnostics: '<host>:<pid> NCCL DIAG ...'
+                if len(log.diag) < diag.MAX_LINES and (d := diag.read_line(rest)) is not None:
+                    log.diag.append(d)
+                return
             self._catch_all(line)
             return
         log.nccl_lines += 1
         proc = self.last_proc = self._process(m.groupdict().get("id"), m.groupdict().get("dev"))
+        if when is not None:
+            proc.first_time = proc.first_time or when
+            proc.last_time = when
         if label is not None and label.isdecimal():
             proc.launcher_rank = int(label)
         msg = m["msg"].strip()
@@ -270,6 +293,13 @@ class _Parser:
         self.last_warn, self.last_warn_origin = text, FROM_TRACEBACK
 
     def _scan(self, line: str) -> None:
+        if ("CUDA capability sm_" in line or "cudaArch " in line or 'sm="' in line
+                or "NVIDIA " in line) and len(self.log.gpus) < MAX_GPUS:
+            gpu = gpu_from_line(line)
+            if gpu is not None:
+                self.log.gpus.setdefault(gpu[0], gpu[1])
+        if "PEER_DEAD: " in line and len(self.log.ras) < MAX_RAS_LINES:  # ncclras -m (2.29+)
+            self.log.ras.append(line.strip()[:300])
         for kind, needle in _NEEDLES:
             if needle in line:
                 self._signal(kind, line)
@@ -333,6 +363,19 @@ class _Parser:
         sig.count += 1
         if len(sig.examples) < MAX_SIGNAL_EXAMPLES:
             sig.examples.append(line.strip()[:300])
+
+
+def _custom_time(rest: str) -> tuple[re.Match[str] | None, str | None]:
+    """A line whose host:pid:tid follows a time in a format of the user's
+    (NCCL_DEBUG_TIMESTAMP_FORMAT='%s.%3f ', '%H:%M:%S ' ...): its match and that time."""
+    d = DEV_FIELD.search(rest, 0, 400)
+    if d is None:
+        return None, None
+    sp = rest.rfind(" ", 0, d.start())
+    if sp <= 0 or sp > MAX_TIME_PREFIX or not any(c.isdigit() for c in rest[:sp]):
+        return None, None
+    m = HEAD.match(rest, sp + 1)
+    return (m, rest[:sp].strip()) if m is not None else (None, None)
 
 
 def _parse_info(proc: ProcessLog, msg: str, slice_no: int) -> bool:
@@ -467,6 +510,15 @@ def read_lines(fh: BinaryIO, log: ParsedLog, max_bytes: int = MAX_BYTES) -> Iter
             return
 
 
+def _read_ras(fh: BinaryIO, log: ParsedLog) -> None:
+    """A RAS JSON document, bounded; one that cannot be read is kept as its reason."""
+    data = fh.read(ras.MAX_DOC + 1)
+    try:
+        log.ras.append(ras.read_doc(data, log.source))
+    except ras.NotRas as e:
+        log.ras.append(ras.Unreadable(log.source, str(e)))
+
+
 def _inputs(paths: Sequence[str | Path]) -> list[str]:
     """The files to read: '-' and /dev/stdin, FIFOs, regular files, a directory's files."""
     out: list[str] = []
@@ -520,8 +572,12 @@ def load(paths: Sequence[str | Path], split: str | None = None,
                 raise UsageError(f"cannot read {name}: {e.strerror}.",
                                  "Check the path and its permissions.") from None
             with fh:
-                for line in read_lines(fh, p.log, max_bytes):
-                    p.feed(line)
+                head = fh.peek(4096)[:4096] if hasattr(fh, "peek") else b""
+                if ras.sniff(head):  # `ncclras -f json` output (NCCL 2.28.7+)
+                    _read_ras(fh, p.log)
+                else:
+                    for line in read_lines(fh, p.log, max_bytes):
+                        p.feed(line)
         logs.append(p.log)
     binary = [log for log in logs if log.binary and not log.nccl_lines]
     if binary and len(binary) == len(logs):
