@@ -158,7 +158,7 @@ def findings(lines: Iterable[DiagLine]) -> list[Finding]:
             "n' (NVLink) or 'p' (PCIe), the IOMMU mode and PCIe ACS settings on bare metal.",
             "nccl-log-diag-p2p", tuple(hosts)))
     for env in envs.values():
-        out.append(_env_finding(env, hosts))
+        out.append(_env_finding(env))
     if bw:
         out.append(_bw_finding(bw, hosts))
     for check, ds in other.items():
@@ -172,13 +172,13 @@ def findings(lines: Iterable[DiagLine]) -> list[Finding]:
                                                   if len(ds) > 6 else ""),
             "compare the ranks the lines name with the others (same GPU model and count, driver,"
             " ECC counters, NVLinks active, NCCL_* settings); see NCCL's troubleshooting "
-            "guide, 'RAS Diagnostics'.", "nccl-log-diag-info", tuple(hosts)))
+            "guide, 'RAS Diagnostics'.", "nccl-log-diag-info"))
     if ok and not out:
         out.append(Finding(
             Severity.INFO, f"NCCL diagnostics passed ({len(ok)} check(s) [OK])",
             "\n".join(d.line for d in ok[:6]),
             "nothing to fix in what was checked: with P2P verified, look at the network between"
-            " nodes or the application instead.", "nccl-log-diag-ok", tuple(hosts)))
+            " nodes or the application instead.", "nccl-log-diag-ok"))
     return out
 
 
@@ -204,12 +204,14 @@ def _p2p_finding(pairs: list[_Pair], partial: list[str], hosts: list[str]) -> Fi
         "'nvidia-smi topo -p2p'.", "nccl-log-diag-p2p", tuple(hosts))
 
 
-def _env_finding(env: _Env, hosts: list[str]) -> Finding:
+def _env_finding(env: _Env) -> Finding:
+    """Names the odd ranks only when one group is smaller than the others and complete."""
     values = sorted(env.values, key=lambda v: len(v[1]))
     parts = [f"{env.var}={value or '(empty)'} on rank(s) {fold_ints(ranks)}"
              + (" and more (NCCL cut the list)" if cut else "") for value, ranks, cut in values]
-    odd = values[0] if len(values) > 1 and len(values[0][1]) < len(values[-1][1]) \
-        and not values[0][2] else None
+    # the odd ones out: one group, smaller than every other, listed whole (no list cut)
+    odd = values[0] if len(values) > 1 and len(values[0][1]) < len(values[1][1]) \
+        and not any(cut for _, _, cut in values) else None
     title = f"NCCL diagnostics: {env.var} differs across ranks of comm {env.comm}"
     if odd is not None:
         title += f" (rank(s) {fold_ints(odd[1])}: {env.var}={odd[0]})"
@@ -218,8 +220,7 @@ def _env_finding(env: _Env, hosts: list[str]) -> Finding:
         f"RAS diagnostics compared {env.nranks} ranks: " + "; ".join(parts or ["(values not "
                                                                              "listed)"]) + ".",
         f"set {env.var} the same way for every rank (the launcher's environment, a per-node "
-        "profile or /etc/nccl.conf on some nodes), or unset it.", "nccl-log-diag-env",
-        tuple(hosts))
+        "profile or /etc/nccl.conf on some nodes), or unset it.", "nccl-log-diag-env")
 
 
 def _bw_finding(lines: list[DiagLine], hosts: list[str]) -> Finding:

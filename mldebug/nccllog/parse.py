@@ -162,6 +162,7 @@ class _Parser:
         self.pending_last: str | None = None
         self.pending_left = 0
         self.real_warns: set[str] = set()
+        self.ras_text: ras.RasText | None = None
 
     def feed(self, raw: str) -> None:
         log = self.log
@@ -300,6 +301,13 @@ class _Parser:
                 self.log.gpus.setdefault(gpu[0], gpu[1])
         if "PEER_DEAD: " in line and len(self.log.ras) < MAX_RAS_LINES:  # ncclras -m (2.29+)
             self.log.ras.append(line.strip()[:300])
+        if ras.TEXT_START in line:  # an `ncclras` text report: the newest one of a file is kept
+            self.log.ras = [r for r in self.log.ras if not isinstance(r, ras.RasText)]
+            self.ras_text = ras.RasText(self.log.source, version=(
+                self.log.bare_versions[-1] if self.log.bare_versions else None))
+            self.log.ras.append(self.ras_text)
+        elif self.ras_text is not None:
+            self.ras_text.feed(split_prefix(line)[1])
         for kind, needle in _NEEDLES:
             if needle in line:
                 self._signal(kind, line)

@@ -167,6 +167,8 @@ def findings(items: list[Any]) -> list[Finding]:
     """Findings of what the parser kept: ``RasDoc``s, ``Unreadable``s and PEER_DEAD lines."""
     out: list[Finding] = []
     docs = [d for d in items if isinstance(d, RasDoc)]
+    for t in (d for d in items if isinstance(d, RasText)):
+        out += _text_findings(t)
     dead_lines = [d for d in items if isinstance(d, str)]
     for bad in (d for d in items if isinstance(d, Unreadable)):
         out.append(Finding(
@@ -275,3 +277,163 @@ def _behind(c: RasComm) -> tuple[str, int, list[RasRank]] | None:
         if late and len(late) * 2 < len(c.ranks):
             return op, top, sorted(late, key=lambda r: r.rank)
     return None
+
+
+# ------------------------------------------------------------------ the text report
+# `ncclras` (default text format; src/ras/client_support.cc): after 'Communicators... (0.01s)'
+# come 'Errors' and 'Warnings' sections whose entries are a header (DEAD, INCOMPLETE,
+# TIMEOUT, or '#<group>-<index> (<hash>) <STATUS>' for one communicator) and indented lines.
+TEXT_START = "Communicators... ("
+MAX_TEXT_LINES = 20_000
+_COMM_HEAD = re.compile(r"#(?P<id>\d{1,9}-\d{1,9}) \((?P<hash>[0-9a-fA-F]{1,16})\) "
+                        r"(?P<status>[A-Z][A-Z,]{1,60})$")
+_RANK_LINE = re.compile(r"Rank (?P<rank>\d{1,10}) -- GPU (?P<gpu>\d{1,4}) managed by process "
+                        r"(?P<pid>\d{1,10}) on node (?P<host>\S{1,200})")
+_PROC_LINE = re.compile(r"Process (?P<pid>\d{1,10}) on node (?P<host>\S{1,200}) managing GPUs? "
+                        r"(?P<gpus>[\d,]{1,200})")
+_MISSING_LIST = re.compile(r"The missing ranks?: (?P<list>[\d, ]{1,4000})")
+_LAUNCHED = re.compile(r"(?P<n>\d{1,10}) ranks? ha(?:ve|s) launched up to operation "
+                       r"(?P<op>\d{1,20})")
+_DIFF_OP = re.compile(r"ranks have different (?P<op>\w{1,40}) operation counts")
+_SECTIONS = ("DEAD", "INCOMPLETE", "TIMEOUT", "MISMATCH", "ERROR")
+
+
+@dataclass
+class _TextComm:
+    id: str
+    hash: str
+    status: str
+    ranks: list[tuple[int, int, int, str]] = field(default_factory=list)  # rank gpu pid host
+    missing: list[int] = field(default_factory=list)
+    op: str | None = None
+    launched: list[tuple[int, int]] = field(default_factory=list)  # (ranks, operation)
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RasText:
+    """The last text report of a file (a log of periodic queries keeps the newest)."""
+
+    source: str
+    version: str | None = None  # 'NCCL version 2.26.2 compiled with CUDA 12.6' above it
+    lines: int = 0
+    dead: list[tuple[int, str, str]] = field(default_factory=list)  # pid host gpus
+    incomplete: list[tuple[int, str, str]] = field(default_factory=list)
+    comms: list[_TextComm] = field(default_factory=list)
+    section: str = ""
+
+    def feed(self, raw: str) -> None:
+        line = raw.strip()
+        if not line or self.lines >= MAX_TEXT_LINES:
+            return
+        self.lines += 1
+        if line in _SECTIONS:
+            self.section = line
+            return
+        if (m := _COMM_HEAD.match(line)) is not None:
+            self.comms.append(_TextComm(m["id"], m["hash"], m["status"]))
+            self.section = "comm"
+            return
+        if self.section in ("DEAD", "INCOMPLETE") and (m := _PROC_LINE.search(line)):
+            (self.dead if self.section == "DEAD" else self.incomplete).append(
+                (int(m["pid"]), m["host"], m["gpus"]))
+            return
+        if self.section != "comm" or not self.comms:
+            return
+        c = self.comms[-1]
+        if len(c.lines) < 64:
+            c.lines.append(line[:200])
+        if (m := _RANK_LINE.search(line)) is not None and len(c.ranks) < 4096:
+            c.ranks.append((int(m["rank"]), int(m["gpu"]), int(m["pid"]), m["host"]))
+        elif (m := _MISSING_LIST.search(line)) is not None:
+            c.missing += [int(x) for x in re.findall(r"\d{1,10}", m["list"])][:4096]
+        elif (m := _LAUNCHED.search(line)) is not None:
+            c.launched.append((int(m["n"]), int(m["op"])))
+        elif (m := _DIFF_OP.search(line)) is not None:
+            c.op = m["op"]
+
+
+def _vtuple(v: str | None) -> tuple[int, ...] | None:
+    m = re.match(r"(\d{1,3})\.(\d{1,3})\.(\d{1,4})", v or "")
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def _text_findings(t: RasText) -> list[Finding]:
+    out = []
+    for pid, host, gpus in t.dead:
+        out.append(Finding(
+            Severity.ERROR, f"RAS: process {pid} on {host} (GPU {gpus}) is considered dead",
+            f"{t.source}: RAS could not reach it over the RAS network for 60 s.",
+            "look at that process first: its own log, dmesg / Xid on that node (a crash, OOM "
+            "kill or stopped process).", "nccl-log-ras-dead", (host,)))
+    dead_pids = {pid for pid, _, _ in t.dead}
+    garbled = False  # NCCL < 2.29.2: communicators after one with missing ranks are misread
+    v = _vtuple(t.version)
+    for c in t.comms:
+        if garbled:
+            out.append(Finding(
+                Severity.INFO, f"RAS: communicator #{c.id} ({c.hash}) {c.status} is not "
+                "trusted", f"{t.source}: NCCL {t.version}'s RAS client misreads every "
+                "communicator listed after one with missing ranks (NVIDIA/nccl#1762: "
+                "rasClientRunComms skipped the missing-rank entries; fixed in 2.29.2).\n"
+                + "\n".join(c.lines[:3]), "upgrade NCCL to 2.29.2 or newer for RAS reports of "
+                "jobs with missing ranks; the first such communicator above is read correctly.",
+                "nccl-log-ras-known-bug"))
+            continue
+        if "INCOMPLETE" in c.status and v is not None and (2, 26, 2) <= v < (2, 29, 2):
+            garbled = True
+        if "INCOMPLETE" in c.status:
+            ranks = sorted({r for r, *_ in c.ranks} | set(c.missing))
+            procs = sorted({(pid, host) for _, _, pid, host in c.ranks})
+            where = "; ".join(f"rank {r} (GPU {g}, pid {pid} on {h})"
+                              for r, g, pid, h in c.ranks[:8])
+            if not where:
+                where = "; ".join(f"process {pid} on {host} (GPU {g})"
+                                  for pid, host, g in t.incomplete[:8])
+            dead = any(pid in dead_pids for pid, _ in procs)
+            out.append(Finding(
+                Severity.ERROR if dead else Severity.WARNING,
+                f"RAS: communicator #{c.id} ({c.hash}) is missing data from "
+                + (f"rank(s) {fold_ints(ranks)}" if ranks else "some ranks"),
+                f"{t.source}: " + "\n".join(c.lines[:6]) + (f"\n{where}" if where else ""),
+                "look at the missing ranks' processes (their logs, py-spy / `mldebug hang`, "
+                "dmesg on their nodes); during init or teardown this can be transient: repeat "
+                "the query.", "nccl-log-ras-missing", tuple(sorted({h for _, h in procs}))))
+        if "MISMATCH" in c.status and len(c.launched) >= 2:
+            out.append(_mismatch(t, c))
+    if not out and t.comms == [] and t.lines:
+        out.append(Finding(
+            Severity.INFO, "RAS reported no errors and no warnings",
+            f"{t.source}: every communicator's status is as RAS expects at the time of the "
+            "query.", "nothing to fix in what RAS saw; a hang that RAS does not see is inside "
+            "the ranks (py-spy / `mldebug hang`, the flight recorder).", "nccl-log-ras-ok"))
+    return out
+
+
+def _mismatch(t: RasText, c: _TextComm) -> Finding:
+    """Operation counts differ: RAS lists the ranks of the smaller (outlier) group."""
+    op = c.op or "collective"
+    listed = sorted({r for r, *_ in c.ranks})
+    groups = sorted(c.launched, key=lambda g: g[1])
+    low, high = groups[0], groups[-1]
+    owner = [g for g in c.launched if g[0] == len(listed)]
+    detail = f"{t.source}: " + "\n".join(c.lines[:8])
+    if listed and len(owner) == 1 and owner[0] == high:
+        others = sum(n for n, o in c.launched if o < high[1])
+        title = (f"RAS: {others} rank(s) of communicator #{c.id} ({c.hash}) are behind in {op} "
+                 f"(up to operation {low[1]}, ranks {fold_ints(listed)} at {high[1]})")
+        detail += (f"\nRAS lists only the ranks ahead ({fold_ints(listed)}): they wait in "
+                   f"operation {high[1]} for the {others} others, which are the ones to look at.")
+        hosts: tuple[str, ...] = ()
+    elif listed and len(owner) == 1 and owner[0] == low:
+        title = (f"RAS: rank(s) {fold_ints(listed)} of communicator #{c.id} ({c.hash}) are "
+                 f"behind in {op} (up to operation {low[1]}, the others at {high[1]})")
+        hosts = tuple(sorted({h for *_, h in c.ranks}))
+    else:
+        title = (f"RAS: ranks of communicator #{c.id} ({c.hash}) have launched different "
+                 f"numbers of {op} operations ({low[1]} to {high[1]})")
+        hosts = ()
+    return Finding(Severity.WARNING, title, detail,
+                   "query again: a count that stays behind is the straggler; look at those "
+                   "ranks with py-spy / `mldebug hang` (the flight recorder shows the collective "
+                   "they are in).", "nccl-log-ras-mismatch", hosts)
