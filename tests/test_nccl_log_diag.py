@@ -117,3 +117,22 @@ def test_docs_ras_ok_report():
 def test_other_ras_checks_are_shown_with_the_ranks_they_list(line: str) -> None:
     (f,) = _by_code(analyze([parse_text(line)]).findings, "nccl-log-diag-info")
     assert f.severity is Severity.WARNING and "rank(s)" in f.title
+
+
+def test_net_bw_notes_without_a_slow_rank_or_failure_are_info():
+    line = ("node0:1 NCCL DIAG [INFO] net bw: shared devices present: ranks sharing a device "
+            "split its bandwidth in comm 0x1")
+    (f,) = _by_code(analyze([parse_text(line)]).findings, "nccl-log-diag-net-bw")
+    assert f.severity is Severity.INFO and "rank(s)" not in f.title
+
+
+def test_hostile_diag_lines_are_read_in_bounded_time():
+    import time
+
+    bad = ["x:1 NCCL DIAG [INFO] NCCL environment: " + "NCCL_A=1 on rank(s) {" * 3000,
+           "x:1 NCCL DIAG [INFO] p2p: write mismatch " + "srcRank=1 " * 6000,
+           "NCCL DIAG [INFO] " + ":" * 60000]
+    t0 = time.process_time()
+    for _ in range(20):
+        analyze([parse_text("\n".join(bad))])
+    assert time.process_time() - t0 < 5

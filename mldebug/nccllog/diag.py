@@ -32,6 +32,7 @@ from mldebug.render import fold_ints
 
 NEEDLE = "NCCL DIAG"
 MAX_LINES = 4096  # DIAG lines kept per file
+MAX_BODY = 8192  # characters of a DIAG line read (patterns are bounded; this bounds their sum)
 _LINE = re.compile(r"NCCL DIAG (?:\[(?P<level>OK|INFO)\] +)?(?P<body>.*)")
 _HOSTPID = re.compile(r"(?P<host>[^\s:\[\]]{1,200}):(?P<pid>\d{1,10})$")
 _CHECK = re.compile(r"(?P<check>[A-Za-z][\w ./-]{0,40}?): (?P<text>.*)")
@@ -74,7 +75,7 @@ def read_line(line: str) -> DiagLine | None:
         return None
     head = line[:at].rstrip().rsplit(None, 1)
     hp = _HOSTPID.search(head[-1]) if head else None
-    body = m["body"].strip()
+    body = m["body"].strip()[:MAX_BODY]  # the longest real line is ~400 characters
     c = _CHECK.match(body) if m["level"] else None
     return DiagLine(hp["host"] if hp else None, int(hp["pid"]) if hp else None, m["level"],
                     c["check"].strip() if c else "", c["text"] if c else body, body[:300])
@@ -234,13 +235,13 @@ def _bw_finding(lines: list[DiagLine], hosts: list[str]) -> Finding:
         detail = "\n".join(f"rank {r} on {h}: {bw} Gbit/s {mode}, median {med}"
                            for r, h, mode, bw, med in named[:8])
     else:
-        title = "NCCL diagnostics: the network bandwidth check reported a problem"
+        title = "NCCL diagnostics: the network bandwidth check has notes to review"
         detail = ""
     detail = "\n".join(x for x in [detail, *failed[:4], *(d.line for d in lines[:3]
                                                          if not named and not failed)] if x)
     slow_hosts = sorted({h for _, h, *_ in named}) or hosts
     return Finding(
-        Severity.WARNING, title, detail,
+        Severity.WARNING if named or failed else Severity.INFO, title, detail,
         "check the named node's NICs (ibstat: rate and state, cabling, PCIe width of the HCA, "
         "ib_write_bw by hand between the pair) before blaming NCCL.", "nccl-log-diag-net-bw",
         tuple(slow_hosts))
