@@ -172,3 +172,12 @@ def test_timestamp_prefixes_parse_as_before_and_keep_the_time():
     d = analyze([log]).processes[0].to_dict()
     assert "first_time" in d and "last_time" in d
     assert {f.code for f in analyze([log]).findings} >= {"nccl-log-connect"}
+
+
+def test_a_file_with_two_nccl_builds_does_not_guess_which_ran_on_the_gpu():
+    text = "\n".join([
+        "a:1:1 [0] NCCL INFO NCCL version 2.14.3+cuda11.8",
+        "b:2:2 [0] NCCL INFO NCCL version 2.27.3+cuda12.9",
+        "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with X",
+    ])
+    assert _gpu_findings(text) == []

@@ -225,6 +225,8 @@ def _reader_findings(logs: Sequence[ParsedLog], signals: dict[str, Signal],
             seen = {v for v, _, _ in vs}
             vs |= {(v, "(no host in line)", "bare version line") for v in log.bare_versions
                    if v not in seen}
+            if len({versions.parse_version(v) for v, _, _ in vs}) != 1:
+                continue  # several NCCL builds in one file: which ran on that GPU is unknown
             for cc, evidence in log.gpus.items():
                 uses += [(v, cc, evidence, host, label) for v, host, label in vs]
         out += versions.findings(uses, failed)
