@@ -14,13 +14,11 @@ consequence of a failure elsewhere.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 
 from mldebug.log.model import LauncherFailure, ParsedLogs
 
-# exit code -N (torch's multiprocessing) or 128+N (a shell's) -> the signal
-SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
-           9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
 _SIGNAL_IN_TEXT = re.compile(r"Signal (\d+) \((SIG[A-Z]+)\)")
 
 # what ended the rank: (the sentence, whether it is by itself a consequence of another failure)
@@ -68,8 +66,11 @@ def signal_of(exitcode: int | None, message: str = "") -> str | None:
     m = _SIGNAL_IN_TEXT.search(message or "")
     if m:
         return m.group(2)
-    if exitcode is not None and exitcode < 0:
-        return SIGNALS.get(-exitcode, f"signal {-exitcode}")
+    if exitcode is not None and exitcode < 0:  # torch's multiprocessing: -N for signal N
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
     return None
 
 
