@@ -435,6 +435,29 @@ lib.pthread_mutex_lock(m)
 """
 
 
+FUTEX = {"x86_64": 202, "aarch64": 98}
+
+
+def _frozen_in_futex(pid: int, timeout: float = 20.0) -> None:
+    """Wait until ``pid``'s main thread sleeps in futex(2) (the second mutex lock), twice in
+    a row: "ready" is printed just before that call, and a SIGTERM that lands while the main
+    thread still runs Python is handled there (dump, then death by SIGTERM: -15), which is
+    right for a rank that is not frozen but is not what this test is about."""
+    import platform
+
+    nr = FUTEX.get(platform.machine())
+    if nr is None:
+        pytest.skip(f"futex syscall number unknown on {platform.machine()}")
+    end, seen = time.monotonic() + timeout, 0
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/syscall") as f:
+            seen = seen + 1 if f.read().split()[:1] == [str(nr)] else 0
+        if seen >= 2:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} never blocked in futex(2)")
+
+
 @pytest.mark.parametrize("gil", ["gil", "nogil"])
 def test_sigterm_ends_a_rank_frozen_in_c_even_holding_the_gil(tmp_path, gil):
     """fr.enable()'s SIGTERM handler never makes a rank harder to stop: frozen in C holding
@@ -451,6 +474,7 @@ def test_sigterm_ends_a_rank_frozen_in_c_even_holding_the_gil(tmp_path, gil):
         assert p.stdout is not None and p.stdout.readline() == b"ready\n"
         guards = psutil.Process(p.pid).children()
         assert [" ".join(g.cmdline()).count("mldebug-fr-guard") for g in guards] == [1]
+        _frozen_in_futex(p.pid)
         p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=30)  # without the guard: never (the mutex is never released)
         assert rc == (-signal.SIGKILL if gil == "gil" else 128 + signal.SIGTERM), rc
