@@ -313,3 +313,23 @@ def test_dumps_of_a_running_job_name_no_culprit(case, capsys):
     assert doc["verdict"]["culprits"] == [] and doc["verdict"]["class"] == "healthy", doc
     assert any("cut through a running job" in c["text"] for c in doc["chain"]) or \
         "cut through a running job" in json.dumps(doc), doc["chain"]
+
+
+def test_a_cut_with_stacks_that_show_the_job_stuck_is_the_mismatch_again():
+    """Rule 8: dumps taken on request while ranks were a collective apart are a cut of a
+    running job - unless stack dumps of the same moment (what `mldebug hang --fr` joins) say
+    the job is stuck; stacks that say it moves keep the cut."""
+    fr = Source("hang/fr", "fr", 4)
+    hang = Source("hang", "hang", 4)
+    mismatch = Evidence(fr, (0, 1, 2, 3), (3,), "outside", "rank 3 never enqueued all_reduce #2",
+                        "high", "fr-missing", DIRECT, per_rank=True)
+    cut = Evidence(fr, (0, 1, 2, 3), (), "healthy", "a cut through a running job", "medium",
+                   "fr-running-cut", HEALTHY, per_rank=True, if_stuck=mismatch)
+    moving = Evidence(hang, (0, 1, 2, 3), (), "healthy", "every rank moved", "high",
+                      "hang-progress", HEALTHY, per_rank=True)
+    stuck = Evidence(hang, (0, 1, 2, 3), (), "desync", "ranks wait in different collectives",
+                     "medium", "hang-desync", "generic", per_rank=True)
+    assert join([cut]).culprits == [] and join([cut, moving]).culprits == []
+    v = join([cut, stuck])
+    assert v.culprits == [3] and v.code == "fr-missing", v.chain
+    assert "stacks show the job stuck" in v.chain[0].text

@@ -144,7 +144,9 @@ def _rebase(obj: Any, old: str, new: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mldebug.cli import why
     from mldebug.cli.envelope import wrap
+    from mldebug.why.join import join
 
     if args.hang_action == "analyze":
         from mldebug.hang.analyze import analyze
@@ -205,6 +207,10 @@ def run(args: argparse.Namespace) -> int:
         results, coll, written = collect(opts, target, progress=not args.json, docs=docs,
                                          out=where, show_secrets=args.show_secrets)
         report = analyze(coll, all_threads=args.all_threads, job=args.job)
+        # `mldebug why`'s join runs on the same evidence (one job's): the stacks' claim is
+        # taken before flight.settle folds the recorder's answer in (that is the fr claim)
+        joined = len(report.jobs) == 1
+        items = [why.live_hang_item(report, str(out or "live"))] if joined else []
         record = None
         from mldebug.hang import flight
 
@@ -217,6 +223,11 @@ def run(args: argparse.Namespace) -> int:
                 record.doc = _rebase(record.doc, str(where), str(out))
             if record.analysis is not None:
                 flight.settle(report, record.analysis)
+            fr_item = why.live_fr_item(record.dumps, record.analysis,
+                                       str(out / "fr") if out is not None else "live")
+            if joined and fr_item is not None:
+                items.append(fr_item)
+        verdict = join(items) if items else None
         if where is not None:
             save_report(where, _secrets(report.to_dict(), args),
                         render_text(report, show_all=True))
@@ -233,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
             doc["capture"] = to_dict(results, {(p.host, p.pid) for p in report.processes})
         if ladder is not None:
             doc["k8s_routes"] = [lad.to_dict() for lad in ladder.pods]
+        if verdict is not None:
+            doc["why"] = why.document(verdict, items, [])
         write_json(wrap(doc))
     else:
         if target.is_local and not args.pid and not args.slurm_job:
@@ -260,6 +273,15 @@ def run(args: argparse.Namespace) -> int:
                       "-> signal)")
             for lad in ladder.pods:
                 con.print(sanitize(lad.line()), markup=False, highlight=False, soft_wrap=True)
+        # what `mldebug why` says of the same evidence, where it adds to the verdict above:
+        # the recorder's dumps were joined in, or it names other ranks
+        if verdict is not None and report.processes and (
+                len(items) > 1 or set(verdict.culprits) != {s.rank for s in report.suspects}):
+            from mldebug.render import console
+            from mldebug.text import sanitize
+
+            for line in why.brief(verdict):
+                console().print(sanitize(line), markup=False, highlight=False, soft_wrap=True)
     if args.html:
         if not report.processes:
             from mldebug.errors import MldebugError

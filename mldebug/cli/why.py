@@ -171,24 +171,66 @@ def _fr(files: list[Found], notes: list[str]) -> list[Evidence]:
         return []
     a = analyze(ds)
     notes += [f"fr: {n}" for n in a.notes]
+    used = [f for f in files if str(f.path) not in {p.file for p in ds.problems}] or files
+    return [fr_evidence(ds, a, _source(used, "fr", f"fr dumps of {_ranks(sorted(ds.dumps))}"))]
+
+
+def fr_evidence(ds: Any, a: Any, src: Source) -> Evidence:
+    """The flight recorder's claim from loaded dumps (``ds``) and their analysis (``a``):
+    what ``why`` makes of dumps it reads and what ``hang`` makes of the dumps it asked the
+    ranks for, the same."""
     v = _decide("fr.analyze", a.to_dict())
     scope = sorted(ds.dumps)
+    expected = tuple(range(a.world_size)) if a.world_size else None
     consequences = ""
     m = next((m for m in a.mismatches if m.culprit_ranks), None)
-    cut = _running_cut(ds, m) if m is not None else None
-    if cut is not None:  # a job stopped from outside while it ran: its dumps name no culprit
-        v = {**v, "kind": "ok", "culprits": [], "class": "healthy", "summary": cut,
-             "code": "fr-running-cut", "fix": ""}
-        m = None
     if m is not None:
         fact, code, consequences = _fr_fact(m, scope, a.findings)
         fix = next((f.fix for f in a.findings if f.code == code), "")
         v = {**v, "summary": fact or v["summary"], "code": code, "fix": fix}
-    expected = tuple(range(a.world_size)) if a.world_size else None
-    used = [f for f in files if str(f.path) not in {p.file for p in ds.problems}] or files
-    src = _source(used, "fr", f"fr dumps of {_ranks(scope)}")
-    return [_evidence(src, v, scope, _basis(v, True), expected=expected,
-                      consequences=consequences, per_rank=True)]
+    cut = _running_cut(ds, m) if m is not None else None
+    if cut is None:
+        return _evidence(src, v, scope, _basis(v, True), expected=expected,
+                         consequences=consequences, per_rank=True)
+    # a job stopped from outside while it ran: its dumps name no culprit - unless stacks
+    # taken with them show the job stuck (mldebug.why.join, rule 8), then the mismatch stands
+    stuck = _evidence(src, v, scope, _basis(v, True), expected=expected,
+                      consequences=consequences, per_rank=True)
+    v = {**v, "kind": "ok", "culprits": [], "class": "healthy", "summary": cut,
+         "code": "fr-running-cut", "fix": ""}
+    return _evidence(src, v, scope, _basis(v, True), expected=expected, per_rank=True,
+                     if_stuck=stuck)
+
+
+def live_hang_item(report: Any, where: str) -> Evidence:
+    """``hang_evidence`` for the stacks ``mldebug hang`` just took (``where``: its --out
+    directory, or where it read them)."""
+    from mldebug.why.model import Source
+
+    procs = [*report.processes, *report.lone]
+    scope = sorted(p.rank for p in procs if p.rank is not None)
+    return hang_evidence(report, Source(where, "hang", len(procs), f"stack dumps of {_ranks(scope)}"))
+
+
+def live_fr_item(dumps: Any, a: Any, where: str) -> Evidence | None:
+    """``fr_evidence`` for the flight-recorder dumps ``mldebug hang`` asked the ranks for."""
+    from mldebug.why.model import Source
+
+    if dumps is None or a is None or not dumps.dumps:
+        return None
+    scope = sorted(dumps.dumps)
+    return fr_evidence(dumps, a, Source(where, "fr", len(scope), f"fr dumps of {_ranks(scope)}"))
+
+
+def brief(v: WhyVerdict) -> list[str]:
+    """The join's verdict and its chain in a few lines (``mldebug hang``'s "why" section)."""
+    from mldebug.why.join import ranks_text
+
+    who = ranks_text(v.culprits) if v.culprits else "no culprit"
+    extra = ", ".join(x for x in (v.cls, f"confidence {v.confidence}" if v.confidence else "")
+                      if x)
+    return ([f"why: {who}: {v.summary}" + (f" [{extra}]" if extra else "")]
+            + [f"  {i}. {link.text}" for i, link in enumerate(v.chain, 1)])
 
 
 _NOT_THERE = ("(not enqueued)", "(no dump)")
@@ -236,7 +278,7 @@ def _running_cut(ds: Any, m: Any) -> str | None:
     return (f"the dumps were written while the job ran (on SIGTERM or on request): the ranks "
             f"in collective "
             f"#{m.seq} of pg {m.pg} had waited {max(waits):.1f}s there and "
-            f"{_ranks(m.culprit_ranks)} were a collective short - a cut through a running job, "
+            f"{_ranks(m.culprit_ranks)} {'was' if len(m.culprit_ranks) == 1 else 'were'} a collective short - a cut through a running job, "
             "no culprit")
 
 
@@ -275,10 +317,17 @@ def _hang(files: list[Found], notes: list[str]) -> list[Evidence]:
     if not coll.processes:
         return []
     report = analyze(coll)
-    v = _decide("hang.analyze", report.to_dict())
     scope = sorted(p.rank for p in coll.processes if p.rank is not None)
-    src = _source(files, "hang", f"stack dumps of {_ranks(scope)}")
-    return [_evidence(src, v, scope, _basis(v, v["confidence"] == "high"), per_rank=True)]
+    return [hang_evidence(report, _source(files, "hang", f"stack dumps of {_ranks(scope)}"))]
+
+
+def hang_evidence(report: Any, src: Source) -> Evidence:
+    """The stacks' claim from a hang report (before ``hang.flight.settle`` adds the flight
+    recorder's answer: that is the fr item's): what ``why`` makes of saved dumps and what
+    ``hang`` makes of the dumps it just took, the same."""
+    v = _decide("hang.analyze", report.to_dict())
+    scope = sorted(p.rank for p in [*report.processes, *report.lone] if p.rank is not None)
+    return _evidence(src, v, scope, _basis(v, v["confidence"] == "high"), per_rank=True)
 
 
 def _numerics(files: list[Found], notes: list[str]) -> list[Evidence]:
@@ -483,16 +532,11 @@ MAX_NOTES_SHOWN = 20
 
 
 def render(v: WhyVerdict, items: list[Evidence], notes: list[str]) -> None:
-    from mldebug.why.join import ranks_text
-
-    who = ranks_text(v.culprits) if v.culprits else "no culprit"
-    extra = ", ".join(x for x in (v.cls, f"confidence {v.confidence}" if v.confidence else "")
-                      if x)
-    print(f"why: {who}: {v.summary}" + (f" [{extra}]" if extra else ""))
-    if v.chain:
+    head, *chain = brief(v)
+    print(head)
+    if chain:
         print("evidence chain:")
-        for i, link in enumerate(v.chain, 1):
-            print(f"  {i}. {link.text}")
+        print("\n".join(chain))
     if v.fix:
         print(f"fix: {v.fix}")
     print("sources read:")

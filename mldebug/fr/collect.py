@@ -384,6 +384,15 @@ def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
     (``pids``; None: every registered process) - in ``fr_dir`` (default: as enable()) and in
     every directory their environments name - and analyse the dumps. Returns the JSON block
     and the Analysis (None when no rank answered)."""
+    doc, analysis, _ = for_hang_with_dumps(target, out_dir, timeout, fr_dir, pids)
+    return doc, analysis
+
+
+def for_hang_with_dumps(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
+                        fr_dir: str | Path | None = None,
+                        pids: Any = None) -> tuple[dict[str, Any], Any, Any]:
+    """``for_hang`` and the loaded dumps (a DumpSet, None when no rank answered): the join
+    behind ``hang`` (mldebug.cli.why.fr_evidence) reads them as ``why`` reads saved ones."""
     from mldebug.fr.analyze import analyze
     from mldebug.fr.loader import load_files
     from mldebug.render import fold_ints
@@ -402,9 +411,10 @@ def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
     doc["recorders_elsewhere"] = [{"dir": d, "ranks": sorted(rs)} for d, rs in elsewhere.items()]
     notes = [f"rank(s) {fold_ints(sorted(rs))} had their recorder in {d}, not in {default}"
              for d, rs in elsewhere.items()]
-    analysis = None
+    analysis = ds = None
     if result.files:
-        analysis = analyze(load_files(result.files))
+        ds = load_files(result.files)
+        analysis = analyze(ds)
         analysis.notes.extend(notes)
         if notes:
             from mldebug.fr.diagnose import build_findings
@@ -418,7 +428,7 @@ def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
                        "demand; if enable(dump_dir=...) names another directory, pass "
                        "--fr-dir DIR (docs/fr.md)")
     doc["notes"] = notes
-    return doc, analysis
+    return doc, analysis, ds
 
 
 @dataclass

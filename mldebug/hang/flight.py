@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 class FlightRecord:
     doc: dict[str, Any]  # the trigger result (and the analysis) for --json
     analysis: Any = None  # mldebug.fr.analyze's result, None when no rank answered
+    dumps: Any = None  # the DumpSet it analysed (mldebug.fr.loader), None likewise
 
     def to_dict(self) -> dict[str, Any]:
         return self.doc
@@ -42,17 +43,17 @@ def collect(target: FanoutOptions, out: Path | None, timeout: float, *,
             fr_dir: str | None = None, pids: list[int] | None = None) -> FlightRecord:
     """Trigger the flight recorders of the job's rank processes (``pids``) on the same nodes -
     in ``fr_dir`` and in every directory their environments name - and analyse the dumps."""
-    from mldebug.fr.collect import for_hang
+    from mldebug.fr.collect import for_hang_with_dumps
 
     where = out / "fr" if out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
-    doc, analysis = for_hang(target, where, timeout, fr_dir, pids)
+    doc, analysis, dumps = for_hang_with_dumps(target, where, timeout, fr_dir, pids)
     if out is None and not doc.get("files"):
         try:
             os.rmdir(where)  # the empty directory made here: nothing came back to keep
             doc["out_dir"] = None
         except OSError:
             pass
-    return FlightRecord(doc, analysis)
+    return FlightRecord(doc, analysis, dumps)
 
 
 def render(record: FlightRecord, console: Console) -> None:

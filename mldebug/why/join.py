@@ -24,6 +24,10 @@ The rules (docs/why.md, "How the verdict is decided"):
    first rank to *exit*. The verdict says what it is: agreeing, a consequence (the rank was
    aborted by its watchdog, SIGTERMed by the agent, or its own lines show only a reaction to a
    peer) with the real failure put first, a claim the evidence contradicts, or no fault at all.
+8. Flight-recorder dumps written while the job ran (on SIGTERM, on a trigger) with the ranks
+   a collective apart are a cut through a running job, no culprit - unless stack dumps beside
+   them say the job is stuck (any stack claim but a healthy one: `mldebug hang` asked for the
+   dumps because it hangs), then the dumps' mismatch is the claim.
 """
 
 from __future__ import annotations
@@ -115,6 +119,18 @@ def _gap_links(found: list[tuple[Evidence, list[int]]], culprits: set[int],
     return out
 
 
+def uncut(items: Sequence[Evidence]) -> list[Evidence]:
+    """Rule 8: with a stack claim that is not healthy among ``items``, each flight-recorder
+    claim read as a cut is replaced by the claim its mismatch makes, saying why."""
+    if not any(e.source.reader == "hang" and e.basis != HEALTHY for e in items):
+        return list(items)
+    from dataclasses import replace
+
+    return [replace(e.if_stuck, fact=f"{e.if_stuck.fact} (dumped while the stacks show the "
+                                     "job stuck: not a running job's cut)")
+            if e.if_stuck is not None else e for e in items]
+
+
 def history(items: Sequence[Evidence]) -> tuple[list[Evidence], list[Evidence]]:
     """Rule 6: (the evidence of each run's last attempt and of no attempt, the evidence of
     earlier attempts of a torchrun run: they failed and were restarted)."""
@@ -139,7 +155,7 @@ def _past_links(past: list[Evidence]) -> list[Link]:
 def join(items: Sequence[Evidence]) -> WhyVerdict:
     """One verdict from every source's evidence (rules in the module docstring)."""
     now, past = history(items)
-    v = _join(now)
+    v = _join(uncut(now))
     said = next((e for e in now if e.launcher is not None), None)
     if said is not None:
         correct(v, said)

@@ -74,6 +74,10 @@ class Evidence:
     # a launcher's own claim carried by this source (torchrun's "Root Cause"), which the join
     # says the truth of (mldebug.why.join.correct)
     launcher: LauncherClaim | None = None
+    # a flight-recorder claim read as a cut through a running job (no culprit): the claim its
+    # mismatch makes if the job was stuck instead, which stacks of the same moment can show
+    # (mldebug.why.join, rule 8)
+    if_stuck: Evidence | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source.path, "reader": self.source.reader,
