@@ -44,6 +44,11 @@ from mldebug.lifetime import sigterm_unwinds
 from mldebug.privdir import check_stat
 
 MARKER = ".mldebug-output"
+# `mldebug hang --out`'s marker and the report it writes beside the dumps (mldebug.hang.collect)
+HANG_MARKER = ".mldebug-hang"
+HANG_REPORTS = ("report.json", "report.txt")
+# each --out marker and the files written beside it *about* the evidence (not evidence)
+OUT_REPORTS = {MARKER: (), HANG_MARKER: HANG_REPORTS}
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -152,6 +157,36 @@ def _has_marker(d: Path | int, marker: str, name: str | None = None) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def own_outputs(d: Path) -> set[str]:
+    """The names in directory ``d`` that an mldebug ``--out`` wrote about its evidence: the
+    marker, when it is a regular file (by fd, no link followed) that says mldebug wrote it
+    (``staged``'s text), and the reports written beside it (``OUT_REPORTS``)."""
+    try:
+        fd = os.open(d, _DIR | os.O_NOFOLLOW)
+    except OSError:
+        return set()
+    own: set[str] = set()
+    try:
+        for marker, reports in OUT_REPORTS.items():
+            try:
+                st = os.stat(marker, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
+                    continue
+                m = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                            dir_fd=fd)
+                try:
+                    head = os.read(m, 256)
+                finally:
+                    os.close(m)
+            except OSError:
+                continue
+            if head.startswith((b"written by mldebug", b'{"written_by": "mldebug"')):
+                own.update((marker, *reports))
+    finally:
+        os.close(fd)
+    return own
 
 
 def _fs_error(out: Path, e: OSError) -> MldebugError:

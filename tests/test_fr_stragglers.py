@@ -103,7 +103,7 @@ def test_watch_on_a_live_job_names_the_sleeper_and_hang_fr_finds_its_directory(t
         assert len(list((tmp_path / "w" / "1").iterdir())) == 4, (doc["first"], log.read_text())
 
         ranks = [c.pid for c in psutil.Process(job.pid).children(recursive=True)]
-        doc, analysis = for_hang(FanoutOptions(), tmp_path / "hang-fr", 20.0, tmp_path / "elsewhere",
+        doc, analysis, _ = for_hang(FanoutOptions(), tmp_path / "hang-fr", 20.0, tmp_path / "elsewhere",
                                  pids=ranks)
         assert len(doc["files"]) == 4 and analysis is not None, doc
         assert doc["recorders_elsewhere"] == [{"dir": str(d), "ranks": [0, 1, 2, 3]}]

@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
                 flight.settle(report, record.analysis)
             fr_item = why.live_fr_item(record.dumps, record.analysis,
                                        str(out / "fr") if out is not None else "live")
-            if joined and fr_item is not None:
+            if items and fr_item is not None:
                 items.append(fr_item)
         verdict = join(items) if items else None
         if where is not None:

@@ -188,18 +188,17 @@ def fr_evidence(ds: Any, a: Any, src: Source) -> Evidence:
         fact, code, consequences = _fr_fact(m, scope, a.findings)
         fix = next((f.fix for f in a.findings if f.code == code), "")
         v = {**v, "summary": fact or v["summary"], "code": code, "fix": fix}
+    claim = _evidence(src, v, scope, _basis(v, True), expected=expected,
+                      consequences=consequences, per_rank=True)
     cut = _running_cut(ds, m) if m is not None else None
     if cut is None:
-        return _evidence(src, v, scope, _basis(v, True), expected=expected,
-                         consequences=consequences, per_rank=True)
+        return claim
     # a job stopped from outside while it ran: its dumps name no culprit - unless stacks
     # taken with them show the job stuck (mldebug.why.join, rule 8), then the mismatch stands
-    stuck = _evidence(src, v, scope, _basis(v, True), expected=expected,
-                      consequences=consequences, per_rank=True)
     v = {**v, "kind": "ok", "culprits": [], "class": "healthy", "summary": cut,
          "code": "fr-running-cut", "fix": ""}
     return _evidence(src, v, scope, _basis(v, True), expected=expected, per_rank=True,
-                     if_stuck=stuck)
+                     if_stuck=claim)
 
 
 def live_hang_item(report: Any, where: str) -> Evidence:
@@ -207,9 +206,8 @@ def live_hang_item(report: Any, where: str) -> Evidence:
     directory, or where it read them)."""
     from mldebug.why.model import Source
 
-    procs = [*report.processes, *report.lone]
-    scope = sorted(p.rank for p in procs if p.rank is not None)
-    return hang_evidence(report, Source(where, "hang", len(procs), f"stack dumps of {_ranks(scope)}"))
+    n = len(report.processes) + len(report.lone)
+    return hang_evidence(report, Source(where, "hang", n, _stacks_of(report)))
 
 
 def live_fr_item(dumps: Any, a: Any, where: str) -> Evidence | None:
@@ -317,8 +315,15 @@ def _hang(files: list[Found], notes: list[str]) -> list[Evidence]:
     if not coll.processes:
         return []
     report = analyze(coll)
-    scope = sorted(p.rank for p in coll.processes if p.rank is not None)
-    return [hang_evidence(report, _source(files, "hang", f"stack dumps of {_ranks(scope)}"))]
+    return [hang_evidence(report, _source(files, "hang", _stacks_of(report)))]
+
+
+def _hang_scope(report: Any) -> list[int]:
+    return sorted(p.rank for p in [*report.processes, *report.lone] if p.rank is not None)
+
+
+def _stacks_of(report: Any) -> str:
+    return f"stack dumps of {_ranks(_hang_scope(report))}"
 
 
 def hang_evidence(report: Any, src: Source) -> Evidence:
@@ -326,8 +331,7 @@ def hang_evidence(report: Any, src: Source) -> Evidence:
     recorder's answer: that is the fr item's): what ``why`` makes of saved dumps and what
     ``hang`` makes of the dumps it just took, the same."""
     v = _decide("hang.analyze", report.to_dict())
-    scope = sorted(p.rank for p in [*report.processes, *report.lone] if p.rank is not None)
-    return _evidence(src, v, scope, _basis(v, v["confidence"] == "high"), per_rank=True)
+    return _evidence(src, v, _hang_scope(report), _basis(v, v["confidence"] == "high"), per_rank=True)
 
 
 def _numerics(files: list[Found], notes: list[str]) -> list[Evidence]:

@@ -379,19 +379,12 @@ def list_jobs(target: FanoutOptions, dump_dir: str | Path | None = None,
 
 
 def for_hang(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
-             fr_dir: str | Path | None = None, pids: Any = None) -> tuple[dict[str, Any], Any]:
+             fr_dir: str | Path | None = None,
+             pids: Any = None) -> tuple[dict[str, Any], Any, Any]:
     """What ``mldebug hang --fr`` adds: trigger the recorders of the job's rank processes
     (``pids``; None: every registered process) - in ``fr_dir`` (default: as enable()) and in
-    every directory their environments name - and analyse the dumps. Returns the JSON block
-    and the Analysis (None when no rank answered)."""
-    doc, analysis, _ = for_hang_with_dumps(target, out_dir, timeout, fr_dir, pids)
-    return doc, analysis
-
-
-def for_hang_with_dumps(target: FanoutOptions, out_dir: str | Path | None, timeout: float,
-                        fr_dir: str | Path | None = None,
-                        pids: Any = None) -> tuple[dict[str, Any], Any, Any]:
-    """``for_hang`` and the loaded dumps (a DumpSet, None when no rank answered): the join
+    every directory their environments name - and analyse the dumps. Returns the JSON block,
+    the Analysis and the loaded dumps (a DumpSet; both None when no rank answered): the join
     behind ``hang`` (mldebug.cli.why.fr_evidence) reads them as ``why`` reads saved ones."""
     from mldebug.fr.analyze import analyze
     from mldebug.fr.loader import load_files

@@ -25,6 +25,7 @@ from mldebug.hang.model import (
 from mldebug.hang.options import CollectOptions, options_from_args
 from mldebug.hang.pyspy import json_int, parse_text_dump, threads_from_json
 from mldebug.names import trailing_number
+from mldebug.paths import HANG_MARKER, HANG_REPORTS
 
 NODE_MODULES = ("mldebug.nodekit", "mldebug.dist", "mldebug.errors", "mldebug.ranks",
                 "mldebug.stacks", "mldebug.hang.gpu", "mldebug.hang.debugserver",
@@ -302,7 +303,7 @@ def slurm_scope_note(env: dict[str, str] | None = None) -> str | None:
 
 
 # -- save / load -------------------------------------------------------------------------
-OUT_MARKER = ".mldebug-hang"
+OUT_MARKER = HANG_MARKER
 
 
 def check_out(out: Path, *, force: bool) -> Path:
@@ -385,10 +386,11 @@ def save_report(out: Path, report_dict: dict[str, Any], report_text: str) -> Non
     """Write the report (JSON and text) beside the dumps under ``out`` (new files, 0600)."""
     from mldebug.paths import write_new
 
-    write_new(out / "report.json", json.dumps(report_dict, indent=2))
+    json_name, text_name = HANG_REPORTS
+    write_new(out / json_name, json.dumps(report_dict, indent=2))
     from mldebug.text import sanitize
 
-    write_new(out / "report.txt", sanitize(report_text, multiline=True))
+    write_new(out / text_name, sanitize(report_text, multiline=True))
 
 
 @dataclass
@@ -409,7 +411,7 @@ def _expand_inputs(paths: Iterable[str]) -> _Inputs:
         if p.is_dir():
             sub = p / "dumps" if (p / "dumps").is_dir() else p
             found = sorted((f for f in sub.iterdir() if f.name not in
-                            ("report.json", "report.txt", OUT_MARKER)
+                            (*HANG_REPORTS, OUT_MARKER)
                             and not f.is_symlink() and f.is_file()),  # a planted link: skipped
                            key=lambda f: f.name)
             # a watchdog's directory: ranks whose only stacks are faulthandler's text

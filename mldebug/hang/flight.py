@@ -43,10 +43,10 @@ def collect(target: FanoutOptions, out: Path | None, timeout: float, *,
             fr_dir: str | None = None, pids: list[int] | None = None) -> FlightRecord:
     """Trigger the flight recorders of the job's rank processes (``pids``) on the same nodes -
     in ``fr_dir`` and in every directory their environments name - and analyse the dumps."""
-    from mldebug.fr.collect import for_hang_with_dumps
+    from mldebug.fr.collect import for_hang
 
     where = out / "fr" if out else Path(tempfile.mkdtemp(prefix="mldebug-hang-fr-"))
-    doc, analysis, dumps = for_hang_with_dumps(target, where, timeout, fr_dir, pids)
+    doc, analysis, dumps = for_hang(target, where, timeout, fr_dir, pids)
     if out is None and not doc.get("files"):
         try:
             os.rmdir(where)  # the empty directory made here: nothing came back to keep

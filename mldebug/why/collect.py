@@ -144,39 +144,6 @@ def _add(out: Inputs, path: Path, root: str, st: os.stat_result, follow: bool = 
     out.files.append(Found(path, kind, st.st_size, root))
 
 
-# the marker files mldebug's --out directories carry (mldebug.paths.MARKER, mldebug.hang.
-# collect.OUT_MARKER), and what `mldebug hang --out` writes beside its dumps: its report, read
-# by why as a log it would be mldebug reading its own verdict back as evidence
-OUT_MARKERS = (".mldebug-output", ".mldebug-hang")
-HANG_REPORTS = ("report.json", "report.txt")
-
-
-def _own_outputs(d: Path, entries: list[os.DirEntry[str]]) -> set[str]:
-    """The names in ``d`` that mldebug wrote about the evidence rather than the evidence: the
-    --out markers (regular files that say mldebug wrote them) and, beside
-    `mldebug hang --out`'s marker, its report."""
-    own: set[str] = set()
-    for ent in entries:
-        if ent.name not in OUT_MARKERS:
-            continue
-        try:
-            st = ent.stat(follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > 4096:
-                continue
-            fd = os.open(ent.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                head = os.read(fd, 256)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        if head.startswith((b"written by mldebug", b'{"written_by": "mldebug"')):
-            own.add(ent.name)
-            if ent.name == ".mldebug-hang":
-                own.update(n.name for n in entries if n.name in HANG_REPORTS)
-    return own
-
-
 def _walk(out: Inputs, d: Path, root: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         out.notes.append(f"{d}: deeper than {MAX_DEPTH} directory levels; not read")
@@ -186,7 +153,9 @@ def _walk(out: Inputs, d: Path, root: str, depth: int) -> None:
     except OSError as e:
         out.notes.append(f"{d}: cannot list ({e.strerror}); skipped")
         return
-    own = _own_outputs(d, entries)
+    from mldebug.paths import own_outputs
+
+    own = {n for n in own_outputs(d) if any(e.name == n for e in entries)}
     if own:
         out.notes.append(f"{d}: {', '.join(sorted(own))}: mldebug's own output, not evidence "
                          "(the dumps beside it are read); skipped")
